@@ -1,0 +1,212 @@
+"""Every knob of the scheduler with the paper's default, in one typed object.
+
+Load order: defaults, then a TOML or YAML file, then environment variables named
+``LUCID__SECTION__KNOB`` (e.g. ``LUCID__PROFILER__TPROF_S=300``). Bad values raise
+``ConfigError`` naming the knob, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, get_type_hints
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+def _knob(default: Any, *, lo: float | None = None, hi: float | None = None,
+          choices: tuple[str, ...] | None = None, doc: str = "") -> Any:
+    return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices, "doc": doc})
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    tprof_s: float = _knob(200.0, lo=1, hi=86400, doc="profiling window per job (Tprof)")
+    long_cold_start_tprof_s: float = _knob(600.0, lo=1, hi=86400, doc="window for long_cold_start jobs")
+    nprof_gpus: int = _knob(8, lo=0, hi=1024, doc="widest job profiled on the pool (Nprof); wider run online")
+    pool_nodes: int = _knob(2, lo=0, hi=10000, doc="profiling pool capacity in nodes (Cprof)")
+    in_place: bool = _knob(True, doc="profile on the main cluster during the real run when it has room")
+    autoscale: bool = _knob(True, doc="adapt Tprof and borrow idle main nodes from the throughput forecast")
+    burst_tprof_s: float = _knob(100.0, lo=1, hi=86400, doc="Tprof while a submission burst is forecast")
+    burst_jobs_per_slot: float = _knob(40.0, lo=0, doc="forecast submissions per slot that count as a burst")
+    max_borrowed_nodes: int = _knob(4, lo=0, hi=10000, doc="idle main nodes the pool may borrow in a burst")
+    enabled: bool = _knob(True, doc="ablation switch: profiler off sends jobs straight to the main queue")
+
+
+@dataclass(frozen=True)
+class BinderConfig:
+    tiny_threshold: float = _knob(0.95, lo=0, hi=1, doc="mean co-located speed at or above: Tiny")
+    medium_threshold: float = _knob(0.85, lo=0, hi=1, doc="mean co-located speed at or above: Medium")
+    sharing: str = _knob("auto", choices=("auto", "on", "off"), doc="auto: the forecast picks GSS 2/1/off")
+    low_load_gpus_per_slot: float = _knob(2.0, lo=0, doc="forecast GPUs requested per slot below which sharing is off")
+    apathetic_gpus_per_slot: float = _knob(8.0, lo=0, doc="forecast GPUs per slot below which GSS drops to 1")
+    pair_priority_ratio: float = _knob(2.0, lo=1, doc="never pair a job with one whose priority is this many times smaller")
+    nearly_done_s: float = _knob(600.0, lo=0, doc="never pair with a job predicted to end within this many seconds")
+    memory_headroom_mb: float = _knob(512.0, lo=0, doc="kept free on a shared GPU on top of both footprints")
+    unstable_speed: float = _knob(0.7, lo=0, hi=1, doc="split a pair whose observed speed falls below this")
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    estimator: bool = _knob(True, doc="ablation switch: off orders the queue by arrival (FIFO) instead")
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    slot_s: float = _knob(600.0, lo=1, doc="throughput slot length")
+    mode_check_interval_s: float = _knob(600.0, lo=1, doc="how often the sharing mode and pool are revisited")
+
+
+@dataclass(frozen=True)
+class TiresiasConfig:
+    queue_threshold_gpu_s: float = _knob(3600.0, lo=1, doc="attained GPU-seconds that demote a job to queue 2")
+    checkpoint_cost_s: float = _knob(30.0, lo=0, doc="run time lost per preemption (checkpoint + restore)")
+    promote_knob: float = _knob(8.0, lo=0, doc="promote a job back when waiting > knob x its last run (0 = never)")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    gpus_per_node: int = _knob(8, lo=1, hi=64)
+    gpu_memory_mb: float = _knob(24576.0, lo=1, doc="per-GPU memory (RTX 3090 24 GB in the measured catalog)")
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    cadence: str = _knob("daily", choices=("never", "daily", "weekly"), doc="how often models refit on new logs")
+    drift_mae_ratio: float = _knob(1.25, lo=1, doc="alert when recent error exceeds the reference error by this")
+    drift_psi: float = _knob(0.2, lo=0, doc="alert when an input's population stability index exceeds this")
+
+
+@dataclass(frozen=True)
+class LucidConfig:
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    binder: BinderConfig = field(default_factory=BinderConfig)
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    tiresias: TiresiasConfig = field(default_factory=TiresiasConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    update: UpdateConfig = field(default_factory=UpdateConfig)
+
+    def __post_init__(self) -> None:
+        if self.binder.medium_threshold > self.binder.tiny_threshold:
+            raise ConfigError(
+                f"binder.medium_threshold ({self.binder.medium_threshold}) must not exceed "
+                f"binder.tiny_threshold ({self.binder.tiny_threshold})"
+            )
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> LucidConfig:
+        """A copy with dotted-key overrides applied, e.g. {"profiler.tprof_s": 300}."""
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in overrides.items():
+            section, _, knob = key.partition(".")
+            if not knob:
+                raise ConfigError(f"override key {key!r} must look like 'section.knob'")
+            nested.setdefault(section, {})[knob] = value
+        return _build(nested, base=self)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {f.name: {k.name: getattr(getattr(self, f.name), k.name) for k in fields(getattr(self, f.name))}
+                for f in fields(self)}
+
+
+def _coerce(section: str, knob: str, value: Any, typ: type, meta: Mapping[str, Any]) -> Any:
+    where = f"{section}.{knob}"
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                low = value.strip().lower()
+                if low not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                    raise ValueError
+                value = low in {"1", "true", "yes", "on"}
+            elif not isinstance(value, bool):
+                raise ValueError
+        elif typ is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            value = int(value)
+        elif typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            value = float(value)
+            if value != value:  # NaN
+                raise ValueError
+        elif typ is str:
+            if not isinstance(value, str):
+                raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {typ.__name__}, got {value!r}") from None
+    lo, hi, choices = meta.get("lo"), meta.get("hi"), meta.get("choices")
+    if lo is not None and value < lo:
+        raise ConfigError(f"{where}: {value!r} is below the minimum {lo}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{where}: {value!r} is above the maximum {hi}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def _build(data: Mapping[str, Any], base: LucidConfig | None = None) -> LucidConfig:
+    base = base or LucidConfig()
+    sections = {f.name: f for f in fields(LucidConfig)}
+    updated: dict[str, Any] = {}
+    for section, knobs in data.items():
+        if section not in sections:
+            raise ConfigError(f"unknown config section {section!r}; known: {', '.join(sections)}")
+        if not isinstance(knobs, Mapping):
+            raise ConfigError(f"config section {section!r} must be a table of knobs, got {knobs!r}")
+        current = getattr(base, section)
+        hints = get_type_hints(type(current))
+        known = {f.name: f for f in fields(current)}
+        changes = {}
+        for knob, value in knobs.items():
+            if knob not in known:
+                raise ConfigError(f"unknown knob {section}.{knob}; known: {', '.join(known)}")
+            changes[knob] = _coerce(section, knob, value, hints[knob], known[knob].metadata)
+        updated[section] = replace(current, **changes)
+    return replace(base, **updated)
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> LucidConfig:
+    """Defaults <- file (TOML or YAML) <- environment (LUCID__SECTION__KNOB)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        text = p.read_text(encoding="utf-8")
+        try:
+            if p.suffix in {".yaml", ".yml"}:
+                import yaml
+
+                data = yaml.safe_load(text) or {}
+            else:
+                data = tomllib.loads(text)
+        except Exception as exc:  # parse errors of either format
+            raise ConfigError(f"config file {p} is not valid {p.suffix.lstrip('.') or 'TOML'}: {exc}") from exc
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config file {p} must hold a table of sections")
+    config = _build(data)
+    env = os.environ if env is None else env
+    overrides: dict[str, str] = {}
+    for key, value in env.items():
+        if key.startswith("LUCID__"):
+            parts = key[len("LUCID__"):].lower().split("__")
+            if len(parts) != 2:
+                raise ConfigError(f"environment variable {key} must look like LUCID__SECTION__KNOB")
+            overrides[".".join(parts)] = value
+    return config.with_overrides(overrides) if overrides else config
+
+
+def describe_knobs() -> list[tuple[str, Any, str]]:
+    """(dotted name, default, doc) for every knob, for docs and the tuner form."""
+    rows = []
+    for section in fields(LucidConfig):
+        for knob in fields(section.default_factory()):  # type: ignore[misc]
+            default = knob.default if knob.default is not MISSING else None
+            rows.append((f"{section.name}.{knob.name}", default, knob.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,127 @@
+"""Records shared by the policy core, the simulator and the live runtime.
+
+Times are seconds (floats) on one clock: trace-relative in the simulator, Unix epoch live.
+Nothing here knows a job's true duration: the simulator keeps that to itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+
+class JobState(StrEnum):
+    SUBMITTED = "SUBMITTED"
+    PROFILING = "PROFILING"
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+
+class ShareClass(IntEnum):
+    """Sharing score of a profiled job (paper section 8): the points it uses of a GPU's capacity."""
+
+    TINY = 0
+    MEDIUM = 1
+    JUMBO = 2
+
+
+class SharingMode(StrEnum):
+    """GPU sharing capacity (GSS) chosen from the load forecast."""
+
+    OFF = "off"  # exclusive placement only
+    APATHETIC = "apathetic"  # GSS 1: only Tiny + (Tiny|Medium)
+    DEFAULT = "default"  # GSS 2
+
+    @property
+    def capacity(self) -> int:
+        return {SharingMode.OFF: -1, SharingMode.APATHETIC: 1, SharingMode.DEFAULT: 2}[self]
+
+
+class Pool(StrEnum):
+    MAIN = "main"
+    PROFILING = "profiling"
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Hardware counters sampled during profiling, per GPU of the job.
+
+    gpu_util and mem_util are NVML utilization rates in percent; gpu_mem_mb is the footprint.
+    `emulated` is true when the numbers come from a workload catalog rather than a real GPU.
+    """
+
+    gpu_util: float
+    mem_util: float
+    gpu_mem_mb: float
+    amp: bool = False
+    emulated: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_util", "mem_util"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 100.0:
+                raise ValueError(f"Profile.{name} must be a percentage in [0, 100], got {value!r}")
+        if self.gpu_mem_mb < 0:
+            raise ValueError(f"Profile.gpu_mem_mb must be >= 0, got {self.gpu_mem_mb!r}")
+
+
+@dataclass(slots=True)
+class Job:
+    """A training job as the scheduler sees it: what was submitted plus what it learned."""
+
+    job_id: str
+    user: str
+    vc: str
+    gpus: int
+    submit_time: float
+    name: str = ""
+    amp: bool = False
+    long_cold_start: bool = False
+    state: JobState = JobState.SUBMITTED
+    profile: Profile | None = None
+    share_class: ShareClass | None = None
+    predicted_duration: float | None = None
+    # lower bound on the duration learned by watching the job, e.g. it outlived its profiling window
+    known_min_duration: float = 0.0
+    start_time: float | None = None  # start of its (last) main-cluster run
+    end_time: float | None = None
+    # set when the job may not share a GPU again (its pair turned unstable)
+    no_share: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.job_id:
+            raise ValueError("Job.job_id must not be empty")
+        if int(self.gpus) != self.gpus or self.gpus < 1:
+            raise ValueError(f"Job.gpus must be a positive integer, got {self.gpus!r}")
+
+    @property
+    def priority(self) -> float:
+        """Lucid's priority value (lower runs first): GPUs x predicted duration."""
+        return self.gpus * (self.predicted_duration if self.predicted_duration is not None else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """One GPU: its host (node) and index on that host."""
+
+    host: str
+    index: int
+
+
+@dataclass(slots=True)
+class Host:
+    name: str
+    gpus: int = 8
+    gpu_memory_mb: float = 24576.0
+    vc: str = "default"
+    pool: Pool = Pool.MAIN
+    address: str = "127.0.0.1"
+    port: int = 22
+    draining: bool = False
+    extra: dict[str, str] = field(default_factory=dict)

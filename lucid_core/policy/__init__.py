@@ -1,0 +1,1 @@
+"""The decision core shared by the simulator and the live scheduler."""

@@ -1,0 +1,165 @@
+"""GPU pools and compact (consolidated) placement.
+
+A pool is a set of same-sized nodes. Compact placement puts a job of g <= node-size GPUs
+on one node, choosing the node with the fewest free GPUs that still fits (best fit, which
+keeps whole nodes free for wide jobs); a wider job takes whole free nodes plus one
+best-fit node for the remainder. Fit tests are O(node size), not O(nodes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lucid_core.domain import GpuRef
+
+
+@dataclass(slots=True)
+class NodeState:
+    name: str
+    gpus: int
+    gpu_memory_mb: float
+    occupants: list[list[str]] = field(default_factory=list)  # job ids on each GPU
+    mem_used_mb: list[float] = field(default_factory=list)
+    borrowed: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.occupants:
+            self.occupants = [[] for _ in range(self.gpus)]
+            self.mem_used_mb = [0.0] * self.gpus
+
+    @property
+    def free(self) -> int:
+        return sum(1 for o in self.occupants if not o)
+
+    def empty_gpus(self) -> list[int]:
+        return [i for i, o in enumerate(self.occupants) if not o]
+
+
+class GpuPool:
+    """Nodes of one pool with an index from 'number of empty GPUs' to nodes."""
+
+    def __init__(self, name: str, gpus_per_node: int, gpu_memory_mb: float) -> None:
+        self.name = name
+        self.gpus_per_node = gpus_per_node
+        self.gpu_memory_mb = gpu_memory_mb
+        self.nodes: dict[str, NodeState] = {}
+        self._by_free: list[dict[str, None]] = [{} for _ in range(gpus_per_node + 1)]
+        self.busy_gpus = 0  # GPUs with at least one job
+
+    # --- inventory -------------------------------------------------------------------------
+    def add_node(self, name: str, gpus: int | None = None, gpu_memory_mb: float | None = None,
+                 borrowed: bool = False) -> NodeState:
+        gpus = gpus or self.gpus_per_node
+        if gpus > self.gpus_per_node:
+            raise ValueError(f"node {name} has {gpus} GPUs, more than the pool's {self.gpus_per_node}")
+        if name in self.nodes:
+            raise ValueError(f"node {name} is already in pool {self.name}")
+        node = NodeState(name, gpus, gpu_memory_mb or self.gpu_memory_mb, borrowed=borrowed)
+        self.nodes[name] = node
+        self._by_free[node.free][name] = None
+        return node
+
+    def remove_node(self, name: str) -> NodeState:
+        node = self.nodes[name]
+        if node.free != node.gpus:
+            raise ValueError(f"node {name} still runs jobs")
+        del self._by_free[node.free][name]
+        del self.nodes[name]
+        return node
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes.values())
+
+    def free_gpus(self) -> int:
+        return sum(k * len(names) for k, names in enumerate(self._by_free))
+
+    def idle_nodes(self) -> list[str]:
+        """Nodes with every GPU empty."""
+        return [n for n in self._by_free[self.gpus_per_node] if self.nodes[n].gpus == self.gpus_per_node]
+
+    # --- fit and placement -----------------------------------------------------------------
+    def max_free_on_a_node(self) -> int:
+        for k in range(self.gpus_per_node, 0, -1):
+            if self._by_free[k]:
+                return k
+        return 0
+
+    def can_fit(self, gpus: int) -> bool:
+        size = self.gpus_per_node
+        if gpus <= size:
+            return self.max_free_on_a_node() >= gpus
+        whole, rest = divmod(gpus, size)
+        full = len(self._by_free[size])
+        if rest == 0:
+            return full >= whole
+        if full > whole:
+            return True
+        return full == whole and any(self._by_free[k] for k in range(rest, size))
+
+    def place_compact(self, gpus: int) -> tuple[GpuRef, ...] | None:
+        """Choose GPUs for an exclusive job, or None when no compact fit exists. Reserves nothing."""
+        size = self.gpus_per_node
+        if not self.can_fit(gpus):
+            return None
+        chosen: list[GpuRef] = []
+        used: set[str] = set()
+        whole, rest = divmod(gpus, size) if gpus > size else (0, gpus)
+        for name in list(self._by_free[size])[:whole]:
+            used.add(name)
+            chosen.extend(GpuRef(name, i) for i in range(size))
+        if rest:
+            for k in range(rest, size + 1):
+                name = next((n for n in self._by_free[k] if n not in used), None)
+                if name is not None:
+                    chosen.extend(GpuRef(name, i) for i in self.nodes[name].empty_gpus()[:rest])
+                    break
+            else:  # pragma: no cover - can_fit said yes
+                return None
+        return tuple(chosen)
+
+    # --- bookkeeping -----------------------------------------------------------------------
+    def _move(self, node: NodeState, before: int) -> None:
+        after = node.free
+        if after != before:
+            del self._by_free[before][node.name]
+            self._by_free[after][node.name] = None
+
+    def occupy(self, job_id: str, gpus: tuple[GpuRef, ...], mem_mb: float) -> None:
+        for ref in gpus:
+            node = self.nodes[ref.host]
+            before = node.free
+            slot = node.occupants[ref.index]
+            if job_id in slot:
+                raise ValueError(f"job {job_id} already holds {ref}")
+            if len(slot) >= 2:
+                raise ValueError(f"GPU {ref} already holds two jobs")
+            if not slot:
+                self.busy_gpus += 1
+            slot.append(job_id)
+            node.mem_used_mb[ref.index] += mem_mb
+            self._move(node, before)
+
+    def release(self, job_id: str, gpus: tuple[GpuRef, ...], mem_mb: float) -> None:
+        for ref in gpus:
+            node = self.nodes[ref.host]
+            before = node.free
+            slot = node.occupants[ref.index]
+            slot.remove(job_id)
+            node.mem_used_mb[ref.index] = max(0.0, node.mem_used_mb[ref.index] - mem_mb)
+            if not slot:
+                self.busy_gpus -= 1
+            self._move(node, before)
+
+    def mem_free_on(self, gpus: tuple[GpuRef, ...]) -> float:
+        return min(self.nodes[r.host].gpu_memory_mb - self.nodes[r.host].mem_used_mb[r.index] for r in gpus)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if any GPU holds more than two jobs or more memory than it has."""
+        for node in self.nodes.values():
+            for i, slot in enumerate(node.occupants):
+                assert len(slot) <= 2, f"{node.name}:{i} holds {len(slot)} jobs"
+                assert len(set(slot)) == len(slot), f"{node.name}:{i} lists a job twice"
+                assert node.mem_used_mb[i] <= node.gpu_memory_mb + 1e-6, (
+                    f"{node.name}:{i} uses {node.mem_used_mb[i]} MB of {node.gpu_memory_mb}")
+            assert node.name in self._by_free[node.free], f"index out of date for {node.name}"

@@ -1,0 +1,199 @@
+"""ClusterView: what a policy reads (jobs, queues, pools, running set, clock).
+
+Both drivers keep one: the simulator for the whole run, the live round rebuilt from the
+store each round. A policy reserves GPUs in the view as it decides (so a round's later
+decisions see its earlier ones) and returns the decisions; the driver carries them out.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import GpuRef, Job, JobState, Pool, SharingMode
+from lucid_core.policy.placement import GpuPool
+
+SortKey = tuple[float, float, str]
+QueueKey = tuple[int, int]  # (gpus, share class or -1 when unprofiled)
+
+
+@dataclass(slots=True)
+class Allocation:
+    job_id: str
+    pool: Pool
+    gpus: tuple[GpuRef, ...]
+    start: float
+    mem_mb: float
+    partner: str | None = None
+    profiling_until: float | None = None  # end of a profiling window (pool or in place)
+
+
+class MainQueue:
+    """Queued jobs split by (GPU demand, share class), each part sorted by a policy's key.
+
+    Jobs with the same demand and class are interchangeable for placement, so a scheduling
+    pass only needs the head of each part: O(parts), not O(queue), per blocked attempt.
+    """
+
+    def __init__(self) -> None:
+        self._parts: dict[QueueKey, list[tuple[SortKey, str]]] = {}
+        self._where: dict[str, tuple[QueueKey, SortKey]] = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._where
+
+    def push(self, job_id: str, part: QueueKey, key: SortKey) -> None:
+        if job_id in self._where:
+            raise ValueError(f"job {job_id} is already queued")
+        bisect.insort(self._parts.setdefault(part, []), (key, job_id))
+        self._where[job_id] = (part, key)
+
+    def remove(self, job_id: str) -> None:
+        part, key = self._where.pop(job_id)
+        items = self._parts[part]
+        i = bisect.bisect_left(items, (key, job_id))
+        del items[i]
+        if not items:
+            del self._parts[part]
+
+    def parts(self) -> dict[QueueKey, list[tuple[SortKey, str]]]:
+        return self._parts
+
+    def ordered(self) -> list[str]:
+        """All queued job ids in the policy's order."""
+        merged = [item for items in self._parts.values() for item in items]
+        merged.sort()
+        return [job_id for _, job_id in merged]
+
+    def key_of(self, job_id: str) -> SortKey:
+        return self._where[job_id][1]
+
+    def rekey(self, key_fn: Callable[[str], tuple[QueueKey, SortKey]]) -> None:
+        ids = list(self._where)
+        self._parts.clear()
+        self._where.clear()
+        for job_id in ids:
+            part, key = key_fn(job_id)
+            self.push(job_id, part, key)
+
+
+class ClusterView:
+    def __init__(self, config: LucidConfig, now: float = 0.0) -> None:
+        self.config = config
+        self.now = now
+        size, mem = config.cluster.gpus_per_node, config.cluster.gpu_memory_mb
+        self.main = GpuPool("main", size, mem)
+        self.profiling = GpuPool("profiling", size, mem)
+        self.jobs: dict[str, Job] = {}
+        self.profiling_queue: dict[str, None] = {}  # arrival order; the profiler sorts by demand
+        self.queue = MainQueue()
+        self.allocations: dict[str, Allocation] = {}
+        # running main-cluster jobs that could take a partner, by GPU demand
+        self.share_candidates: dict[int, dict[str, None]] = {}
+        self.sharing_mode = SharingMode.DEFAULT
+        self.tprof_s = config.profiler.tprof_s
+        self.nprof_gpus = config.profiler.nprof_gpus
+        self.borrowed_nodes: list[str] = []
+
+    # --- building -------------------------------------------------------------------------
+    def add_nodes(self, pool: Pool, count: int, prefix: str | None = None) -> None:
+        target = self.pool(pool)
+        prefix = prefix or ("prof" if pool is Pool.PROFILING else "node")
+        start = len(target.nodes)
+        for i in range(start, start + count):
+            target.add_node(f"{prefix}{i:04d}")
+
+    def pool(self, pool: Pool) -> GpuPool:
+        return self.main if pool is Pool.MAIN else self.profiling
+
+    def add_job(self, job: Job) -> None:
+        if job.job_id in self.jobs:
+            raise ValueError(f"job {job.job_id} was already submitted")
+        self.jobs[job.job_id] = job
+
+    # --- queues ---------------------------------------------------------------------------
+    def enqueue_profiling(self, job: Job) -> None:
+        job.state = JobState.SUBMITTED
+        self.profiling_queue[job.job_id] = None
+
+    def enqueue_main(self, job: Job, key: SortKey) -> None:
+        job.state = JobState.QUEUED
+        part = (job.gpus, int(job.share_class) if job.share_class is not None else -1)
+        self.queue.push(job.job_id, part, key)
+
+    def dequeue(self, job_id: str) -> None:
+        self.profiling_queue.pop(job_id, None)
+        if job_id in self.queue:
+            self.queue.remove(job_id)
+
+    # --- running set ----------------------------------------------------------------------
+    def start(self, job_id: str, pool: Pool, gpus: tuple[GpuRef, ...], *, partner: str | None = None,
+              profiling_until: float | None = None) -> Allocation:
+        job = self.jobs[job_id]
+        mem = job.profile.gpu_mem_mb if job.profile else 0.0
+        self.dequeue(job_id)
+        self.pool(pool).occupy(job_id, gpus, mem)
+        alloc = Allocation(job_id, pool, gpus, self.now, mem, partner, profiling_until)
+        self.allocations[job_id] = alloc
+        if pool is Pool.MAIN:
+            job.state = JobState.RUNNING
+            job.start_time = self.now
+            if partner is not None:
+                self.allocations[partner].partner = job_id
+                self.drop_share_candidate(partner)
+            else:
+                self.refresh_share_candidate(job_id)
+        else:
+            job.state = JobState.PROFILING
+        return alloc
+
+    def stop(self, job_id: str) -> Allocation:
+        """Release a running job's GPUs; its partner (if any) runs alone from now on."""
+        alloc = self.allocations.pop(job_id)
+        self.pool(alloc.pool).release(job_id, alloc.gpus, alloc.mem_mb)
+        self.drop_share_candidate(job_id)
+        if alloc.partner is not None and alloc.partner in self.allocations:
+            self.allocations[alloc.partner].partner = None
+            self.refresh_share_candidate(alloc.partner)
+        return alloc
+
+    def set_profile_mem(self, job_id: str, mem_mb: float) -> None:
+        """Account a running job's measured memory footprint (learned during its run)."""
+        alloc = self.allocations[job_id]
+        pool = self.pool(alloc.pool)
+        for ref in alloc.gpus:
+            pool.nodes[ref.host].mem_used_mb[ref.index] += mem_mb - alloc.mem_mb
+        alloc.mem_mb = mem_mb
+
+    def refresh_share_candidate(self, job_id: str) -> None:
+        alloc = self.allocations.get(job_id)
+        job = self.jobs[job_id]
+        ok = (alloc is not None and alloc.pool is Pool.MAIN and alloc.partner is None
+              and job.share_class is not None and not job.no_share
+              and job.gpus <= self.config.cluster.gpus_per_node)
+        if ok:
+            self.share_candidates.setdefault(job.gpus, {})[job_id] = None
+        else:
+            self.drop_share_candidate(job_id)
+
+    def drop_share_candidate(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and job.gpus in self.share_candidates:
+            self.share_candidates[job.gpus].pop(job_id, None)
+
+    def running(self, pool: Pool | None = None) -> Iterator[Allocation]:
+        return (a for a in self.allocations.values() if pool is None or a.pool is pool)
+
+    def check_invariants(self) -> None:
+        self.main.check_invariants()
+        self.profiling.check_invariants()
+        for alloc in self.allocations.values():
+            if alloc.partner is not None:
+                other = self.allocations.get(alloc.partner)
+                assert other is not None and other.partner == alloc.job_id, f"pair of {alloc.job_id} broken"
+                assert set(other.gpus) == set(alloc.gpus), f"pair {alloc.job_id} on different GPUs"
