@@ -1,0 +1,1 @@
+"""Event-driven trace simulator: the second driver of the policy core."""
