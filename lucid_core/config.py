@@ -45,7 +45,7 @@ class BinderConfig:
     sharing: str = _knob("auto", choices=("auto", "on", "off"), doc="auto: the forecast picks GSS 2/1/off")
     low_load_gpus_per_slot: float = _knob(2.0, lo=0, doc="forecast GPUs requested per slot below which sharing is off")
     apathetic_gpus_per_slot: float = _knob(8.0, lo=0, doc="forecast GPUs per slot below which GSS drops to 1")
-    pair_priority_ratio: float = _knob(2.0, lo=1, doc="never pair a job with one whose priority is this many times smaller")
+    pair_priority_ratio: float = _knob(2.0, lo=1, doc="never pair a job with a partner this many times shorter")
     nearly_done_s: float = _knob(600.0, lo=0, doc="never pair with a job predicted to end within this many seconds")
     memory_headroom_mb: float = _knob(512.0, lo=0, doc="kept free on a shared GPU on top of both footprints")
     unstable_speed: float = _knob(0.7, lo=0, hi=1, doc="split a pair whose observed speed falls below this")
@@ -66,7 +66,6 @@ class ForecastConfig:
 class TiresiasConfig:
     queue_threshold_gpu_s: float = _knob(3600.0, lo=1, doc="attained GPU-seconds that demote a job to queue 2")
     checkpoint_cost_s: float = _knob(30.0, lo=0, doc="run time lost per preemption (checkpoint + restore)")
-    promote_knob: float = _knob(8.0, lo=0, doc="promote a job back when waiting > knob x its last run (0 = never)")
 
 
 @dataclass(frozen=True)
@@ -135,9 +134,8 @@ def _coerce(section: str, knob: str, value: Any, typ: type, meta: Mapping[str, A
             value = float(value)
             if value != value:  # NaN
                 raise ValueError
-        elif typ is str:
-            if not isinstance(value, str):
-                raise ValueError
+        elif typ is str and not isinstance(value, str):
+            raise ValueError
     except (TypeError, ValueError):
         raise ConfigError(f"{where}: expected {typ.__name__}, got {value!r}") from None
     lo, hi, choices = meta.get("lo"), meta.get("hi"), meta.get("choices")

@@ -8,11 +8,12 @@ decisions see its earlier ones) and returns the decisions; the driver carries th
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import GpuRef, Job, JobState, Pool, SharingMode
+from lucid_core.domain import GpuRef, Job, JobState, Pool, Profile, SharingMode
 from lucid_core.policy.placement import GpuPool
 
 SortKey = tuple[float, float, str]
@@ -99,6 +100,13 @@ class ClusterView:
         self.tprof_s = config.profiler.tprof_s
         self.nprof_gpus = config.profiler.nprof_gpus
         self.borrowed_nodes: list[str] = []
+        # (window end, job id): profiling windows running on the pool or in place
+        self.window_heap: list[tuple[float, str]] = []
+        # jobs whose duration the policy still has to predict (batched once per round)
+        self.unpredicted: list[str] = []
+        # the driver's way to read a job's measured profile (telemetry live, catalog in simulation)
+        self.profile_of: Callable[[str], Profile | None] = lambda job_id: None
+        self.last_mode_check: float | None = None
 
     # --- building -------------------------------------------------------------------------
     def add_nodes(self, pool: Pool, count: int, prefix: str | None = None) -> None:
@@ -140,6 +148,8 @@ class ClusterView:
         self.pool(pool).occupy(job_id, gpus, mem)
         alloc = Allocation(job_id, pool, gpus, self.now, mem, partner, profiling_until)
         self.allocations[job_id] = alloc
+        if profiling_until is not None:
+            heapq.heappush(self.window_heap, (profiling_until, job_id))
         if pool is Pool.MAIN:
             job.state = JobState.RUNNING
             job.start_time = self.now
@@ -185,6 +195,17 @@ class ClusterView:
         job = self.jobs.get(job_id)
         if job is not None and job.gpus in self.share_candidates:
             self.share_candidates[job.gpus].pop(job_id, None)
+
+    def borrow_node(self, name: str) -> None:
+        """Move an idle main node into the profiling pool (a burst)."""
+        node = self.main.remove_node(name)
+        self.profiling.add_node(name, node.gpus, node.gpu_memory_mb, borrowed=True)
+        self.borrowed_nodes.append(name)
+
+    def return_node(self, name: str) -> None:
+        node = self.profiling.remove_node(name)
+        self.main.add_node(name, node.gpus, node.gpu_memory_mb)
+        self.borrowed_nodes.remove(name)
 
     def running(self, pool: Pool | None = None) -> Iterator[Allocation]:
         return (a for a in self.allocations.values() if pool is None or a.pool is pool)

@@ -1,0 +1,113 @@
+"""Affine-jobpair Binder (paper section 8): sharing scores, GSS modes and the hard pairing rules.
+
+Indolent packing: a job shares a GPU only when it could not start alone, and only with a
+partner that passes every rule below; missing a pairing is cheaper than a bad one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lucid_core.config import BinderConfig
+from lucid_core.domain import Job, Profile, ShareClass, SharingMode
+from lucid_core.policy.decisions import SetSharingMode
+from lucid_core.policy.models import Forecast, PackingClassifier, UtilizationRuleClassifier
+from lucid_core.policy.view import Allocation, ClusterView
+
+
+@dataclass(frozen=True, slots=True)
+class PartnerChoice:
+    partner: str
+    reason: str
+
+
+def choose_mode(config: BinderConfig, forecast: Forecast) -> tuple[SharingMode, str]:
+    """GSS from the load forecast: sharing only pays when work is coming."""
+    if config.sharing == "off":
+        return SharingMode.OFF, "sharing disabled in the configuration"
+    if config.sharing == "on":
+        return SharingMode.DEFAULT, "sharing forced on in the configuration"
+    gpus = forecast.gpus_per_slot
+    if gpus < config.low_load_gpus_per_slot:
+        return SharingMode.OFF, (f"forecast {gpus:.1f} GPUs requested per slot < "
+                                 f"{config.low_load_gpus_per_slot:g} ({forecast.source}): load stays low")
+    if gpus < config.apathetic_gpus_per_slot:
+        return SharingMode.APATHETIC, (f"forecast {gpus:.1f} GPUs per slot < "
+                                       f"{config.apathetic_gpus_per_slot:g}: apathetic mode (GSS 1)")
+    return SharingMode.DEFAULT, f"forecast {gpus:.1f} GPUs per slot: default mode (GSS 2)"
+
+
+class AffinityBinder:
+    """Labels profiles and finds an affine partner for a job that cannot start alone."""
+
+    def __init__(self, config: BinderConfig, packing_model: PackingClassifier | None = None) -> None:
+        self.config = config
+        self.packing_model = packing_model or UtilizationRuleClassifier()
+
+    def classify(self, profile: Profile) -> ShareClass:
+        return self.packing_model.classify([profile])[0]
+
+    def update_mode(self, view: ClusterView, forecast: Forecast) -> SetSharingMode | None:
+        mode, reason = choose_mode(self.config, forecast)
+        if mode is view.sharing_mode:
+            return None
+        view.sharing_mode = mode
+        return SetSharingMode(mode, reason)
+
+    def _rule_failure(self, view: ClusterView, job: Job, alloc: Allocation, capacity: int) -> str | None:
+        """Why `job` may not join the running `alloc`, or None when every rule passes."""
+        partner = view.jobs[alloc.job_id]
+        assert job.share_class is not None and partner.share_class is not None
+        if int(job.share_class) + int(partner.share_class) > capacity:
+            return "sharing scores exceed GPU capacity"
+        if partner.gpus != job.gpus:
+            return "different GPU demand"
+        need = (job.profile.gpu_mem_mb if job.profile else 0.0) + self.config.memory_headroom_mb
+        if view.pool(alloc.pool).mem_free_on(alloc.gpus) < need:
+            return "memory would not fit"
+        pred = partner.predicted_duration
+        if pred is not None:
+            remaining = pred - (view.now - alloc.start)
+            if 0 < remaining < self.config.nearly_done_s:
+                return "partner nearly done"
+        if job.priority > self.config.pair_priority_ratio * partner.priority:
+            return "job much longer than partner"
+        return None
+
+    def find_partner(self, view: ClusterView, job: Job) -> PartnerChoice | None:
+        """The lightest running job on which `job` may share, or None."""
+        capacity = view.sharing_mode.capacity
+        if (capacity < 0 or job.share_class is None or job.no_share
+                or job.gpus > view.config.cluster.gpus_per_node):
+            return None
+        best: tuple[int, str] | None = None
+        for partner_id in view.share_candidates.get(job.gpus, ()):
+            alloc = view.allocations[partner_id]
+            if self._rule_failure(view, job, alloc, capacity) is None:
+                score = int(view.jobs[partner_id].share_class or 0)
+                if best is None or score < best[0]:
+                    best = (score, partner_id)
+                    if score == 0:
+                        break
+        if best is None:
+            return None
+        partner = view.jobs[best[1]]
+        assert job.share_class is not None and partner.share_class is not None
+        reason = (f"no compact exclusive fit for {job.gpus} GPU(s); shares with {partner.job_id} "
+                  f"({job.share_class.name.title()} + {partner.share_class.name.title()} = "
+                  f"{int(job.share_class) + int(partner.share_class)} <= GSS {capacity}, same GPU demand, "
+                  f"memory fits, partner not nearly done)")
+        return PartnerChoice(partner.job_id, reason)
+
+    def pending_reason(self, view: ClusterView, job: Job) -> str:
+        """Why a queued job could not share, for explanations."""
+        capacity = view.sharing_mode.capacity
+        if capacity < 0:
+            return f"sharing is {view.sharing_mode.value}"
+        if job.share_class is None:
+            return "not profiled yet, so it may not share"
+        candidates = view.share_candidates.get(job.gpus, {})
+        if not candidates:
+            return f"no running {job.gpus}-GPU job free to share"
+        reasons = {self._rule_failure(view, job, view.allocations[p], capacity) for p in candidates}
+        return "no affine partner: " + ", ".join(sorted(r for r in reasons if r))

@@ -1,0 +1,99 @@
+"""LucidPolicy: profiler + binder + orchestrator behind the one SchedulingPolicy interface."""
+
+from __future__ import annotations
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import Job, Pool, Profile
+from lucid_core.policy.binder import AffinityBinder
+from lucid_core.policy.decisions import Decision
+from lucid_core.policy.models import (
+    DurationPredictor,
+    HistoryDurationPredictor,
+    PackingClassifier,
+    RecentSlotsForecaster,
+    ThroughputForecaster,
+)
+from lucid_core.policy.orchestrator import Orchestrator, place_queue
+from lucid_core.policy.profiler import SpaceAwareProfiler
+from lucid_core.policy.view import ClusterView
+
+
+class LucidPolicy:
+    name = "lucid"
+    preemptive = False
+
+    def __init__(self, config: LucidConfig, duration_model: DurationPredictor | None = None,
+                 packing_model: PackingClassifier | None = None,
+                 forecaster: ThroughputForecaster | None = None) -> None:
+        self.config = config
+        self.profiles = config.profiler.enabled
+        self.duration_model = duration_model or HistoryDurationPredictor()
+        self.forecaster = forecaster or RecentSlotsForecaster(config.forecast.slot_s)
+        self.profiler = SpaceAwareProfiler(config.profiler)
+        self.binder = AffinityBinder(config.binder, packing_model)
+        self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator)
+
+    # --- hooks ----------------------------------------------------------------------------
+    def on_submit(self, view: ClusterView, job: Job) -> None:
+        self.forecaster.observe_submission(view.now, job.gpus)
+        if self.profiler.wants_profiling(view, job):
+            view.enqueue_profiling(job)
+        else:
+            self.orchestrator.enqueue(view, job)
+
+    def on_profiled(self, view: ClusterView, job: Job, profile: Profile) -> None:
+        job.profile = profile
+        job.share_class = self.binder.classify(profile)
+        alloc = view.allocations.get(job.job_id)
+        if alloc is not None and alloc.pool is Pool.MAIN:  # profiled in place / online: keeps running
+            view.set_profile_mem(job.job_id, profile.gpu_mem_mb)
+            view.refresh_share_candidate(job.job_id)
+        else:
+            self.orchestrator.enqueue(view, job)
+
+    def on_finish(self, view: ClusterView, job: Job, run_time: float) -> None:
+        self.duration_model.observe(job, run_time)
+
+    # --- the round ------------------------------------------------------------------------
+    def schedule(self, view: ClusterView) -> list[Decision]:
+        decisions: list[Decision] = []
+        decisions.extend(self._end_windows(view))
+        interval = self.config.forecast.mode_check_interval_s
+        if view.last_mode_check is None or view.now - view.last_mode_check >= interval:
+            view.last_mode_check = view.now
+            forecast = self.forecaster.forecast(view.now)
+            change = self.binder.update_mode(view, forecast)
+            if change is not None:
+                decisions.append(change)
+            decisions.extend(self.profiler.autoscale(view, forecast))
+        self.orchestrator.predict_pending(view)
+        # the main queue first: profiled jobs waiting there have been waiting longest
+        decisions.extend(place_queue(view, self._partner))
+        decisions.extend(self.profiler.start_windows(view))
+        return decisions
+
+    def next_wakeup(self, view: ClusterView) -> float | None:
+        return view.window_heap[0][0] if view.window_heap else None
+
+    def _end_windows(self, view: ClusterView) -> list[Decision]:
+        decisions: list[Decision] = []
+        for job_id, on_pool in self.profiler.expired(view):
+            job = view.jobs[job_id]
+            alloc = view.allocations[job_id]
+            elapsed = view.now - alloc.start
+            profile = view.profile_of(job_id)
+            if on_pool:
+                view.stop(job_id)
+                job.known_min_duration = max(job.known_min_duration, elapsed)
+                decisions.append(self.profiler.stop_decision(job_id, elapsed))
+            else:
+                job.known_min_duration = max(job.known_min_duration, elapsed)
+            if profile is not None:
+                self.on_profiled(view, job, profile)
+            elif on_pool:
+                self.orchestrator.enqueue(view, job)
+        return decisions
+
+    def _partner(self, view: ClusterView, job: Job) -> tuple[str, str] | None:
+        choice = self.binder.find_partner(view, job)
+        return None if choice is None else (choice.partner, choice.reason)

@@ -1,0 +1,102 @@
+"""Resource Orchestrator (paper section 9, algorithm 2): priority order and placement.
+
+priority = GPUs x predicted duration, ascending. A scan places every queued job that fits
+compactly (alone, or with an affine partner when the binder allows), skipping the rest: no
+preemption, ever. The scan visits only the head of each (GPU demand, share class) part of
+the queue, since jobs within a part fit or fail alike.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from lucid_core.domain import Job, Pool
+from lucid_core.policy.decisions import Decision, Place
+from lucid_core.policy.models import DurationPredictor
+from lucid_core.policy.view import ClusterView, SortKey
+
+PartnerFinder = Callable[[ClusterView, Job], "tuple[str, str] | None"]
+
+
+def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
+                strict_order: bool = False) -> list[Decision]:
+    """Scan the main queue in key order and place what fits.
+
+    `find_partner(view, job)` returns (partner id, reason) for a job with no exclusive fit.
+    `strict_order` stops at the first job that cannot start (FIFO without backfilling).
+    """
+    decisions: list[Decision] = []
+    parts = view.queue.parts()
+    heads = [(items[0][0], part) for part, items in parts.items()]
+    heapq.heapify(heads)
+    smallest_unfit = 1 << 30
+    main = view.main
+    while heads:
+        key, part = heapq.heappop(heads)
+        items = parts.get(part)
+        if not items or items[0][0] != key:
+            continue
+        job_id = items[0][1]
+        job = view.jobs[job_id]
+        placed = False
+        if job.gpus < smallest_unfit:
+            gpus = main.place_compact(job.gpus)
+            if gpus is not None:
+                view.start(job_id, Pool.MAIN, gpus)
+                decisions.append(Place(job_id, gpus, _exclusive_reason(view, job, key)))
+                placed = True
+            else:
+                smallest_unfit = job.gpus
+        if not placed and find_partner is not None:
+            found = find_partner(view, job)
+            if found is not None:
+                partner, reason = found
+                gpus = view.allocations[partner].gpus
+                view.start(job_id, Pool.MAIN, gpus, partner=partner)
+                decisions.append(Place(job_id, gpus, reason, partner=partner))
+                placed = True
+        if placed:
+            items = parts.get(part)
+            if items:
+                heapq.heappush(heads, (items[0][0], part))
+        elif strict_order:
+            break
+        if smallest_unfit == 1 and find_partner is None:
+            break  # nothing free and nothing to share: the rest waits
+    return decisions
+
+
+def _exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
+    if job.predicted_duration is not None:
+        return (f"priority {job.priority / 3600:.2f} GPU-h = {job.gpus} GPU(s) x predicted "
+                f"{job.predicted_duration / 3600:.2f} h; compact exclusive fit")
+    return "next in order; compact exclusive fit"
+
+
+class Orchestrator:
+    """Predicts durations in batches and keeps the main queue in priority order."""
+
+    def __init__(self, duration_model: DurationPredictor, use_estimator: bool = True) -> None:
+        self.duration_model = duration_model
+        self.use_estimator = use_estimator
+
+    def enqueue(self, view: ClusterView, job: Job) -> None:
+        """Queue for prediction; the job joins the main queue at the next `predict_pending`."""
+        view.unpredicted.append(job.job_id)
+
+    def predict_pending(self, view: ClusterView) -> None:
+        """One batched model call for every job that joined since the last round."""
+        if not view.unpredicted:
+            return
+        jobs = [view.jobs[j] for j in view.unpredicted]
+        view.unpredicted = []
+        predictions = self.duration_model.predict_duration(jobs)
+        for job, pred in zip(jobs, predictions, strict=True):
+            job.predicted_duration = max(float(pred), job.known_min_duration, 1.0)
+            view.enqueue_main(job, self.sort_key(job))
+
+    def sort_key(self, job: Job) -> SortKey:
+        if self.use_estimator:
+            return (job.priority, job.submit_time, job.job_id)
+        return (job.submit_time, 0.0, job.job_id)

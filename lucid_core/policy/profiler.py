@@ -1,0 +1,98 @@
+"""Space-aware profiler (paper algorithm 1) and pool autoscaling from the load forecast.
+
+Least-GPU-first: the profiling queue is sorted by GPU demand and the scan stops at the first
+job that does not fit compactly, so one wide job cannot hold back many small ones. A job
+is profiled in place on the main cluster instead when the main cluster has room and no one
+waits there: it then runs once, not twice.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from lucid_core.config import ProfilerConfig
+from lucid_core.domain import Job, Pool
+from lucid_core.policy.decisions import Decision, Place, SetProfilerParams, StartProfiling, StopProfiling
+from lucid_core.policy.models import Forecast
+from lucid_core.policy.view import ClusterView
+
+
+class SpaceAwareProfiler:
+    def __init__(self, config: ProfilerConfig) -> None:
+        self.config = config
+
+    def window_for(self, view: ClusterView, job: Job) -> float:
+        return self.config.long_cold_start_tprof_s if job.long_cold_start else view.tprof_s
+
+    def wants_profiling(self, view: ClusterView, job: Job) -> bool:
+        return self.config.enabled and job.gpus <= view.nprof_gpus
+
+    def expired(self, view: ClusterView) -> list[tuple[str, bool]]:
+        """Pop windows that ended by now: (job id, True when it ran on the profiling pool)."""
+        out = []
+        while view.window_heap and view.window_heap[0][0] <= view.now:
+            _, job_id = heapq.heappop(view.window_heap)
+            alloc = view.allocations.get(job_id)
+            if alloc is not None and alloc.profiling_until is not None and alloc.profiling_until <= view.now:
+                alloc.profiling_until = None
+                out.append((job_id, alloc.pool is Pool.PROFILING))
+        return out
+
+    def stop_decision(self, job_id: str, window: float) -> StopProfiling:
+        return StopProfiling(job_id, f"profiling window of {window:g} s is over; job joins the main queue")
+
+    def autoscale(self, view: ClusterView, forecast: Forecast) -> list[Decision]:
+        """Shorter windows and borrowed idle main nodes during a forecast burst; back after."""
+        if not self.config.autoscale:
+            return []
+        burst = forecast.jobs_per_slot >= self.config.burst_jobs_per_slot
+        tprof = self.config.burst_tprof_s if burst else self.config.tprof_s
+        changed = tprof != view.tprof_s
+        view.tprof_s = tprof
+        if burst and len(view.queue) == 0 and view.profiling_queue:
+            for name in view.main.idle_nodes():
+                if len(view.borrowed_nodes) >= self.config.max_borrowed_nodes:
+                    break
+                view.borrow_node(name)
+                changed = True
+        if not burst or len(view.queue) > 0:
+            for name in list(view.borrowed_nodes):
+                node = view.profiling.nodes[name]
+                if node.free == node.gpus:
+                    view.return_node(name)
+                    changed = True
+        if not changed:
+            return []
+        state = "burst" if burst else "normal load"
+        return [SetProfilerParams(
+            view.tprof_s, view.nprof_gpus, len(view.borrowed_nodes),
+            f"{state}: forecast {forecast.jobs_per_slot:.1f} jobs per slot ({forecast.source}) vs burst "
+            f"threshold {self.config.burst_jobs_per_slot:g}; Tprof {view.tprof_s:g} s, "
+            f"{len(view.borrowed_nodes)} borrowed node(s)")]
+
+    def start_windows(self, view: ClusterView) -> list[Decision]:
+        """Algorithm 1 over the profiling queue, with in-place profiling when the main cluster has room."""
+        decisions: list[Decision] = []
+        if not view.profiling_queue:
+            return decisions
+        order = sorted(view.profiling_queue, key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
+        for job_id in order:
+            job = view.jobs[job_id]
+            window = self.window_for(view, job)
+            until = view.now + window
+            if self.config.in_place and len(view.queue) == 0:
+                gpus = view.main.place_compact(job.gpus)
+                if gpus is not None:
+                    view.start(job_id, Pool.MAIN, gpus, profiling_until=until)
+                    decisions.append(Place(job_id, gpus, (
+                        f"main cluster has room and nobody waits: start now, profiled in place "
+                        f"during the first {window:g} s of its run"), profile_in_place=True))
+                    continue
+            gpus = view.profiling.place_compact(job.gpus)
+            if gpus is None:
+                break  # least-GPU-first: the rest need at least as many GPUs
+            view.start(job_id, Pool.PROFILING, gpus, profiling_until=until)
+            decisions.append(StartProfiling(job_id, gpus, window, (
+                f"smallest GPU demand ({job.gpus}) waiting for profiling that fits the pool; "
+                f"window {window:g} s")))
+        return decisions
