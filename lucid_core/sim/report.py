@@ -1,0 +1,195 @@
+"""Reports of simulated runs: side-by-side table with ratios, JCT CDF and per-VC queueing plots, files.
+
+Ratios are "x" factors against a baseline policy (Lucid by default): ``policy value / baseline
+value`` for each lower-is-better metric, so ``2.10x`` in the FIFO row means FIFO's value is 2.1
+times Lucid's (Lucid is 2.1x better), and ``1.00x`` marks the baseline itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lucid_core.sim.metrics import per_vc_table
+from lucid_core.sim.records import JobOutcome
+
+# (metric key, column title, number format, show a ratio against the baseline)
+TABLE_COLUMNS: tuple[tuple[str, str, str, bool], ...] = (
+    ("avg_jct_h", "avg JCT h", "{:.2f}", True),
+    ("p999_jct_h", "P99.9 JCT h", "{:.2f}", True),
+    ("avg_queue_h", "avg queue h", "{:.3f}", True),
+    ("p999_queue_h", "P99.9 queue h", "{:.2f}", True),
+    ("makespan_h", "makespan h", "{:.1f}", False),
+    ("gpu_utilization", "GPU util %", "{:.1%}", False),
+    ("finished_in_profiling", "ended in prof.", "{:d}", False),
+    ("short_jobs_queued", "short queued", "{:d}", False),
+    ("shared_jobs", "shared jobs", "{:d}", False),
+)
+
+
+def ratio_text(value: float, baseline: float) -> str:
+    """'2.10x' for value / baseline; 'n/a' when the baseline is zero and the value is not."""
+    if baseline == 0:
+        return "1.00x" if value == 0 else "n/a"
+    return f"{value / baseline:.2f}x"
+
+
+def _format(value: object, pattern: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if pattern == "{:d}":
+        return pattern.format(int(value))  # type: ignore[call-overload]
+    if pattern == "{:.1%}":
+        return f"{float(value) * 100:.1f}"  # type: ignore[arg-type]
+    return pattern.format(float(value))  # type: ignore[arg-type]
+
+
+def pick_baseline(policies: Sequence[str], baseline: str = "lucid") -> str:
+    """The baseline column: `baseline` when run (case-insensitive), else the first policy."""
+    for name in policies:
+        if name.lower() == baseline.lower():
+            return name
+    return policies[0]
+
+
+def side_by_side(results: Mapping[str, Mapping[str, float]], baseline: str = "lucid") -> str:
+    """A plain-text table, one row per policy, with 'x <baseline>' ratio columns."""
+    if not results:
+        raise ValueError("no results to tabulate")
+    policies = list(results)
+    base = pick_baseline(policies, baseline)
+    header = ["policy"]
+    for _, title, _, ratio in TABLE_COLUMNS:
+        header.append(title)
+        if ratio:
+            header.append(f"x {base}")
+    rows = [header]
+    for name in policies:
+        metrics = results[name]
+        row = [name]
+        for key, _, pattern, ratio in TABLE_COLUMNS:
+            value = metrics.get(key)
+            row.append(_format(value, pattern))
+            if ratio:
+                base_value = results[base].get(key)
+                row.append("-" if value is None or base_value is None else ratio_text(value, base_value))
+        rows.append(row)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(r, widths,
+                                                                                                  strict=True)))
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    jobs = {int(m.get("jobs", 0)) for m in results.values()}
+    note = (f"x {base}: policy value / {base} value (above 1.00x: {base} is better). "
+            f"Jobs per run: {', '.join(str(j) for j in sorted(jobs))}.")
+    return "\n".join([*lines, note])
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def jct_cdf_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], path: str | Path) -> Path:
+    """Write a PNG of the empirical CDF of job completion time (hours, log scale) per policy."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    try:
+        for name, outcomes in outcomes_by_policy.items():
+            jct = np.sort([(o.end_time - o.submit_time) / 3600 for o in outcomes])
+            if jct.size == 0:
+                continue
+            fraction = np.arange(1, jct.size + 1) / jct.size
+            axes.step(np.maximum(jct, 1e-4), fraction, where="post", label=name)
+        axes.set_xscale("log")
+        axes.set_xlabel("job completion time (hours, log scale)")
+        axes.set_ylabel("fraction of jobs")
+        axes.set_ylim(0, 1.005)
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(loc="lower right")
+        axes.set_title("JCT CDF")
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
+    return path
+
+
+def queue_per_vc_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], path: str | Path) -> Path:
+    """Write a PNG bar chart of average queueing delay (hours) per VC, one bar per policy."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tables = {name: per_vc_table(outcomes)["avg_queue_h"] for name, outcomes in outcomes_by_policy.items()
+              if outcomes}
+    frame = pd.DataFrame(tables).fillna(0.0)
+    figure, axes = plt.subplots(figsize=(max(6.0, 0.6 * len(frame) * max(1, len(tables)) / 2 + 3), 4.5))
+    try:
+        positions = np.arange(len(frame))
+        width = 0.8 / max(1, len(tables))
+        for k, name in enumerate(frame.columns):
+            axes.bar(positions + (k - (len(tables) - 1) / 2) * width, frame[name].to_numpy(), width, label=name)
+        axes.set_xticks(positions)
+        axes.set_xticklabels([str(vc) for vc in frame.index], rotation=45, ha="right")
+        axes.set_xlabel("virtual cluster")
+        axes.set_ylabel("average queueing delay (hours)")
+        axes.legend()
+        axes.grid(True, axis="y", alpha=0.3)
+        axes.set_title("Queueing delay per VC")
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
+    return path
+
+
+def _json_ready(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_results(directory: str | Path, outcomes_by_policy: Mapping[str, Sequence[JobOutcome]],
+                  metrics_by_policy: Mapping[str, Mapping[str, float]],
+                  run_info: Mapping[str, object] | None = None) -> list[Path]:
+    """Write `<policy>_jobs.csv` (one row per job), `<policy>_per_vc.csv` and `metrics.json`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, outcomes in outcomes_by_policy.items():
+        frame = pd.DataFrame([asdict(o) for o in outcomes], columns=list(JobOutcome.__dataclass_fields__))
+        frame["jct"] = frame["end_time"] - frame["submit_time"]
+        jobs_path = directory / f"{_safe(name)}_jobs.csv"
+        frame.to_csv(jobs_path, index=False)
+        written.append(jobs_path)
+        if outcomes:
+            vc_path = directory / f"{_safe(name)}_per_vc.csv"
+            per_vc_table(outcomes).to_csv(vc_path)
+            written.append(vc_path)
+    metrics_path = directory / "metrics.json"
+    payload = {"run": dict(run_info or {}), "metrics": dict(metrics_by_policy)}
+    metrics_path.write_text(json.dumps(_json_ready(payload), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    written.append(metrics_path)
+    return written
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "policy"
