@@ -1,0 +1,163 @@
+"""Executors: launch, poll, stop and read jobs on hosts through one interface.
+
+`HostExecutor` speaks the host scripts of `host_scripts` over a `Transport` (a local `sh`
+subprocess or an SSH channel), so local and SSH hosts behave the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from lucid_core.runtime import host_scripts
+from lucid_core.runtime.host_scripts import TelemetryLaunch
+
+
+class HostUnreachable(RuntimeError):
+    """The host could not be reached (network, sshd down, timeout) after the retries."""
+
+
+class HostKeyRejected(HostUnreachable):
+    """The host presented a key that is not in known_hosts (or a different one): refused."""
+
+
+class HostCommandFailed(RuntimeError):
+    """A host script ran but reported an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostAddress:
+    """Where and how to reach a host."""
+
+    name: str
+    address: str = "127.0.0.1"
+    port: int = 22
+    user: str = ""
+    key_path: str | None = None
+    workdir: str = "~/.lucid-runs"
+    python: str = "python3"
+    executor: str = "ssh"  # ssh | local
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    run_id: str
+    command: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    telemetry: TelemetryLaunch | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchResult:
+    pid: int | None
+    already_launched: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """What a host says about a run: MISSING, NOPID, RUNNING, EXITED or VANISHED."""
+
+    state: str
+    pid: int | None = None
+    exit_code: int | None = None
+    stop_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    model: str
+    memory_mb: float
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptResult:
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+class Transport(Protocol):
+    def run_script(self, host: HostAddress, script: str, timeout_s: float) -> ScriptResult:
+        """Run a POSIX sh script on the host (fed on stdin) and return its output."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def parse_status(words: Sequence[str]) -> RunStatus:
+    """Turn the words of one poll line (after the run id) into a RunStatus."""
+    state = words[0]
+    if state == "RUNNING":
+        return RunStatus("RUNNING", pid=int(words[1]))
+    if state == "EXITED":
+        return RunStatus("EXITED", exit_code=int(words[1]) if len(words) > 1 and words[1] else None)
+    if state == "VANISHED":
+        return RunStatus("VANISHED", pid=int(words[1]), stop_requested="stopped" in words[2:])
+    if state in {"MISSING", "NOPID"}:
+        return RunStatus(state)
+    raise HostCommandFailed(f"unexpected run status line: {' '.join(words)!r}")
+
+
+class HostExecutor:
+    """The one executor: host scripts over a transport; `transport_for` picks local or SSH."""
+
+    def __init__(self, transports: Mapping[str, Transport], *, timeout_s: float = 30.0) -> None:
+        self.transports = dict(transports)
+        self.timeout_s = timeout_s
+
+    def _run(self, host: HostAddress, script: str, timeout_s: float | None = None) -> ScriptResult:
+        transport = self.transports.get(host.executor)
+        if transport is None:
+            raise HostCommandFailed(f"host {host.name}: no transport for executor {host.executor!r}")
+        return transport.run_script(host, script, timeout_s or self.timeout_s)
+
+    def launch(self, host: HostAddress, spec: LaunchSpec) -> LaunchResult:
+        script = host_scripts.launch_script(host.workdir, spec.run_id, spec.command, spec.env, spec.telemetry)
+        result = self._run(host, script)
+        last = (result.stdout.strip().splitlines() or [""])[-1].split()
+        if result.exit_status != 0 or not last or last[0] not in {"LAUNCHED", "EXISTS"}:
+            raise HostCommandFailed(
+                f"host {host.name}: launch of {spec.run_id} failed (status {result.exit_status}): "
+                f"{(result.stdout + result.stderr).strip()[-500:]}")
+        pid = int(last[1]) if len(last) > 1 and last[1].isdigit() else None
+        return LaunchResult(pid, already_launched=last[0] == "EXISTS")
+
+    def poll(self, host: HostAddress, run_ids: Sequence[str]) -> dict[str, RunStatus]:
+        if not run_ids:
+            return {}
+        result = self._run(host, host_scripts.poll_script(host.workdir, run_ids))
+        lines = result.stdout.strip().splitlines()
+        if not lines or lines[-1] != "END":
+            raise HostCommandFailed(f"host {host.name}: poll output cut short: {result.stdout[-300:]!r}")
+        out = {}
+        for line in lines[:-1]:
+            words = line.split()
+            if words and words[0] in run_ids:
+                out[words[0]] = parse_status(words[1:])
+        return out
+
+    def stop(self, host: HostAddress, run_id: str, reason: str, grace_s: float) -> RunStatus:
+        script = host_scripts.stop_script(host.workdir, run_id, reason, grace_s)
+        result = self._run(host, script, timeout_s=self.timeout_s + grace_s)
+        words = (result.stdout.strip().splitlines() or ["MISSING"])[-1].split()
+        return parse_status(words)
+
+    def read(self, host: HostAddress, run_id: str, name: str, max_bytes: int = 1 << 20) -> str:
+        return self._run(host, host_scripts.read_script(host.workdir, run_id, name, max_bytes)).stdout
+
+    def discover_gpus(self, host: HostAddress) -> list[GpuInfo]:
+        """GPUs reported by nvidia-smi on the host (empty when it has none)."""
+        result = self._run(host, host_scripts.discover_gpus_script())
+        gpus = []
+        for line in result.stdout.strip().splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 3 and parts[0].isdigit():
+                gpus.append(GpuInfo(int(parts[0]), parts[1], float(parts[2]), parts[3] if len(parts) > 3 else None))
+        return gpus
+
+    def close(self) -> None:
+        for transport in self.transports.values():
+            transport.close()

@@ -1,0 +1,186 @@
+"""POSIX sh scripts the executors run on a host (over SSH or locally) to launch, poll and stop jobs.
+
+Every value the scheduler adds is shell-quoted; the user's command is written verbatim into
+`command.sh` and run by `sh`. A run directory `<workdir>/<run_id>` is the idempotency marker:
+`mkdir` claims it atomically, so launching the same run twice starts one process.
+
+Files in a run directory: pid (the wrapper's process group), command.sh, run.sh (the wrapper),
+stdout.log, stderr.log, exit_code (written by the wrapper when the command ends),
+stop_requested (written before the scheduler signals the job), telemetry.jsonl.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """Refuse run ids that could escape the work directory."""
+    if not RUN_ID_PATTERN.match(run_id):
+        raise ValueError(f"run id {run_id!r} must match {RUN_ID_PATTERN.pattern}")
+    return run_id
+
+
+def quote_path(path: str) -> str:
+    """Shell-quote a path, keeping a leading ~/ relative to the remote $HOME."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryLaunch:
+    """How to start the telemetry agent next to a job (see lucid_core.runtime.telemetry)."""
+
+    agent_source: str
+    agent_name: str  # file name in the work directory, versioned by content hash
+    python: str
+    gpu_indices: tuple[int, ...]
+    interval_s: float
+    duration_s: float
+    emulated: tuple[float, float, float] | None = None  # (gpu_util, mem_util, gpu_mem_mb)
+    seed: int = 0
+
+
+def wrapper_script(env: Mapping[str, str]) -> str:
+    """The detached wrapper: exports the job env, runs command.sh, records the exit code.
+
+    It traps TERM so that a stop reaches the command, is waited for, and still leaves an exit code.
+    """
+    exports = "\n".join(f"export {name}={shlex.quote(value)}" for name, value in env.items())
+    return f"""echo $$ > pid.self
+{exports}
+trap 'echo 1 > term_received' TERM
+sh ./command.sh > stdout.log 2> stderr.log < /dev/null &
+child=$!
+echo $child > child.pid
+while :; do
+  wait $child
+  rc=$?
+  kill -s 0 $child 2>/dev/null || break
+done
+echo $rc > exit_code.tmp && mv exit_code.tmp exit_code
+"""
+
+
+def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str],
+                  telemetry: TelemetryLaunch | None = None) -> str:
+    """Claim the run directory and start the job detached; prints LAUNCHED <pid> or EXISTS <pid>."""
+    check_run_id(run_id)
+    for name in env:
+        if not ENV_NAME_PATTERN.match(name):
+            raise ValueError(f"environment variable name {name!r} is not a valid identifier")
+    w = quote_path(workdir)
+    lines = [
+        "set -u",
+        f"W={w}",
+        f'D="$W"/{shlex.quote(run_id)}',
+        'mkdir -p "$W" || { echo "ERROR cannot create work directory $W"; exit 3; }',
+        'if ! mkdir "$D" 2>/dev/null; then echo "EXISTS $(cat "$D/pid" 2>/dev/null)"; exit 0; fi',
+        'cd "$D"',
+        f"printf '%s\\n' {shlex.quote(command)} > command.sh",
+        f"printf '%s' {shlex.quote(wrapper_script(env))} > run.sh",
+        "setsid sh ./run.sh < /dev/null > /dev/null 2>&1 &",
+        "pid=$!",
+        "echo $pid > pid",
+    ]
+    if telemetry is not None:
+        agent = shlex.quote(telemetry.agent_name)
+        args = [
+            "sample", "--pid-file", "pid", "--out", "telemetry.jsonl",
+            "--gpus", ",".join(str(i) for i in telemetry.gpu_indices) or "none",
+            "--interval", f"{telemetry.interval_s:g}", "--duration", f"{telemetry.duration_s:g}",
+            "--seed", str(telemetry.seed),
+        ]
+        if telemetry.emulated is not None:
+            args += ["--emulate", ",".join(f"{v:g}" for v in telemetry.emulated)]
+        lines += [
+            f'if [ ! -f "$W"/{agent} ]; then',
+            f"  printf '%s' {shlex.quote(telemetry.agent_source)} > \"$W\"/{agent}.tmp && "
+            f'mv "$W"/{agent}.tmp "$W"/{agent}',
+            "fi",
+            f'setsid {shlex.quote(telemetry.python)} "$W"/{agent} {shlex.join(args)} '
+            "< /dev/null > telemetry.err 2>&1 &",
+        ]
+    lines.append('echo "LAUNCHED $pid"')
+    return "\n".join(lines) + "\n"
+
+
+# a wrapper is alive when its pid exists, is no zombie, and still runs run.sh (not a reused pid)
+_ALIVE = """alive() {
+  kill -s 0 "$1" 2>/dev/null || return 1
+  if [ -r "/proc/$1/stat" ]; then
+    [ "$(cut -d' ' -f3 "/proc/$1/stat")" = Z ] && return 1
+    grep -q run.sh "/proc/$1/cmdline" 2>/dev/null || return 1
+  fi
+  return 0
+}"""
+
+
+def poll_script(workdir: str, run_ids: Sequence[str]) -> str:
+    """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc | VANISHED pid [stopped]."""
+    ids = " ".join(shlex.quote(check_run_id(r)) for r in run_ids)
+    return f"""W={quote_path(workdir)}
+{_ALIVE}
+for r in {ids}; do
+  D="$W/$r"
+  if [ ! -d "$D" ]; then echo "$r MISSING"; continue; fi
+  if [ -f "$D/exit_code" ]; then echo "$r EXITED $(cat "$D/exit_code")"; continue; fi
+  p=$(cat "$D/pid" 2>/dev/null || true)
+  if [ -z "$p" ]; then echo "$r NOPID"; continue; fi
+  if alive "$p"; then echo "$r RUNNING $p"; continue; fi
+  if [ -f "$D/exit_code" ]; then echo "$r EXITED $(cat "$D/exit_code")"; continue; fi
+  if [ -f "$D/stop_requested" ]; then echo "$r VANISHED $p stopped"; else echo "$r VANISHED $p"; fi
+done
+echo END
+"""
+
+
+def stop_script(workdir: str, run_id: str, reason: str, grace_s: float) -> str:
+    """TERM the run's process group, wait up to `grace_s`, then KILL; prints the poll line after."""
+    ticks = max(1, round(grace_s * 10))
+    return f"""W={quote_path(workdir)}
+D="$W"/{shlex.quote(check_run_id(run_id))}
+if [ ! -d "$D" ]; then echo MISSING; exit 0; fi
+printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
+p=$(cat "$D/pid" 2>/dev/null || true)
+if [ -z "$p" ]; then echo NOPID; exit 0; fi
+if [ ! -f "$D/exit_code" ]; then
+  kill -s TERM -- -"$p" 2>/dev/null || kill -s TERM "$p" 2>/dev/null
+  i=0
+  while [ $i -lt {ticks} ]; do
+    [ -f "$D/exit_code" ] && break
+    kill -s 0 -- -"$p" 2>/dev/null || break
+    sleep 0.1
+    i=$((i+1))
+  done
+  if [ ! -f "$D/exit_code" ] && kill -s 0 -- -"$p" 2>/dev/null; then
+    kill -s KILL -- -"$p" 2>/dev/null
+    sleep 0.1
+  fi
+fi
+if [ -f "$D/exit_code" ]; then echo "EXITED $(cat "$D/exit_code")"; else echo "VANISHED $p stopped"; fi
+"""
+
+
+def read_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
+    """The last `max_bytes` of a file in the run directory (empty when absent)."""
+    if name not in {"stdout.log", "stderr.log", "telemetry.jsonl", "telemetry.err", "command.sh"}:
+        raise ValueError(f"not a run file: {name!r}")
+    path = f'"$W"/{shlex.quote(check_run_id(run_id))}/{shlex.quote(name)}'
+    return f"W={quote_path(workdir)}\n[ -f {path} ] && tail -c {int(max_bytes)} {path}\nexit 0\n"
+
+
+def discover_gpus_script() -> str:
+    """index, name, memory MiB, uuid per GPU via nvidia-smi; prints NO_NVIDIA_SMI when absent."""
+    return ("if command -v nvidia-smi >/dev/null 2>&1; then "
+            "nvidia-smi --query-gpu=index,name,memory.total,uuid --format=csv,noheader,nounits; "
+            "else echo NO_NVIDIA_SMI; fi\n")

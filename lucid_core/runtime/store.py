@@ -1,0 +1,121 @@
+"""The state store: one SQLAlchemy engine, migrated to the packaged Alembic head on open.
+
+SQLite under LUCID_HOME by default (one file, WAL journal); PostgreSQL by URL for production.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.orm import Session, sessionmaker
+
+from lucid_core.runtime.schema import SchedulerStateRow
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def lucid_home(env: dict[str, str] | None = None) -> Path:
+    """LUCID_HOME, or ~/.lucid: where the default SQLite store and local run logs live."""
+    env = dict(os.environ) if env is None else env
+    return Path(env.get("LUCID_HOME") or Path.home() / ".lucid").expanduser()
+
+
+def default_store_url(env: dict[str, str] | None = None) -> str:
+    """LUCID_STORE_URL when set, else a SQLite file in LUCID_HOME."""
+    env = dict(os.environ) if env is None else env
+    if env.get("LUCID_STORE_URL"):
+        return env["LUCID_STORE_URL"]
+    return f"sqlite:///{lucid_home(env) / 'lucid.db'}"
+
+
+def _alembic_config(connection: sa.Connection) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+class Store:
+    """Engine + session factory of one store; `open` migrates it to the newest schema."""
+
+    def __init__(self, url: str, *, migrate: bool = True, echo: bool = False) -> None:
+        self.url = url
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+            Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        if url.startswith("postgresql"):
+            kwargs["pool_pre_ping"] = True
+        self.engine = sa.create_engine(url, **kwargs)
+        if self.engine.dialect.name == "sqlite":
+            sa.event.listen(self.engine, "connect", _on_sqlite_connect)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        if migrate:
+            self.migrate()
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def migrate(self) -> None:
+        """Upgrade the schema to the packaged head (no-op when already there)."""
+        with self.engine.begin() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+            cfg = _alembic_config(conn)
+            if current != ScriptDirectory.from_config(cfg).get_current_head():
+                command.upgrade(cfg, "head")
+
+    def revision(self) -> str | None:
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session committed on success and rolled back on error."""
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    # --- scheduler state (a small key-value table) ------------------------------------------
+    def get_state(self, key: str, default: Any = None) -> Any:
+        with self.session() as s:
+            row = s.get(SchedulerStateRow, key)
+            return default if row is None else row.value
+
+    def set_state(self, key: str, value: Any) -> None:
+        with self.session() as s:
+            row = s.get(SchedulerStateRow, key)
+            if row is None:
+                s.add(SchedulerStateRow(key=key, value=value))
+            else:
+                row.value = value
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open (and migrate) the store at `url`, or the default one."""
+    return Store(url or default_store_url())
