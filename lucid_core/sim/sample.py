@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lucid_core.sim.sample", description=__doc__)
     subparsers = parser.add_subparsers(dest="command")
     add_parser(subparsers)
-    return _run_cli(parser.parse_args(["make-sample", *(argv if argv is not None else [])]))
+    return _run_cli(parser.parse_args(["make-sample", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":
