@@ -1,0 +1,164 @@
+"""Trace readers: tiny hand-written files with malformed rows, windows, formats, the real Philly file."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from lucid_core.sim.traces import TraceFormatError, detect_format, read_trace
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("LUCID_SHARED_DATA", REPO.parent / "shared" / "data"))
+PHILLY = SHARED_DATA / "philly" / "philly_jobs_2017-09_2017-11.csv"
+
+
+def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+PHILLY_TINY = """timestamp,duration,num_gpus,gpu_time,cluster
+2017-10-01 00:10:00,100.0,1,100.0,vcA
+2017-10-01 00:05:00,50.0,2,100.0,vcB
+2017-10-01 00:20:00,,1,0,vcA
+2017-10-01 00:21:00,-5,1,-5,vcA
+2017-10-01 00:22:00,30,two,60,vcA
+2017-10-01 00:23:00,1e12,1,1e12,vcA
+yesterday,30,1,30,vcA
+2017-10-01 00:24:00,30,1.5,45,vcA
+2017-10-01 00:25:00,nan,1,30,vcA
+2017-10-01 00:26:00,30,0,0,vcA
+2017-10-01 00:27:00,30,1,30,vcA,extra
+2017-10-01 00:30:00,7.5,8,60,
+"""
+
+
+def test_philly_rows_are_validated_sorted_and_given_stable_ids(tmp_path):
+    trace = read_trace(write(tmp_path, "p.csv", PHILLY_TINY), "philly")
+    assert [r.job_id for r in trace.records] == ["philly-000003", "philly-000002", "philly-000013"]
+    assert [r.submit_time for r in trace.records] == [0.0, 300.0, 1500.0]
+    assert trace.epoch == datetime(2017, 10, 1, 0, 5)
+    first = trace.records[0]
+    assert (first.duration, first.gpus, first.vc) == (50.0, 2, "vcB")
+    assert trace.records[-1].vc == "default"  # blank cluster
+    problems = {p.row: p for p in trace.problems}
+    assert sorted(problems) == list(range(4, 13))
+    assert (problems[4].column, problems[4].reason) == ("duration", "missing value")
+    assert (problems[5].column, problems[5].value) == ("duration", "-5")
+    assert "> 0" in problems[5].reason
+    assert (problems[6].column, problems[6].value, problems[6].reason) == ("num_gpus", "two", "not a number")
+    assert problems[7].column == "duration" and "366 days" in problems[7].reason
+    assert (problems[8].column, problems[8].value) == ("timestamp", "yesterday")
+    assert problems[8].reason.startswith("unparsable time")
+    assert problems[9].reason == "GPU count must be a whole number"
+    assert problems[10].reason == "not a finite number"
+    assert problems[11].reason == "GPU count must be >= 1"
+    assert problems[12].reason == "more cells than header columns"
+    assert trace.rows_read == 12
+    summary = trace.problem_summary()
+    assert "9 skipped" in summary and "line 6" in summary
+
+
+def test_bytes_that_are_not_utf8_are_reported_not_crashing(tmp_path):
+    data = (b"timestamp,duration,num_gpus,gpu_time,cluster\n"
+            b"2017-10-01 00:00:00,10,1,10,caf\xe9\n"
+            b"2017-10-01 00:01:00,10,1,10,ok\n")
+    trace = read_trace(write(tmp_path, "enc.csv", data), "philly")
+    assert [r.vc for r in trace.records] == ["ok"]
+    (problem,) = trace.problems
+    assert (problem.row, problem.column, problem.reason) == (2, "cluster", "not valid UTF-8")
+    assert problem.value == "caf\xe9"
+
+
+HELIOS_TINY = """job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration
+j1,alice,vcX,1,4,1,COMPLETED,2020-09-01 00:00:10,2020-09-01 00:00:20,2020-09-01 00:10:20,600
+j2,bob,vcY,0,8,1,COMPLETED,2020-09-01 00:00:11,2020-09-01 00:00:20,2020-09-01 00:10:20,600
+j3,bob,vcY,8,32,1,FAILED,2020-09-01 00:00:05,2020-09-01 00:01:00,2020-09-01 00:02:00,
+j1,carol,vcX,2,4,1,COMPLETED,2020-09-01 00:00:30,2020-09-01 00:00:40,2020-09-01 00:00:50,10
+,dave,vcX,2,4,1,COMPLETED,2020-09-01 00:00:31,2020-09-01 00:00:40,2020-09-01 00:00:50,10
+"""
+
+
+def test_helios_keeps_gpu_jobs_and_reports_duplicates(tmp_path):
+    trace = read_trace(write(tmp_path, "cluster_log.csv", HELIOS_TINY), "helios")
+    assert [r.job_id for r in trace.records] == ["j3", "j1"]
+    j3, j1 = trace.records
+    assert (j3.user, j3.vc, j3.gpus, j3.state, j3.duration) == ("bob", "vcY", 8, "FAILED", 60.0)  # end - start
+    assert (j1.user, j1.submit_time, j1.duration) == ("alice", 5.0, 600.0)
+    assert trace.non_gpu_rows == 1
+    reasons = {p.row: (p.column, p.reason) for p in trace.problems}
+    assert reasons[5] == ("job_id", "duplicate job_id (first on line 2)")
+    assert reasons[6] == ("job_id", "missing value")
+
+
+GENERIC_TINY = """name,job_id,submit_time,duration,gpus,vc,user
+a,x1,2024-03-04T09:00:00,60,1,v1,u1
+b,,2024-03-04 10:00:00,120,2,,u2
+c,x3,1709546400,30,1,v1,u1
+d,x4,2024-03-04T09:00:00+02:00,10,1,v1,u1
+e,x5,2024-03-05 00:00:00,10,1,v1,u1
+"""
+
+
+def test_generic_csv_accepts_iso_seconds_and_offsets(tmp_path):
+    trace = read_trace(write(tmp_path, "g.csv", GENERIC_TINY), "generic")
+    by_id = {r.job_id: r for r in trace.records}
+    assert set(by_id) == {"x1", "job-3", "x3", "x4", "x5"}
+    assert by_id["job-3"].vc == "default" and by_id["job-3"].name == "b" and by_id["job-3"].gpus == 2
+    # 1709546400 s = 2024-03-04 10:00:00 UTC; 09:00+02:00 = 07:00 UTC, the earliest: the epoch
+    assert trace.epoch == datetime(2024, 3, 4, 7, 0)
+    assert by_id["x4"].submit_time == 0.0
+    assert by_id["x1"].submit_time == 2 * 3600.0
+    assert by_id["x3"].submit_time == 3 * 3600.0
+    assert [r.submit_time for r in trace.records] == sorted(r.submit_time for r in trace.records)
+
+
+def test_window_is_half_open_and_sets_the_epoch(tmp_path):
+    path = write(tmp_path, "g.csv", GENERIC_TINY)
+    trace = read_trace(path, "generic", start="2024-03-04 09:00", end=datetime(2024, 3, 5))
+    assert sorted(r.job_id for r in trace.records) == ["job-3", "x1", "x3"]  # 09:00 in, 2024-03-05 00:00 out
+    assert trace.epoch == datetime(2024, 3, 4, 9, 0)
+    assert [r.submit_time for r in trace.records] == [0.0, 3600.0, 3600.0]
+    assert trace.outside_window == 2
+    with pytest.raises(TraceFormatError, match="no valid generic job rows"):
+        read_trace(path, "generic", start="2030-01-01")
+    with pytest.raises(TraceFormatError, match="empty window"):
+        read_trace(path, "generic", start="2024-03-05", end="2024-03-04")
+
+
+def test_format_errors_are_clear(tmp_path):
+    bad = write(tmp_path, "bad.csv", "timestamp,duration,num_gpus\nnever,-1,x\n")
+    with pytest.raises(TraceFormatError, match=r"no valid philly job rows .*1 rows read"):
+        read_trace(bad, "philly")
+    with pytest.raises(TraceFormatError, match="header lacks"):
+        read_trace(bad, "helios")
+    with pytest.raises(TraceFormatError, match="unknown trace format"):
+        read_trace(bad, "slurm")
+    with pytest.raises(TraceFormatError, match="matches none"):
+        detect_format(write(tmp_path, "other.csv", "a,b\n1,2\n"))
+    assert detect_format(write(tmp_path, "p.csv", PHILLY_TINY)) == "philly"
+    assert detect_format(write(tmp_path, "h.csv", HELIOS_TINY)) == "helios"
+    assert read_trace(write(tmp_path, "g.csv", GENERIC_TINY)).fmt == "generic"
+
+
+def test_whole_philly_file_reads_fast_and_matches_its_published_shape():
+    if not PHILLY.exists():
+        pytest.skip(f"Philly trace not found at {PHILLY} (set LUCID_SHARED_DATA)")
+    started = time.perf_counter()
+    trace = read_trace(PHILLY, "philly")
+    elapsed = time.perf_counter() - started
+    print(f"read {len(trace.records)} Philly jobs in {elapsed:.3f} s")
+    assert elapsed < 2.0
+    assert len(trace.records) == 74167 and not trace.problems
+    assert len({r.job_id for r in trace.records}) == 74167
+    assert len({r.vc for r in trace.records}) == 15
+    week = read_trace(PHILLY, "philly", start="2017-10-01", end="2017-10-08")
+    mean_h = sum(r.duration for r in week.records) / len(week.records) / 3600
+    assert round(mean_h, 2) == 2.17  # the lower bound on average JCT quoted for this week
+    assert week.epoch == datetime(2017, 10, 1)
+    assert week.records[0].submit_time >= 0.0 and week.records[-1].submit_time < 7 * 86400
