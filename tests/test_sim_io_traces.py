@@ -102,6 +102,7 @@ b,,2024-03-04 10:00:00,120,2,,u2
 c,x3,1709546400,30,1,v1,u1
 d,x4,2024-03-04T09:00:00+02:00,10,1,v1,u1
 e,x5,2024-03-05 00:00:00,10,1,v1,u1
+f,x6,2024-03-04 11:00:00,10,100000,v1,u1
 """
 
 
@@ -109,6 +110,8 @@ def test_generic_csv_accepts_iso_seconds_and_offsets(tmp_path):
     trace = read_trace(write(tmp_path, "g.csv", GENERIC_TINY), "generic")
     by_id = {r.job_id: r for r in trace.records}
     assert set(by_id) == {"x1", "job-3", "x3", "x4", "x5"}
+    (huge,) = trace.problems
+    assert (huge.row, huge.column, huge.value, huge.reason) == (7, "gpus", "100000", "GPU count above 4096")
     assert by_id["job-3"].vc == "default" and by_id["job-3"].name == "b" and by_id["job-3"].gpus == 2
     # 1709546400 s = 2024-03-04 10:00:00 UTC; 09:00+02:00 = 07:00 UTC, the earliest: the epoch
     assert trace.epoch == datetime(2024, 3, 4, 7, 0)
