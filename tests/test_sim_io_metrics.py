@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from lucid_core.sim.metrics import compute_metrics, per_vc_table, tail, time_weighted_utilization
+from lucid_core.sim.metrics import (
+    compute_metrics,
+    per_vc_table,
+    tail,
+    time_weighted_utilization,
+    utilization_over_time,
+)
 from lucid_core.sim.records import JobOutcome
 
 # job: vc, gpus, submit, duration, start, end, queue   -> JCT
@@ -43,6 +49,17 @@ def test_utilization_is_time_weighted_over_the_makespan():
     assert time_weighted_utilization([(0.0, 4), (5.0, 2)], 4, 2.0, 10.0) == pytest.approx((4 * 3 + 2 * 5) / 32)
     assert time_weighted_utilization([(0.0, 9)], 4, 0.0, 10.0) == 1.0  # clipped at the cluster size
     assert time_weighted_utilization([], 4, 0.0, 10.0) == 0.0
+
+
+def test_utilization_over_time_bins_the_step_function():
+    series = utilization_over_time(TIMELINE, 8, 0.0, 520.0, bin_s=100.0)
+    assert list(series.index) == [0.0, 100.0, 200.0, 300.0, 400.0, 500.0]
+    assert series.iloc[0] == pytest.approx((10 + 80 + 80 + 30 + 20) / 800)
+    assert series.iloc[1] == pytest.approx(4 * 80 / 800)
+    assert series.iloc[5] == pytest.approx(0.5)  # the 20 s tail bin, 4 of 8 GPUs busy
+    assert list(utilization_over_time([(10.0, 2)], 4, 0.0, 20.0, bin_s=5.0)) == [0.0, 0.0, 0.5, 0.5]
+    with pytest.raises(ValueError):
+        utilization_over_time(TIMELINE, 8, 0.0, 10.0, bin_s=0)
 
 
 def test_tail_matches_the_documented_percentile_method():

@@ -15,6 +15,7 @@ from lucid_core.sim.report import (
     queue_per_vc_plot,
     ratio_text,
     side_by_side,
+    utilization_plot,
     write_results,
 )
 
@@ -76,7 +77,9 @@ def test_plots_are_png_files(tmp_path):
     by_policy = {"fifo": OUTCOMES, "lucid": OUTCOMES[:1]}
     cdf = jct_cdf_plot(by_policy, tmp_path / "plots" / "jct_cdf.png")
     bars = queue_per_vc_plot(by_policy, tmp_path / "queue_vc.png")
-    for path in (cdf, bars):
+    util = utilization_plot({"fifo": ([(0.0, 1), (50.0, 3), (80.0, 0)], 4), "lucid": ([], 4)},
+                            tmp_path / "util.png", bin_s=10.0)
+    for path in (cdf, bars, util):
         assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
 
 

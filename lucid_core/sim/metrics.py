@@ -45,6 +45,27 @@ def time_weighted_utilization(timeline: Sequence[tuple[float, float]], total_gpu
     return gpu_seconds / (total_gpus * (end - start))
 
 
+def utilization_over_time(timeline: Sequence[tuple[float, float]], total_gpus: int, start: float, end: float,
+                          bin_s: float = 3600.0) -> pd.Series:
+    """Busy fraction per `bin_s` bin over [start, end) (last bin may be shorter), indexed by bin start."""
+    if bin_s <= 0:
+        raise ValueError(f"bin_s must be > 0, got {bin_s!r}")
+    if end <= start or total_gpus <= 0:
+        return pd.Series(dtype=float, name="gpu_utilization")
+    edges = np.append(np.arange(start, end, bin_s), end)
+    if not timeline:
+        return pd.Series(np.zeros(edges.size - 1), index=edges[:-1], name="gpu_utilization")
+    points = sorted(timeline, key=lambda point: point[0])
+    times = np.array([t for t, _ in points], dtype=float)
+    busy = np.clip(np.array([b for _, b in points], dtype=float), 0, total_gpus)
+    cumulative = np.concatenate([[0.0], np.cumsum(busy[:-1] * np.diff(times))])
+    index = np.searchsorted(times, edges, side="right") - 1
+    safe = np.maximum(index, 0)
+    integral = np.where(index >= 0, cumulative[safe] + busy[safe] * (edges - times[safe]), 0.0)
+    fraction = np.diff(integral) / (total_gpus * np.diff(edges))
+    return pd.Series(fraction, index=edges[:-1], name="gpu_utilization")
+
+
 def compute_metrics(outcomes: Sequence[JobOutcome], gpu_busy_timeline: Sequence[tuple[float, float]],
                     total_gpus: int) -> dict[str, float | int]:
     """Summary of one simulated run. Times in seconds (`_s`) and hours (`_h`); JCT counts profiling."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lucid_core.sim.metrics import per_vc_table
+from lucid_core.sim.metrics import per_vc_table, utilization_over_time
 from lucid_core.sim.records import JobOutcome
 
 # (metric key, column title, number format, show a ratio against the baseline)
@@ -148,6 +148,33 @@ def queue_per_vc_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], pa
         axes.legend()
         axes.grid(True, axis="y", alpha=0.3)
         axes.set_title("Queueing delay per VC")
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
+    return path
+
+
+def utilization_plot(timelines_by_policy: Mapping[str, tuple[Sequence[tuple[float, float]], int]],
+                     path: str | Path, bin_s: float = 3600.0) -> Path:
+    """Write a PNG of GPU utilization over time (per `bin_s` bin) from each policy's busy timeline."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(8, 4))
+    try:
+        for name, (timeline, total_gpus) in timelines_by_policy.items():
+            if not timeline:
+                continue
+            start, end = min(t for t, _ in timeline), max(t for t, _ in timeline)
+            series = utilization_over_time(timeline, total_gpus, start, end, bin_s)
+            axes.step((series.index.to_numpy() - start) / 3600, 100 * series.to_numpy(), where="post", label=name)
+        axes.set_xlabel("hours since first submission")
+        axes.set_ylabel(f"GPU utilization % (per {bin_s / 60:g} min)")
+        axes.set_ylim(0, 105)
+        axes.grid(True, alpha=0.3)
+        axes.legend(loc="upper right")
+        axes.set_title("GPU utilization over time")
         figure.tight_layout()
         figure.savefig(path, dpi=110)
     finally:
