@@ -165,3 +165,18 @@ def test_whole_philly_file_reads_fast_and_matches_its_published_shape():
     assert round(mean_h, 2) == 2.17  # the lower bound on average JCT quoted for this week
     assert week.epoch == datetime(2017, 10, 1)
     assert week.records[0].submit_time >= 0.0 and week.records[-1].submit_time < 7 * 86400
+
+
+def test_check_trace_command_reports_bad_rows(tmp_path, capsys):
+    import argparse
+
+    from lucid_core.sim.traces import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["check-trace", str(write(tmp_path, "p.csv", PHILLY_TINY)), "--format", "philly"])
+    assert args.func(args) == 1
+    out = capsys.readouterr().out
+    assert "3 jobs kept of 12 rows" in out and "9 skipped" in out and "not a number" in out
+    args = parser.parse_args(["check-trace", str(write(tmp_path, "g.csv", "a,b\n1,2\n"))])
+    assert args.func(args) == 2 and "matches none" in capsys.readouterr().out

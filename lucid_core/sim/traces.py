@@ -26,6 +26,7 @@ state         no        final state in the source (COMPLETED, FAILED, CANCELLED,
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 from collections import Counter
@@ -324,3 +325,42 @@ def _build_trace(path: Path, fmt: str, kept: list[_Row], problems: list[RowProbl
     ]
     return Trace(records, epoch, problems, source=str(path), fmt=fmt, rows_read=rows_read,
                  outside_window=outside, non_gpu_rows=non_gpu)
+
+
+def describe(trace: Trace, examples: int = 3) -> str:
+    """A few lines on what was read: jobs kept, window, GPUs, VCs, and the skipped-row summary."""
+    records = trace.records
+    gpus = Counter(r.gpus for r in records)
+    last = records[-1].submit_time
+    lines = [
+        f"{trace.source} ({trace.fmt}): {len(records)} jobs kept of {trace.rows_read} rows"
+        f" ({trace.outside_window} outside the window, {trace.non_gpu_rows} without GPUs, "
+        f"{len(trace.problems)} skipped)",
+        f"submissions {trace.epoch} .. {trace.epoch + timedelta(seconds=last)}; "
+        f"{len({r.vc for r in records})} VCs; GPUs per job " + ", ".join(f"{g}: {n}" for g, n in sorted(gpus.items())),
+    ]
+    if trace.problems:
+        lines.append(trace.problem_summary(examples))
+    return "\n".join(lines)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """`lucid check-trace FILE`: read a trace and report kept jobs and every skipped row."""
+    parser = subparsers.add_parser("check-trace", help="read a trace file and report bad rows")
+    parser.add_argument("trace", type=Path, help="trace CSV file")
+    parser.add_argument("--format", default="auto", choices=("auto", *TRACE_FORMATS), help="trace format")
+    parser.add_argument("--start", default=None, help="keep jobs submitted at or after (ISO date/time)")
+    parser.add_argument("--end", default=None, help="keep jobs submitted before (ISO date/time)")
+    parser.add_argument("--examples", type=int, default=3, help="example rows shown per problem kind")
+    parser.set_defaults(func=_check_trace_cli)
+    return parser
+
+
+def _check_trace_cli(args: argparse.Namespace) -> int:
+    try:
+        trace = read_trace(args.trace, args.format, args.start, args.end)
+    except (TraceFormatError, OSError) as error:
+        print(f"error: {error}")
+        return 2
+    print(describe(trace, args.examples))
+    return 1 if trace.problems else 0
