@@ -180,3 +180,24 @@ def test_check_trace_command_reports_bad_rows(tmp_path, capsys):
     assert "3 jobs kept of 12 rows" in out and "9 skipped" in out and "not a number" in out
     args = parser.parse_args(["check-trace", str(write(tmp_path, "g.csv", "a,b\n1,2\n"))])
     assert args.func(args) == 2 and "matches none" in capsys.readouterr().out
+
+
+def test_arbitrary_bytes_never_crash_the_reader(tmp_path_factory):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    folder = tmp_path_factory.mktemp("fuzz")
+    valid = b"timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:00,10,1,10,a\n"
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.binary(max_size=300), st.sampled_from(["philly", "helios", "generic", "auto"]))
+    def check(garbage: bytes, fmt: str) -> None:
+        path = folder / "fuzz.csv"
+        path.write_bytes(valid + garbage)
+        try:
+            trace = read_trace(path, fmt)
+        except TraceFormatError:
+            return
+        assert trace.records and all(r.duration > 0 and r.gpus >= 1 for r in trace.records)
+
+    check()
