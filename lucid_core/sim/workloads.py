@@ -118,6 +118,7 @@ class WorkloadCatalog:
         self.label_pair_speed_ = self._label_pair_means(measured_speed)
         fallback = self._fallback_matrix()
         self.speed_ = np.where(self.measured_, measured_speed, fallback)
+        self._speed_rows: list[list[float]] = self.speed_.tolist()  # plain floats: the engine's hot path
         self.workloads_ = [
             Workload(e.key, e.gpu_util, e.gmem_util, e.gmem_mb, e.amp, int(lab) if lab >= 0 else None)
             for e, lab in zip(self.entries, self.labels_, strict=True)
@@ -203,7 +204,7 @@ class WorkloadCatalog:
         """Normalized speeds (first, second) of two workloads sharing one GPU, each <= 1."""
         i, j = self.index_.get(first.key), self.index_.get(second.key)
         if i is not None and j is not None:
-            return float(self.speed_[i, j]), float(self.speed_[j, i])
+            return self._speed_rows[i][j], self._speed_rows[j][i]
         return self._fallback_speed(first, second), self._fallback_speed(second, first)
 
     def mean_colocated_speed(self, workload: Workload) -> float:
