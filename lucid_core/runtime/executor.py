@@ -93,7 +93,8 @@ def parse_status(words: Sequence[str]) -> RunStatus:
     if state == "RUNNING":
         return RunStatus("RUNNING", pid=int(words[1]))
     if state == "EXITED":
-        return RunStatus("EXITED", exit_code=int(words[1]) if len(words) > 1 and words[1] else None)
+        code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
+        return RunStatus("EXITED", exit_code=code, stop_requested="stopped" in words[2:])
     if state == "VANISHED":
         return RunStatus("VANISHED", pid=int(words[1]), stop_requested="stopped" in words[2:])
     if state in {"MISSING", "NOPID"}:

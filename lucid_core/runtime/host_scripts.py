@@ -122,22 +122,23 @@ _ALIVE = """alive() {
     grep -q run.sh "/proc/$1/cmdline" 2>/dev/null || return 1
   fi
   return 0
-}"""
+}
+stopflag() { if [ -f "$1/stop_requested" ] && [ -f "$1/term_received" ]; then echo stopped; fi; }"""
 
 
 def poll_script(workdir: str, run_ids: Sequence[str]) -> str:
-    """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc | VANISHED pid [stopped]."""
+    """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc [stopped] | VANISHED pid [stopped]."""
     ids = " ".join(shlex.quote(check_run_id(r)) for r in run_ids)
     return f"""W={quote_path(workdir)}
 {_ALIVE}
 for r in {ids}; do
   D="$W/$r"
   if [ ! -d "$D" ]; then echo "$r MISSING"; continue; fi
-  if [ -f "$D/exit_code" ]; then echo "$r EXITED $(cat "$D/exit_code")"; continue; fi
-  p=$(cat "$D/pid" 2>/dev/null || true)
+  if [ -f "$D/exit_code" ]; then echo "$r EXITED $(cat "$D/exit_code") $(stopflag "$D")"; continue; fi
+  p=$(cat "$D/pid" 2>/dev/null || cat "$D/pid.self" 2>/dev/null || true)
   if [ -z "$p" ]; then echo "$r NOPID"; continue; fi
   if alive "$p"; then echo "$r RUNNING $p"; continue; fi
-  if [ -f "$D/exit_code" ]; then echo "$r EXITED $(cat "$D/exit_code")"; continue; fi
+  if [ -f "$D/exit_code" ]; then echo "$r EXITED $(cat "$D/exit_code") $(stopflag "$D")"; continue; fi
   if [ -f "$D/stop_requested" ]; then echo "$r VANISHED $p stopped"; else echo "$r VANISHED $p"; fi
 done
 echo END
@@ -151,7 +152,7 @@ def stop_script(workdir: str, run_id: str, reason: str, grace_s: float) -> str:
 D="$W"/{shlex.quote(check_run_id(run_id))}
 if [ ! -d "$D" ]; then echo MISSING; exit 0; fi
 printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
-p=$(cat "$D/pid" 2>/dev/null || true)
+p=$(cat "$D/pid" 2>/dev/null || cat "$D/pid.self" 2>/dev/null || true)
 if [ -z "$p" ]; then echo NOPID; exit 0; fi
 if [ ! -f "$D/exit_code" ]; then
   kill -s TERM -- -"$p" 2>/dev/null || kill -s TERM "$p" 2>/dev/null
@@ -167,7 +168,10 @@ if [ ! -f "$D/exit_code" ]; then
     sleep 0.1
   fi
 fi
-if [ -f "$D/exit_code" ]; then echo "EXITED $(cat "$D/exit_code")"; else echo "VANISHED $p stopped"; fi
+if [ -f "$D/exit_code" ]; then
+  rc=$(cat "$D/exit_code")
+  if [ -f "$D/term_received" ]; then echo "EXITED $rc stopped"; else echo "EXITED $rc"; fi
+else echo "VANISHED $p stopped"; fi
 """
 
 

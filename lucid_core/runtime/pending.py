@@ -1,0 +1,55 @@
+"""Concrete reasons why each waiting job waits, computed from the view after a round decided."""
+
+from __future__ import annotations
+
+from lucid_core.domain import ShareClass, SharingMode
+from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.view import ClusterView
+
+
+def pending_reasons(view: ClusterView, policy: SchedulingPolicy) -> dict[str, tuple[int, str]]:
+    """job id -> (position in its queue, 1-based; what keeps it waiting)."""
+    out: dict[str, tuple[int, str]] = {}
+    prof_order = sorted(view.profiling_queue, key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
+    prof_block = view.profiling.max_free_on_a_node()
+    for i, job_id in enumerate(prof_order):
+        job = view.jobs[job_id]
+        ahead = i
+        if job.gpus > prof_block:
+            why = (f"waiting for the profiling pool: needs {job.gpus} GPU(s) on one node, the largest free "
+                   f"block there is {prof_block} ({view.profiling.free_gpus()} of "
+                   f"{view.profiling.total_gpus} pool GPUs free)")
+        else:
+            why = "waiting for the profiling pool: a smaller job ahead did not fit, the scan stopped there"
+        if ahead:
+            why += f"; {ahead} job(s) ahead in least-GPU-first order"
+        out[job_id] = (i + 1, why)
+    order = view.queue.ordered()
+    block = view.main.max_free_on_a_node()
+    mode = view.sharing_mode
+    for i, job_id in enumerate(order):
+        job = view.jobs[job_id]
+        parts = []
+        if i:
+            parts.append(f"behind {i} job(s) with a lower priority value")
+        if not view.main.can_fit(job.gpus):
+            parts.append(f"no compact fit for {job.gpus} GPU(s): the largest free block on one main node is "
+                         f"{block} ({view.main.free_gpus()} of {view.main.total_gpus} GPUs free)")
+        if mode is SharingMode.OFF:
+            parts.append("sharing is off (the load forecast says GPUs stay available)")
+        elif job.share_class is None:
+            parts.append("not profiled yet, so it may not share a GPU")
+        elif job.no_share:
+            parts.append("may not share again: its pair turned unstable")
+        elif job.share_class is ShareClass.JUMBO and mode is SharingMode.APATHETIC:
+            parts.append("Jumbo job and apathetic mode (GSS 1): no partner allowed")
+        elif job.gpus > view.config.cluster.gpus_per_node:
+            parts.append("multi-node jobs never share")
+        else:
+            candidates = len(view.share_candidates.get(job.gpus, {}))
+            parts.append(f"no affine partner among {candidates} running {job.gpus}-GPU job(s) that could share")
+        if job.predicted_duration is not None:
+            parts.append(f"priority {job.priority / 3600:.3f} GPU-h ({job.gpus} x predicted "
+                         f"{job.predicted_duration:.0f} s)")
+        out[job_id] = (i + 1, "; ".join(parts) or "waiting for the next round")
+    return out

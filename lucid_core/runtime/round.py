@@ -1,0 +1,582 @@
+"""One scheduling round: carry out what is pending -> reconcile with the hosts -> decide -> execute.
+
+Decisions (and the runs they plan) are committed before anything is carried out. Execution
+works off the store's rows, not off memory: a planned run is launched (idempotently: the
+host-side run directory is the marker) and a run with a stop reason is stopped. So a round
+that dies between any two steps leaves rows the next round finishes, and nothing runs twice.
+A lease row keeps two rounds from deciding at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select, update
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import TERMINAL_STATES, GpuRef, JobState, Pool
+from lucid_core.policy.decisions import (
+    Decision,
+    Place,
+    Preempt,
+    SetProfilerParams,
+    SetSharingMode,
+    StartProfiling,
+    StopProfiling,
+    Unpair,
+)
+from lucid_core.runtime import lease
+from lucid_core.runtime.executor import HostExecutor, HostUnreachable, LaunchSpec, RunStatus
+from lucid_core.runtime.host_scripts import TelemetryLaunch
+from lucid_core.runtime.inventory import host_address
+from lucid_core.runtime.pending import pending_reasons
+from lucid_core.runtime.schema import (
+    DecisionRow,
+    HostRow,
+    JobEventRow,
+    JobRow,
+    ProfileRow,
+    ProfileSampleRow,
+    RoundRow,
+    RunRow,
+)
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.telemetry import parse_samples, summarize
+from lucid_core.runtime.view_builder import (
+    HOLD_PREFIX,
+    PolicyFactory,
+    build_view,
+    default_policy,
+    load_snapshot,
+)
+
+EmulatedProfileFn = Callable[[JobRow], tuple[float, float, float]]
+MAX_STORED_SAMPLES = 2000
+
+
+class InjectedCrash(BaseException):
+    """Raised at a named step to simulate the round's process dying there (tests only)."""
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """Knobs of the live driver (the policy's knobs are in LucidConfig)."""
+
+    lease_ttl_s: float = 120.0
+    stop_grace_s: float = 10.0
+    launch_grace_s: float = 60.0
+    telemetry_interval_s: float = 1.0
+    telemetry_margin_s: float = 5.0
+    holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+
+@dataclass
+class RoundReport:
+    round_id: int | None = None
+    decisions: list[tuple[str, str | None, str]] = field(default_factory=list)  # (kind, job, reason)
+    launched: list[str] = field(default_factory=list)  # run ids started on a host this round
+    ended: dict[str, str] = field(default_factory=dict)  # job id -> terminal state
+    requeued: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    decide_ms: float = 0.0
+    total_ms: float = 0.0
+    acquired: bool = True
+
+
+def emulated_profile_from_catalog(catalog: Any) -> EmulatedProfileFn:
+    """The catalog profile of a job's workload key, else one picked by a stable hash of its name."""
+    import zlib
+
+    workloads = catalog.workloads
+    entries = list(workloads() if callable(workloads) else workloads)
+
+    def pick(job: JobRow) -> tuple[float, float, float]:
+        by_key = {w.key: w for w in entries}
+        workload = by_key.get(job.workload or "")
+        if workload is None:
+            workload = entries[zlib.crc32(f"{job.user}/{job.name}".encode()) % len(entries)]
+        return workload.gpu_util, workload.mem_util, workload.gpu_mem_mb
+
+    return pick
+
+
+class SchedulingRound:
+    """Runs one round against a store and hosts. Build one per round (it holds no state between)."""
+
+    def __init__(self, store: Store, executor: HostExecutor, config: LucidConfig,
+                 settings: RoundSettings | None = None, *, policy_factory: PolicyFactory | None = None,
+                 emulated_profile: EmulatedProfileFn | None = None,
+                 clock: Callable[[], float] = time.time, crash_at: str | None = None) -> None:
+        self.store = store
+        self.executor = executor
+        self.config = config
+        self.settings = settings or RoundSettings()
+        self.policy_factory = policy_factory or default_policy
+        self._emulated_profile = emulated_profile
+        self.clock = clock
+        self.crash_at = crash_at
+        self.report = RoundReport()
+        self._hosts: dict[str, HostRow] = {}
+
+    # ------------------------------------------------------------------------------ driver
+    def run(self) -> RoundReport:
+        started = time.perf_counter()
+        now = self.clock()
+        holder = self.settings.holder
+        if not lease.acquire(self.store, holder, self.settings.lease_ttl_s, now):
+            self.report.acquired = False
+            return self.report
+        with self.store.session() as s:
+            row = RoundRow(holder=holder, started_at=now)
+            s.add(row)
+            s.flush()
+            self.report.round_id = row.id
+        try:
+            self._load_hosts()
+            self.carry_out_pending()
+            self._crash("after_repair")
+            self.reconcile()
+            self._crash("after_reconcile")
+            self.decide()
+            self._crash("after_record")
+            self.carry_out_pending()
+            self._crash("after_execute")
+        except Exception as exc:
+            self.report.errors.append(f"{type(exc).__name__}: {exc}")
+            self._finish_round(started)
+            lease.release(self.store, holder)
+            raise
+        finally:
+            self.executor.close()
+        self._finish_round(started)
+        lease.release(self.store, holder)
+        return self.report
+
+    def _crash(self, step: str) -> None:
+        if self.crash_at == step:
+            raise InjectedCrash(step)
+
+    def _finish_round(self, started: float) -> None:
+        self.report.total_ms = (time.perf_counter() - started) * 1000
+        with self.store.session() as s:
+            s.execute(update(RoundRow).where(RoundRow.id == self.report.round_id).values(
+                ended_at=self.clock(), decide_ms=self.report.decide_ms, decisions=len(self.report.decisions),
+                error="; ".join(self.report.errors)[:2000] or None))
+
+    def _load_hosts(self) -> None:
+        with self.store.session() as s:
+            self._hosts = {h.name: h for h in s.scalars(select(HostRow))}
+
+    def _event(self, s: Any, job_id: str, kind: str, message: str) -> None:
+        s.add(JobEventRow(job_id=job_id, time=self.clock(), kind=kind, message=message))
+
+    def _host_failed(self, name: str, exc: Exception) -> None:
+        if name not in self.report.unreachable:
+            self.report.unreachable.append(name)
+        with self.store.session() as s:
+            s.execute(update(HostRow).where(HostRow.name == name).values(reachable=False, last_error=str(exc)[:1000]))
+
+    def _host_seen(self, name: str) -> None:
+        with self.store.session() as s:
+            s.execute(update(HostRow).where(HostRow.name == name).values(
+                reachable=True, last_seen=self.clock(), last_error=None))
+
+    # ------------------------------------------------------------------ carry out pending rows
+    def carry_out_pending(self) -> None:
+        """Launch planned runs and stop runs that have a stop reason; mark decisions done."""
+        with self.store.session() as s:
+            planned = list(s.scalars(select(RunRow).where(RunRow.state == "planned").order_by(RunRow.planned_at)))
+            stopping = list(s.scalars(select(RunRow).where(RunRow.state == "running",
+                                                           RunRow.stop_reason.is_not(None))))
+        down: set[str] = set()
+        for run in stopping:
+            if run.host in down:
+                continue
+            try:
+                status = self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
+                                            run.stop_reason or "stop", self.settings.stop_grace_s)
+            except HostUnreachable as exc:
+                down.add(run.host)
+                self._host_failed(run.host, exc)
+                continue
+            self._settle(run, status)
+        still_stopping = {r.job_id for r in stopping if r.host in down}
+        for run in planned:
+            if run.host in down or run.job_id in still_stopping:
+                continue  # never start a job again while its previous run may still be alive
+            with self.store.session() as s:
+                job = s.get(JobRow, run.job_id)
+            if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
+                self._abandon(run, "job cancelled before launch")
+                continue
+            try:
+                result = self.executor.launch(host_address(self._hosts[run.host]), self._launch_spec(run, job))
+            except HostUnreachable as exc:
+                down.add(run.host)
+                self._host_failed(run.host, exc)
+                continue
+            except Exception as exc:
+                self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
+                self._launch_failed(run, str(exc))
+                continue
+            now = self.clock()
+            with self.store.session() as s:
+                s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
+                    state="running", pid=result.pid, started_at=now))
+                row = s.get(JobRow, run.job_id)
+                if row is not None and run.node_rank == 0:
+                    row.start_time = now  # start of the job's current run
+                self._event(s, run.job_id, "launched", f"{run.kind} run {run.run_id} on {run.host} "
+                            f"GPUs {run.gpu_indices} pid {result.pid}"
+                            + (" (already running: relaunch skipped)" if result.already_launched else ""))
+            if not result.already_launched:
+                self.report.launched.append(run.run_id)
+        self._close_decisions()
+
+    def _close_decisions(self) -> None:
+        with self.store.session() as s:
+            open_ids = set(s.scalars(select(RunRow.decision_id).where(
+                RunRow.decision_id.is_not(None), RunRow.state == "planned")))
+            for decision in s.scalars(select(DecisionRow).where(DecisionRow.status == "pending")):
+                if decision.id not in open_ids and decision.kind in {"StartProfiling", "Place"}:
+                    decision.status, decision.executed_at = "done", self.clock()
+                elif decision.kind in {"StopProfiling", "Preempt"}:
+                    busy = s.scalar(select(RunRow.run_id).where(
+                        RunRow.job_id == decision.job_id, RunRow.state == "running",
+                        RunRow.stop_reason.is_not(None)).limit(1))
+                    if busy is None:
+                        decision.status, decision.executed_at = "done", self.clock()
+
+    def _launch_spec(self, run: RunRow, job: JobRow) -> LaunchSpec:
+        host = self._hosts[run.host]
+        with self.store.session() as s:
+            peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run.run_id).order_by(RunRow.node_rank)))
+        master = self._hosts[peers[0].host].address if peers else host.address
+        env = dict(job.env or {})
+        env.update({
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in run.gpu_indices),
+            "LUCID_JOB_ID": job.job_id, "LUCID_RUN_ID": run.run_id,
+            "LUCID_NODE_RANK": str(run.node_rank), "LUCID_NUM_NODES": str(max(1, len(peers))),
+            "LUCID_MASTER_ADDR": master, "LUCID_NUM_GPUS": str(job.gpus),
+        })
+        telemetry = None
+        if run.profiling_until is not None and run.node_rank == 0:
+            from pathlib import Path
+
+            from lucid_core.runtime import telemetry as agent
+
+            source = Path(agent.__file__).read_text(encoding="utf-8")
+            import hashlib
+
+            digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+            emulated = None
+            if host.telemetry == "emulated":
+                emulated = self._emulated(job)
+            telemetry = TelemetryLaunch(
+                agent_source=source, agent_name=f"lucid_telemetry_{digest}.py", python=host.python,
+                gpu_indices=tuple(run.gpu_indices), interval_s=self.settings.telemetry_interval_s,
+                duration_s=max(1.0, run.profiling_until - run.planned_at) + self.settings.telemetry_margin_s,
+                emulated=emulated, seed=job.seq)
+        return LaunchSpec(run.run_id, job.command, env, telemetry)
+
+    def _emulated(self, job: JobRow) -> tuple[float, float, float]:
+        if self._emulated_profile is None:
+            from lucid_core.sim.workloads import WorkloadCatalog
+
+            self._emulated_profile = emulated_profile_from_catalog(WorkloadCatalog.synthetic())
+        return self._emulated_profile(job)
+
+    def _abandon(self, run: RunRow, why: str) -> None:
+        with self.store.session() as s:
+            s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
+                state="ended", ended_at=self.clock(), outcome=why))
+
+    def _launch_failed(self, run: RunRow, why: str) -> None:
+        """The host refused the launch: end the run and put the job back where it waits."""
+        with self.store.session() as s:
+            for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
+                if peer.state in ("planned", "running"):
+                    peer.state, peer.ended_at, peer.outcome = "ended", self.clock(), f"launch failed: {why}"[:1000]
+            job = s.get(JobRow, run.job_id)
+            if job is not None and JobState(job.state) not in TERMINAL_STATES:
+                job.state = (JobState.SUBMITTED if run.kind == "profiling" and not job.profiled
+                             else JobState.QUEUED).value
+                self._event(s, job.job_id, "launch_failed", why[:1000])
+        self.report.requeued.append(run.job_id)
+
+    # ---------------------------------------------------------------------------- reconcile
+    def reconcile(self) -> None:
+        """Poll every host with active runs; end what ended; collect telemetry; honour cancels."""
+        now = self.clock()
+        with self.store.session() as s:
+            runs = list(s.scalars(select(RunRow).where(RunRow.state == "running")))
+        by_host: dict[str, list[RunRow]] = {}
+        for run in runs:
+            by_host.setdefault(run.host, []).append(run)
+        for name, host in self._hosts.items():
+            host_runs = by_host.get(name, [])
+            if not host_runs and host.reachable:
+                continue
+            try:
+                statuses = self.executor.poll(host_address(host), [r.run_id for r in host_runs] or ["~probe"])
+            except HostUnreachable as exc:
+                self._host_failed(name, exc)
+                continue
+            except ValueError:
+                statuses = {}
+            self._host_seen(name)
+            for run in host_runs:
+                status = statuses.get(run.run_id)
+                if status is None:
+                    continue
+                if status.state == "RUNNING":
+                    if run.profiling_until is not None and run.profiling_until <= now and run.node_rank == 0:
+                        self._collect_profile(run)
+                elif status.state == "NOPID":
+                    if now - run.planned_at > self.settings.launch_grace_s:
+                        self._launch_failed(run, "wrapper never started on the host")
+                else:
+                    self._settle(run, status)
+        self._cancel_requested()
+
+    def _collect_profile(self, run: RunRow) -> None:
+        """Read the window's telemetry from the host and record the job's profile (once)."""
+        with self.store.session() as s:
+            job = s.get(JobRow, run.job_id)
+            if job is None or job.profiled:
+                return
+        try:
+            text = self.executor.read(host_address(self._hosts[run.host]), run.run_id, "telemetry.jsonl")
+        except HostUnreachable as exc:
+            self._host_failed(run.host, exc)
+            return
+        samples = parse_samples(text)
+        summary = summarize(samples)
+        with self.store.session() as s:
+            job = s.get(JobRow, run.job_id)
+            if summary["samples"] == 0:
+                self._event(s, run.job_id, "profile_missing", f"no telemetry samples from run {run.run_id}")
+                return
+            job.profiled = True
+            job.gpu_util, job.mem_util = summary["gpu_util"], summary["mem_util"]
+            job.gpu_mem_mb, job.profile_emulated = summary["gpu_mem_mb"], summary["emulated"]
+            s.add(ProfileRow(job_id=job.job_id, run_id=run.run_id, gpu_util=summary["gpu_util"],
+                             mem_util=summary["mem_util"], gpu_mem_mb=summary["gpu_mem_mb"],
+                             samples=summary["samples"], window_s=summary["window_s"],
+                             emulated=summary["emulated"], created_at=self.clock()))
+            for sample in samples[:MAX_STORED_SAMPLES]:
+                s.add(ProfileSampleRow(
+                    job_id=job.job_id, run_id=run.run_id, time=float(sample.get("t", 0.0)),
+                    gpu_index=int(sample.get("gpu", 0)), gpu_util=float(sample.get("gpu_util", 0.0)),
+                    mem_util=float(sample.get("mem_util", 0.0)), mem_used_mb=float(sample.get("mem_used_mb", 0.0)),
+                    job_mem_mb=float(sample.get("job_mem_mb", 0.0)), emulated=bool(sample.get("emulated", False))))
+            tag = " (emulated)" if summary["emulated"] else ""
+            self._event(s, job.job_id, "profiled",
+                        f"GPU util {summary['gpu_util']:.1f}%, memory util {summary['mem_util']:.1f}%, "
+                        f"{summary['gpu_mem_mb']:.0f} MB over {summary['samples']} samples{tag}")
+
+    def _settle(self, run: RunRow, status: RunStatus) -> None:
+        """A run ended (on its own or stopped): record it and decide the job's fate."""
+        if status.state not in {"EXITED", "VANISHED", "MISSING"}:
+            return
+        now = self.clock()
+        stopped = status.stop_requested and run.stop_reason is not None
+        if status.state == "MISSING":
+            outcome = "run directory vanished from the host"
+        elif status.state == "VANISHED":
+            outcome = "stopped" if stopped else "process vanished without an exit code"
+        else:
+            outcome = "stopped" if stopped else f"exited with code {status.exit_code}"
+        with self.store.session() as s:
+            row = s.get(RunRow, (run.run_id, run.host))
+            if row is None or row.state == "ended":
+                return
+            row.state, row.ended_at, row.exit_code, row.outcome = "ended", now, status.exit_code, outcome
+            s.flush()
+            still = s.scalar(select(RunRow.host).where(RunRow.run_id == run.run_id,
+                                                       RunRow.state.in_(("planned", "running"))).limit(1))
+            job = s.get(JobRow, run.job_id)
+            if job is None or JobState(job.state) in TERMINAL_STATES:
+                return
+            if still is not None and not stopped:
+                # a wide job: the first node to end takes the others down with it
+                s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == "running")
+                          .values(stop_reason="peer_ended"))
+                return
+            if stopped or run.stop_reason == "peer_ended":
+                reason = run.stop_reason
+                if reason == "cancel":
+                    self._end_job(s, job, JobState.CANCELLED, None, "cancelled by request", run)
+                elif reason == "peer_ended":
+                    return  # the peer that ended first decided the job's fate
+                else:
+                    self._event(s, job.job_id, "stopped", f"{run.kind} run {run.run_id} stopped ({reason})")
+                return
+            if status.state == "EXITED" and status.exit_code == 0:
+                self._end_job(s, job, JobState.COMPLETED, 0, outcome, run)
+            else:
+                self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run)
+
+    def _end_job(self, s: Any, job: JobRow, state: JobState, exit_code: int | None, why: str, run: RunRow) -> None:
+        now = self.clock()
+        in_window = run.kind == "profiling" or (run.profiling_until is not None and now <= run.profiling_until + 1)
+        job.state, job.end_time, job.exit_code, job.end_reason = state.value, now, exit_code, why
+        job.ended_in_profiling = in_window and state is not JobState.CANCELLED
+        job.pending_reason, job.queue_position = None, None
+        where = " inside its profiling window" if job.ended_in_profiling else ""
+        self._event(s, job.job_id, state.value.lower(), f"{why}{where}")
+        self.report.ended[job.job_id] = state.value
+
+    def _cancel_requested(self) -> None:
+        active = [st.value for st in JobState if st not in TERMINAL_STATES]
+        with self.store.session() as s:
+            jobs = list(s.scalars(select(JobRow).where(JobRow.cancel_requested.is_(True), JobRow.state.in_(active))))
+            for job in jobs:
+                runs = list(s.scalars(select(RunRow).where(RunRow.job_id == job.job_id,
+                                                           RunRow.state.in_(("planned", "running")))))
+                for run in runs:
+                    if run.state == "planned":
+                        run.state, run.ended_at, run.outcome = "ended", self.clock(), "cancelled before launch"
+                    else:
+                        run.stop_reason = "cancel"
+                if not any(r.state == "running" for r in runs):
+                    job.state, job.end_time, job.end_reason = JobState.CANCELLED.value, self.clock(), "cancelled"
+                    job.pending_reason = job.queue_position = None
+                    self._event(s, job.job_id, "cancelled", "cancelled before it ran")
+                    self.report.ended[job.job_id] = JobState.CANCELLED.value
+        self.carry_out_pending_stops()
+
+    def carry_out_pending_stops(self) -> None:
+        with self.store.session() as s:
+            stopping = list(s.scalars(select(RunRow).where(RunRow.state == "running",
+                                                           RunRow.stop_reason.is_not(None))))
+        for run in stopping:
+            try:
+                status = self.executor.stop(host_address(self._hosts[run.host]), run.run_id, run.stop_reason or "stop",
+                                            self.settings.stop_grace_s)
+            except HostUnreachable as exc:
+                self._host_failed(run.host, exc)
+                continue
+            self._settle(run, status)
+
+    # ------------------------------------------------------------------------------- decide
+    def decide(self) -> list[Decision]:
+        """Build the view, let the policy decide, and commit decisions + planned runs + job fields."""
+        now = self.clock()
+        snapshot = load_snapshot(self.store, now)
+        t0 = time.perf_counter()
+        built = build_view(snapshot, self.config, now, self.policy_factory)
+        decisions = built.policy.schedule(built.view)
+        self.report.decide_ms = (time.perf_counter() - t0) * 1000
+        view = built.view
+        reasons = pending_reasons(view, built.policy)
+        with self.store.session() as s:
+            for decision in decisions:
+                self._record(s, decision, view, now)
+            for job_id, job in view.jobs.items():
+                if job_id.startswith(HOLD_PREFIX) or job_id in built.frozen:
+                    continue
+                row = s.get(JobRow, job_id)
+                if row is None or JobState(row.state) in TERMINAL_STATES:
+                    continue
+                row.predicted_duration = job.predicted_duration
+                row.share_class = int(job.share_class) if job.share_class is not None else None
+                row.known_min_duration = job.known_min_duration
+                row.no_share = job.no_share
+                if job.state in (JobState.SUBMITTED, JobState.QUEUED):
+                    row.state = job.state.value
+                position, reason = reasons.get(job_id, (None, None))
+                row.queue_position, row.pending_reason = position, reason
+                alloc = view.allocations.get(job_id)
+                if alloc is not None and alloc.profiling_until is None:
+                    s.execute(update(RunRow).where(RunRow.job_id == job_id, RunRow.state.in_(("planned", "running")),
+                                                   RunRow.profiling_until.is_not(None)).values(profiling_until=None))
+            state = {"sharing_mode": view.sharing_mode.value, "tprof_s": view.tprof_s,
+                     "nprof_gpus": view.nprof_gpus, "borrowed_nodes": list(view.borrowed_nodes),
+                     "last_mode_check": view.last_mode_check}
+            from lucid_core.runtime.schema import SchedulerStateRow
+
+            for key, value in state.items():
+                row = s.get(SchedulerStateRow, key)
+                if row is None:
+                    s.add(SchedulerStateRow(key=key, value=value))
+                elif row.value != value:
+                    row.value = value
+        return decisions
+
+    def _record(self, s: Any, decision: Decision, view: Any, now: float) -> None:
+        kind = type(decision).__name__
+        job_id = getattr(decision, "job_id", None)
+        if job_id is not None and job_id.startswith(HOLD_PREFIX):
+            return
+        payload: dict[str, Any] = {}
+        for name in getattr(decision, "__slots__", ()):
+            value = getattr(decision, name)
+            if name == "gpus":
+                value = [[g.host, g.index] for g in value]
+            elif hasattr(value, "value"):
+                value = value.value
+            payload[name] = value
+        row = DecisionRow(round_id=self.report.round_id or 0, time=now, kind=kind, job_id=job_id,
+                          payload=payload, reason=decision.reason, status="pending")
+        s.add(row)
+        s.flush()
+        self.report.decisions.append((kind, job_id, decision.reason))
+        if isinstance(decision, (StartProfiling, Place)):
+            job = s.get(JobRow, decision.job_id)
+            alloc = view.allocations.get(decision.job_id)
+            pool = alloc.pool if alloc is not None else (Pool.PROFILING if isinstance(decision, StartProfiling)
+                                                         else Pool.MAIN)
+            until = alloc.profiling_until if alloc is not None else None
+            if isinstance(decision, StartProfiling):
+                until = now + decision.window_s
+            job.attempts += 1
+            run_id = f"{job.job_id}-{'prof' if isinstance(decision, StartProfiling) else 'main'}{job.attempts}"
+            by_host: dict[str, list[int]] = {}
+            for ref in decision.gpus:
+                by_host.setdefault(ref.host, []).append(ref.index)
+            partner = decision.partner if isinstance(decision, Place) else None
+            for rank, (host, indices) in enumerate(by_host.items()):
+                s.add(RunRow(run_id=run_id, host=host, job_id=job.job_id,
+                             kind="profiling" if isinstance(decision, StartProfiling) else "main",
+                             pool=pool.value, gpu_indices=indices, node_rank=rank, partner=partner,
+                             profile_in_place=isinstance(decision, Place) and decision.profile_in_place,
+                             profiling_until=until, state="planned", decision_id=row.id, planned_at=now))
+            if partner is not None:
+                s.execute(update(RunRow).where(RunRow.job_id == partner, RunRow.state.in_(("planned", "running")))
+                          .values(partner=job.job_id))
+            if isinstance(decision, StartProfiling):
+                job.state = JobState.PROFILING.value
+            else:
+                job.state = JobState.RUNNING.value
+            job.pending_reason = job.queue_position = None
+            self._event(s, job.job_id, kind, f"{_gpus_text(decision.gpus)}: {decision.reason}")
+        elif isinstance(decision, (StopProfiling, Preempt)):
+            reason = "profiling_window" if isinstance(decision, StopProfiling) else "preempt"
+            s.execute(update(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "running")
+                      .values(stop_reason=reason))
+            s.execute(update(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "planned")
+                      .values(state="ended", outcome=f"{reason} before launch", ended_at=now))
+            job = s.get(JobRow, decision.job_id)
+            job.state = JobState.QUEUED.value
+            self._event(s, job.job_id, kind, decision.reason)
+        elif isinstance(decision, Unpair):
+            job = s.get(JobRow, decision.job_id)
+            job.no_share = True
+            row.status, row.executed_at = "done", now
+            self._event(s, job.job_id, kind, decision.reason)
+        elif isinstance(decision, (SetSharingMode, SetProfilerParams)):
+            row.status, row.executed_at = "done", now
+
+
+def _gpus_text(gpus: tuple[GpuRef, ...]) -> str:
+    by_host: dict[str, list[int]] = {}
+    for ref in gpus:
+        by_host.setdefault(ref.host, []).append(ref.index)
+    return " + ".join(f"{h}[{','.join(map(str, ix))}]" for h, ix in by_host.items())

@@ -1,0 +1,247 @@
+"""Rebuild the policy's ClusterView (and a policy with its learned state) from the store.
+
+The live round is a fresh process each time, so everything the policy knows comes from rows:
+hosts become pool nodes, active runs become allocations, waiting jobs re-enter their queue
+through the policy's own hooks, and models are refitted from the store's history. GPUs that
+must not get new work (unreachable or draining hosts, runs still being stopped) are held by
+placeholder jobs whose ids start with HOLD_PREFIX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import TERMINAL_STATES, GpuRef, Job, JobState, Pool, Profile, ShareClass, SharingMode
+from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.models import Forecast, HistoryDurationPredictor, RecentSlotsForecaster
+from lucid_core.policy.view import ClusterView
+from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, ProfileRow, RunRow
+from lucid_core.runtime.store import Store
+
+HOLD_PREFIX = "~hold:"
+ACTIVE_RUNS = ("planned", "running")
+HISTORY_LIMIT = 50000
+
+
+@dataclass
+class Snapshot:
+    """Everything one round reads from the store, loaded in one session."""
+
+    hosts: list[HostRow]
+    gpu_counts: dict[str, int]
+    jobs: dict[str, JobRow]  # non-terminal jobs
+    runs: list[RunRow]  # active runs
+    profiles: dict[str, ProfileRow]  # latest profile per job
+    state: dict[str, Any]
+    history: list[tuple[JobRow, float]] = field(default_factory=list)  # finished jobs, run time
+    submissions: list[tuple[float, int]] = field(default_factory=list)  # (time, gpus), recent, sorted
+
+
+def load_snapshot(store: Store, now: float, history_window_s: float = 6 * 600.0) -> Snapshot:
+    from lucid_core.runtime.schema import SchedulerStateRow
+
+    active = [s.value for s in JobState if s not in TERMINAL_STATES]
+    with store.session() as s:
+        hosts = list(s.scalars(select(HostRow).order_by(HostRow.name)))
+        counts: dict[str, int] = {}
+        for host, _ in s.execute(select(GpuRow.host, GpuRow.index)):
+            counts[host] = counts.get(host, 0) + 1
+        jobs = {j.job_id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(active)).order_by(JobRow.seq))}
+        runs = list(s.scalars(select(RunRow).where(RunRow.state.in_(ACTIVE_RUNS)).order_by(RunRow.planned_at)))
+        profiles: dict[str, ProfileRow] = {}
+        if jobs:
+            for p in s.scalars(select(ProfileRow).where(ProfileRow.job_id.in_(list(jobs))).order_by(ProfileRow.id)):
+                profiles[p.job_id] = p
+        state = {row.key: row.value for row in s.scalars(select(SchedulerStateRow))}
+        finished = s.scalars(
+            select(JobRow).where(JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None),
+                                 JobRow.end_time.is_not(None))
+            .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT)).all()
+        history = [(j, max(0.0, (j.end_time or 0.0) - (j.start_time or 0.0))) for j in reversed(finished)]
+        subs = s.execute(select(JobRow.submit_time, JobRow.gpus)
+                         .where(JobRow.submit_time >= now - history_window_s)
+                         .order_by(JobRow.submit_time)).all()
+    return Snapshot(hosts, counts, jobs, runs, profiles, state, history, [(t, g) for t, g in subs])
+
+
+def job_of(row: JobRow) -> Job:
+    """The policy's Job for a store row (state and learned fields included)."""
+    profile = None
+    if row.profiled and row.gpu_util is not None:
+        profile = Profile(min(100.0, max(0.0, row.gpu_util)), min(100.0, max(0.0, row.mem_util or 0.0)),
+                          max(0.0, row.gpu_mem_mb or 0.0), row.amp, row.profile_emulated)
+    return Job(job_id=row.job_id, user=row.user, vc=row.vc, gpus=row.gpus, submit_time=row.submit_time,
+               name=row.name, amp=row.amp, long_cold_start=row.long_cold_start, state=JobState(row.state),
+               profile=profile, share_class=ShareClass(row.share_class) if row.share_class is not None else None,
+               predicted_duration=row.predicted_duration, known_min_duration=row.known_min_duration,
+               start_time=row.start_time, end_time=row.end_time, no_share=row.no_share)
+
+
+def profile_of_row(row: ProfileRow, amp: bool) -> Profile:
+    return Profile(min(100.0, max(0.0, row.gpu_util)), min(100.0, max(0.0, row.mem_util)),
+                   max(0.0, row.gpu_mem_mb), amp, row.emulated)
+
+
+class ReplayForecaster:
+    """Wraps a forecaster fed from the store's submissions; ignores the hooks' re-observations."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.muted = True
+
+    def observe_submission(self, time: float, gpus: int) -> None:
+        if not self.muted:
+            self.inner.observe_submission(time, gpus)
+
+    def forecast(self, now: float) -> Forecast:
+        return self.inner.forecast(now)
+
+
+def default_policy(config: LucidConfig, snapshot: Snapshot) -> SchedulingPolicy:
+    """LucidPolicy with history-fitted fallback models (the model registry replaces them when present)."""
+    from lucid_core.policy.lucid import LucidPolicy
+
+    duration = HistoryDurationPredictor()
+    if snapshot.history:
+        duration.fit([job_of(j) for j, _ in snapshot.history], [d for _, d in snapshot.history])
+    inner = RecentSlotsForecaster(config.forecast.slot_s)
+    for t, gpus in snapshot.submissions:
+        inner.observe_submission(t, gpus)
+    return LucidPolicy(config, duration_model=duration, forecaster=ReplayForecaster(inner))
+
+
+PolicyFactory = Callable[[LucidConfig, Snapshot], SchedulingPolicy]
+
+
+def requeue(policy: SchedulingPolicy, view: ClusterView, job: Job) -> None:
+    """Put an unprofiled job that already had its chance at profiling back in the main queue."""
+    orchestrator = getattr(policy, "orchestrator", None)
+    if orchestrator is not None and hasattr(orchestrator, "enqueue"):
+        orchestrator.enqueue(view, job)
+    else:
+        policy.on_submit(view, job)
+
+
+@dataclass
+class BuiltView:
+    view: ClusterView
+    policy: SchedulingPolicy
+    available_hosts: set[str]
+    # jobs left out of the view this round (a stop is still pending for them)
+    frozen: set[str]
+
+
+def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_factory: PolicyFactory) -> BuiltView:
+    policy = policy_factory(config, snapshot)
+    view = ClusterView(config, now=now)
+    state = snapshot.state
+    if "sharing_mode" in state:
+        view.sharing_mode = SharingMode(state["sharing_mode"])
+    view.tprof_s = float(state.get("tprof_s", view.tprof_s))
+    view.nprof_gpus = int(state.get("nprof_gpus", view.nprof_gpus))
+    view.last_mode_check = state.get("last_mode_check")
+    borrowed = set(state.get("borrowed_nodes", []))
+    available: set[str] = set()
+    for host in snapshot.hosts:
+        count = snapshot.gpu_counts.get(host.name, 0)
+        if count == 0:
+            continue
+        pool = Pool.PROFILING if host.pool == Pool.PROFILING.value or host.name in borrowed else Pool.MAIN
+        view.pool(pool).add_node(host.name, count, host.gpu_memory_mb, borrowed=host.name in borrowed)
+        if host.name in borrowed:
+            view.borrowed_nodes.append(host.name)
+        if host.reachable and not host.draining:
+            available.add(host.name)
+
+    runs_by_job: dict[str, list[RunRow]] = {}
+    for run in snapshot.runs:
+        runs_by_job.setdefault(run.job_id, []).append(run)
+    frozen = {j for j, runs in runs_by_job.items() if any(r.stop_reason for r in runs)}
+    jobs = {job_id: job_of(row) for job_id, row in snapshot.jobs.items()}
+    profiles = snapshot.profiles
+    view.profile_of = lambda job_id: (profile_of_row(profiles[job_id], jobs[job_id].amp)
+                                      if job_id in profiles and job_id in jobs else None)
+
+    held: dict[tuple[str, str], list[int]] = {}  # (pool, host) -> GPU indices held
+    # running jobs become allocations: lone runs and pair founders first, then partners
+    ordered = sorted(runs_by_job.items(), key=lambda kv: min(r.planned_at for r in kv[1]))
+    started: set[str] = set()
+    pending_partners = []
+    for job_id, runs in ordered:
+        if job_id not in jobs:
+            continue
+        if job_id in frozen:
+            for run in runs:
+                held.setdefault((run.pool, run.host), []).extend(run.gpu_indices)
+            continue
+        partner = runs[0].partner
+        if partner is not None and partner in started:
+            pending_partners.append((job_id, runs))
+            continue
+        _start(view, jobs[job_id], runs, None, now)
+        started.add(job_id)
+    for job_id, runs in pending_partners:
+        partner = runs[0].partner
+        _start(view, jobs[job_id], runs, partner if partner in view.allocations else None, now)
+
+    # free GPUs of hosts that take no new work are held, so the policy places nothing there
+    for pool_name, pool in (("main", view.main), ("profiling", view.profiling)):
+        for name, node in pool.nodes.items():
+            if name not in available:
+                free = [i for i, occupants in enumerate(node.occupants) if not occupants]
+                if free:
+                    held.setdefault((pool_name, name), []).extend(free)
+    for (pool_name, host), indices in held.items():
+        pool = Pool(pool_name) if pool_name in {"main", "profiling"} else Pool.MAIN
+        if host in borrowed:
+            pool = Pool.PROFILING
+        node = view.pool(pool).nodes.get(host)
+        if node is None:
+            continue
+        free = sorted({i for i in indices if i < node.gpus and not node.occupants[i]})
+        if not free:
+            continue
+        hold_id = f"{HOLD_PREFIX}{pool.value}:{host}"
+        view.add_job(Job(job_id=hold_id, user="~", vc="~", gpus=len(free), submit_time=now, no_share=True))
+        view.start(hold_id, pool, tuple(GpuRef(host, i) for i in free))
+
+    # waiting jobs re-enter their queues through the policy's own hooks
+    for job_id, job in jobs.items():
+        if job_id in view.jobs or job_id in frozen:
+            continue
+        view.add_job(job)
+        if job.state is JobState.SUBMITTED:
+            policy.on_submit(view, job)
+        elif job.state is JobState.QUEUED:
+            if job.profile is not None:
+                policy.on_profiled(view, job, job.profile)
+            else:
+                requeue(policy, view, job)
+        # PROFILING/RUNNING jobs without an active run are repaired by the round before this
+    forecaster = getattr(policy, "forecaster", None)
+    if isinstance(forecaster, ReplayForecaster):
+        forecaster.muted = False
+    return BuiltView(view, policy, available, frozen)
+
+
+def _start(view: ClusterView, job: Job, runs: Sequence[RunRow], partner: str | None, now: float) -> None:
+    """Re-create a running job's allocation as it was (start time, window, partner)."""
+    first = runs[0]
+    pool = Pool(first.pool)
+    gpus = tuple(GpuRef(r.host, i) for r in sorted(runs, key=lambda r: r.node_rank) for i in r.gpu_indices)
+    view.add_job(job)
+    started = first.started_at if first.started_at is not None else first.planned_at
+    until = first.profiling_until
+    view.now = started
+    try:
+        view.start(job.job_id, pool, gpus, partner=partner, profiling_until=until)
+    finally:
+        view.now = now
+    if job.profile is not None and pool is Pool.MAIN:
+        view.set_profile_mem(job.job_id, job.profile.gpu_mem_mb)
+        view.refresh_share_candidate(job.job_id)
