@@ -201,3 +201,10 @@ def test_arbitrary_bytes_never_crash_the_reader(tmp_path_factory):
         assert trace.records and all(r.duration > 0 and r.gpus >= 1 for r in trace.records)
 
     check()
+
+
+def test_header_names_are_trimmed_and_a_bom_is_ignored(tmp_path):
+    text = "\ufeffsubmit_time , duration,gpus\n2024-03-04 00:00:00,5,1\n\n2024-03-04 00:00:09,7,x\n"
+    trace = read_trace(write(tmp_path, "g.csv", text), "generic")
+    assert [(r.job_id, r.duration) for r in trace.records] == [("job-2", 5.0)]
+    assert [(p.row, p.column) for p in trace.problems] == [(4, "gpus")]  # blank line 3 is skipped

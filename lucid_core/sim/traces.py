@@ -242,19 +242,19 @@ def _as_datetime(value: datetime | date | str | None, name: str) -> datetime | N
 _BAD_ROW = object()  # what `_rows` yields for a row it reported as a problem
 
 
-def _rows(handle, parse, problems: list[RowProblem]) -> Iterator[_Row | object | None]:
-    """Parse each data row: a `_Row`, None for a valid row that is not a GPU job, or `_BAD_ROW`."""
-    reader = csv.DictReader(handle)
+def _rows(handle, parse, problems: list[RowProblem], columns: list[str]) -> Iterator[_Row | object | None]:
+    """Parse each data row after the header: a `_Row`, None for a non-GPU job, or `_BAD_ROW`."""
+    reader = csv.DictReader(handle, fieldnames=columns)
     while True:
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as error:  # e.g. a field larger than the csv module allows
-            problems.append(RowProblem(reader.line_num, "*", "", f"malformed CSV: {error}"))
+            problems.append(RowProblem(reader.line_num + 1, "*", "", f"malformed CSV: {error}"))
             yield _BAD_ROW
             continue
-        line = reader.line_num
+        line = reader.line_num + 1  # the header line was read before the reader started
         try:
             if None in row:  # more cells than header columns
                 raise _BadValue("*", ",".join(row[None] or []), "more cells than header columns")
@@ -287,8 +287,7 @@ def read_trace(path: str | Path, fmt: str = "auto", start: datetime | date | str
         missing = [name for name in required if name not in columns]
         if missing:
             raise TraceFormatError(f"{path}: not a {fmt} trace: header lacks {missing} (has {columns})")
-        handle.seek(0)
-        for parsed in _rows(handle, parse, problems):
+        for parsed in _rows(handle, parse, problems, columns):
             rows_read += 1
             if parsed is _BAD_ROW:
                 continue
