@@ -89,10 +89,14 @@ class HistoryDurationPredictor:
     Learned tables refresh every `refresh_s` of observed time (the Update Engine's cadence).
     """
 
-    def __init__(self, min_samples: int = 3, refresh_s: float = 86400.0) -> None:
+    def __init__(self, min_samples: int = 3, refresh_s: float = 86400.0, recent: int = 30,
+                 recent_weight: float = 0.5) -> None:
         self.min_samples = min_samples
         self.refresh_s = refresh_s
+        self.recent = recent
+        self.recent_weight = recent_weight
         self.tables_: dict[tuple, _DurationTable] = defaultdict(_DurationTable)
+        self.recent_: dict[tuple, deque[float]] = {}
         self.last_refresh_: float | None = None
 
     def fit(self, jobs: Iterable[Job], durations: Iterable[float]) -> HistoryDurationPredictor:
@@ -105,8 +109,11 @@ class HistoryDurationPredictor:
         return (("user-gpus", job.user, job.gpus), ("user", job.user), ("gpus", job.gpus), ("all",))
 
     def _add(self, job: Job, duration: float) -> None:
+        duration = max(0.0, float(duration))
         for key in self._keys(job):
-            self.tables_[key].add(max(0.0, float(duration)))
+            self.tables_[key].add(duration)
+            if self.recent:
+                self.recent_.setdefault(key, deque(maxlen=self.recent)).append(duration)
 
     def _refresh(self) -> None:
         for table in self.tables_.values():
@@ -128,6 +135,12 @@ class HistoryDurationPredictor:
                 continue
             n, mean_log = table.conditional(floor)
             if n >= self.min_samples or (key == ("all",) and n):
+                recent = [math.log1p(d) for d in self.recent_.get(key, ()) if d > floor]
+                if len(recent) >= self.min_samples:
+                    w = self.recent_weight
+                    mean_log = (1 - w) * mean_log + w * sum(recent) / len(recent)
+                    return max(math.expm1(mean_log), floor), (
+                        f"{key[0]} history ({n} jobs, the last {len(recent)} weighted {w:g})")
                 return max(math.expm1(mean_log), floor), f"{key[0]} history ({n} jobs)"
         return max(floor * 2.0, 3600.0), "no history: default 1 h"
 

@@ -2,8 +2,8 @@
 
 Least-GPU-first: the profiling queue is sorted by GPU demand and the scan stops at the first
 job that does not fit compactly, so one wide job cannot hold back many small ones. A job
-is profiled in place on the main cluster instead when the main cluster has room and no one
-waits there: it then runs once, not twice.
+is profiled in place on the main cluster instead when the main cluster still has a compact
+fit after the main queue's scan (queued jobs go first): it then runs once, not twice.
 """
 
 from __future__ import annotations
@@ -80,12 +80,12 @@ class SpaceAwareProfiler:
             job = view.jobs[job_id]
             window = self.window_for(view, job)
             until = view.now + window
-            if self.config.in_place and len(view.queue) == 0:
+            if self.config.in_place:
                 gpus = view.main.place_compact(job.gpus)
                 if gpus is not None:
                     view.start(job_id, Pool.MAIN, gpus, profiling_until=until)
                     decisions.append(Place(job_id, gpus, (
-                        f"main cluster has room and nobody waits: start now, profiled in place "
+                        f"main cluster has room after the queue's turn: start now, profiled in place "
                         f"during the first {window:g} s of its run"), profile_in_place=True))
                     continue
             gpus = view.profiling.place_compact(job.gpus)

@@ -1,0 +1,268 @@
+"""Event-driven simulator: replays a trace through any SchedulingPolicy.
+
+Events are arrivals, run ends, profiling-window ends and the policy's own wake-ups; between
+events nothing changes, so time jumps. Work is kept in exclusive-seconds: a job co-located at
+normalized speed s progresses s seconds of work per second; its end is re-planned whenever
+its partner arrives or leaves. The policy decides; this driver only carries decisions out.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time as wallclock
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import Job, JobState, Pool, Profile
+from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling
+from lucid_core.policy.view import ClusterView
+from lucid_core.sim.records import JobOutcome, TraceRecord, Workload
+
+SpeedFn = Callable[[Workload, Workload], tuple[float, float]]
+
+_FINISH, _ARRIVAL, _WAKE = 0, 1, 2  # at equal times: free GPUs first, then arrivals
+
+
+@dataclass(slots=True)
+class _Run:
+    """Simulator-only state of a job: its true work and how it is being served."""
+
+    record: TraceRecord
+    workload: Workload | None
+    remaining: float = 0.0  # exclusive-seconds of work left in the current run
+    rate: float = 1.0
+    since: float = 0.0  # when `remaining` was last brought up to date
+    version: int = 0
+    served: float = 0.0  # wall seconds spent on GPUs (any run)
+    shared: float = 0.0
+    shared_since: float | None = None
+    preemptions: int = 0
+    profiled: bool = False
+    lost_work: float = 0.0  # work to redo on restart (preemption checkpoint cost)
+
+
+@dataclass
+class SimResult:
+    policy: str
+    outcomes: list[JobOutcome]
+    busy_timeline: list[tuple[float, int]]  # (time, busy main-cluster GPUs) change points
+    total_gpus: int
+    decision_counts: dict[str, int]
+    wall_seconds: float
+    events: int
+    decision_log: list[tuple[float, str, str, str]] = field(default_factory=list)
+
+
+def default_speeds(a: Workload, b: Workload) -> tuple[float, float]:
+    """Co-located speeds when no catalog is given: from the summed GPU utilization."""
+    load = (a.gpu_util + b.gpu_util) / 100.0
+    s = 1.0 if load <= 1.0 else max(0.5, 1.0 / load)
+    return s, s
+
+
+def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: LucidConfig, *,
+             main_nodes: int, profiling_nodes: int | None = None,
+             workloads: Sequence[Workload] | None = None, speeds: SpeedFn | None = None,
+             check_invariants: bool = False, keep_log: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """Run `policy` over `records` on `main_nodes` nodes (+ a profiling pool when it profiles)."""
+    started = wallclock.perf_counter()
+    if workloads is not None and len(workloads) != len(records):
+        raise ValueError(f"{len(workloads)} workloads for {len(records)} trace records")
+    speeds = speeds or default_speeds
+    view = ClusterView(config)
+    view.add_nodes(Pool.MAIN, main_nodes)
+    if getattr(policy, "profiles", False):
+        view.add_nodes(Pool.PROFILING, config.profiler.pool_nodes if profiling_nodes is None else profiling_nodes)
+    too_wide = [r.job_id for r in records if r.gpus > view.main.total_gpus]
+    if too_wide:
+        raise ValueError(f"{len(too_wide)} job(s) need more GPUs than the {view.main.total_gpus} of the cluster "
+                         f"(e.g. {too_wide[:3]}); give the simulation more nodes or filter the trace")
+    runs: dict[str, _Run] = {}
+    heap: list[tuple[float, int, int, str, int]] = []
+    seq = 0
+    for i, rec in enumerate(records):
+        if rec.job_id in runs:
+            raise ValueError(f"duplicate job id {rec.job_id} in trace")
+        runs[rec.job_id] = _Run(rec, workloads[i] if workloads is not None else None)
+        heap.append((rec.submit_time, _ARRIVAL, seq, rec.job_id, 0))
+        seq += 1
+    heapq.heapify(heap)
+    precompute = getattr(policy, "precompute", None)
+    if precompute is not None:
+        precompute([Job(job_id=r.job_id, user=r.user or r.vc, vc=r.vc, gpus=r.gpus, submit_time=r.submit_time,
+                        name=r.name) for r in records])
+
+    def profile_of(job_id: str) -> Profile | None:
+        w = runs[job_id].workload
+        if w is None:
+            return None
+        return Profile(w.gpu_util, w.mem_util, w.gpu_mem_mb, w.amp, emulated=True)
+
+    view.profile_of = profile_of
+    outcomes: list[JobOutcome] = []
+    timeline: list[tuple[float, int]] = [(records[0].submit_time if records else 0.0, 0)]
+    counts: Counter[str] = Counter()
+    log: list[tuple[float, str, str, str]] = []
+    wakes: set[float] = set()
+    events = 0
+    total = len(records)
+    next_progress = 0
+
+    def push(t: float, kind: int, job_id: str, version: int = 0) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, kind, seq, job_id, version))
+        seq += 1
+
+    def settle(run: _Run, now: float) -> None:
+        run.remaining -= (now - run.since) * run.rate
+        run.since = now
+
+    def plan_end(job_id: str, now: float) -> None:
+        run = runs[job_id]
+        run.version += 1
+        push(now + max(run.remaining, 0.0) / run.rate, _FINISH, job_id, run.version)
+
+    def set_rate(job_id: str, rate: float, now: float) -> None:
+        run = runs[job_id]
+        settle(run, now)
+        if rate < 1.0 and run.shared_since is None:
+            run.shared_since = now
+        elif rate >= 1.0 and run.shared_since is not None:
+            run.shared += now - run.shared_since
+            run.shared_since = None
+        run.rate = rate
+        plan_end(job_id, now)
+
+    def begin(job_id: str, now: float) -> None:
+        run = runs[job_id]
+        run.remaining = run.record.duration + run.lost_work
+        run.lost_work = 0.0
+        run.rate, run.since = 1.0, now
+
+    def halt(job_id: str, now: float) -> None:
+        """Bring a stopping run up to date and drop its planned end."""
+        run = runs[job_id]
+        settle(run, now)
+        alloc_start = view.jobs[job_id].start_time
+        run.served += now - (alloc_start if alloc_start is not None else now)
+        if run.shared_since is not None:
+            run.shared += now - run.shared_since
+            run.shared_since = None
+        run.version += 1
+
+    def apply(decision: Decision, now: float) -> None:
+        counts[type(decision).__name__] += 1
+        if keep_log:
+            log.append((now, type(decision).__name__, getattr(decision, "job_id", ""), decision.reason))
+        if isinstance(decision, StartProfiling):
+            run = runs[decision.job_id]
+            run.profiled = True
+            begin(decision.job_id, now)
+            view.jobs[decision.job_id].start_time = now
+            if run.remaining <= decision.window_s:
+                plan_end(decision.job_id, now)
+            else:
+                run.version += 1
+                wake(now + decision.window_s)
+        elif isinstance(decision, StopProfiling):
+            halt(decision.job_id, now)
+        elif isinstance(decision, Place):
+            run = runs[decision.job_id]
+            begin(decision.job_id, now)
+            if decision.profile_in_place:
+                run.profiled = True
+                until = view.allocations[decision.job_id].profiling_until
+                if until is not None:
+                    wake(until)
+            if decision.partner is not None:
+                a, b = run.workload, runs[decision.partner].workload
+                s_job, s_partner = speeds(a, b) if a is not None and b is not None else (1.0, 1.0)
+                set_rate(decision.job_id, min(1.0, s_job), now)
+                set_rate(decision.partner, min(1.0, s_partner), now)
+            else:
+                plan_end(decision.job_id, now)
+        elif isinstance(decision, Preempt):
+            run = runs[decision.job_id]
+            halt(decision.job_id, now)
+            run.preemptions += 1
+            run.lost_work = config.tiresias.checkpoint_cost_s
+            run.record = _with_duration(run.record, max(run.remaining, 0.0))
+
+    def wake(t: float) -> None:
+        if t not in wakes:
+            wakes.add(t)
+            push(t, _WAKE, "")
+
+    original = {r.job_id: r.duration for r in records}
+    submitted_at = {r.job_id: r.submit_time for r in records}
+    while heap:
+        now = heap[0][0]
+        view.now = now
+        changed = False
+        while heap and heap[0][0] == now:
+            _, kind, _, job_id, version = heapq.heappop(heap)
+            events += 1
+            if kind == _WAKE:
+                wakes.discard(now)
+                continue
+            if kind == _ARRIVAL:
+                rec = runs[job_id].record
+                job = Job(job_id=rec.job_id, user=rec.user or rec.vc, vc=rec.vc, gpus=rec.gpus,
+                          submit_time=rec.submit_time, name=rec.name)
+                view.add_job(job)
+                policy.on_submit(view, job)
+                changed = True
+                continue
+            run = runs[job_id]
+            if version != run.version:
+                continue
+            job = view.jobs[job_id]
+            alloc = view.allocations[job_id]
+            in_profiling = alloc.pool is Pool.PROFILING or (
+                alloc.profiling_until is not None and original[job_id] <= (now - alloc.start) + 1e-9)
+            halt(job_id, now)
+            partner = alloc.partner
+            view.stop(job_id)
+            if partner is not None:
+                set_rate(partner, 1.0, now)
+            job.end_time = now
+            job.state = JobState.COMPLETED
+            policy.on_finish(view, job, original[job_id])
+            start = alloc.start
+            outcomes.append(JobOutcome(
+                job_id=job_id, vc=job.vc, gpus=job.gpus, submit_time=submitted_at[job_id],
+                duration=original[job_id], start_time=start, end_time=now,
+                queue_delay=max(0.0, now - submitted_at[job_id] - run.served),
+                ended_in_profiling=in_profiling, shared_seconds=run.shared,
+                preemptions=run.preemptions, profiled=run.profiled))
+            changed = True
+        decisions = policy.schedule(view)
+        for d in decisions:
+            apply(d, now)
+        if decisions or changed:
+            busy = view.main.busy_gpus
+            if timeline[-1][1] != busy:
+                timeline.append((now, busy))
+        nxt = policy.next_wakeup(view) if hasattr(policy, "next_wakeup") else None
+        if nxt is not None and nxt > now:
+            wake(nxt)
+        if check_invariants:
+            view.check_invariants()
+        if progress is not None and len(outcomes) >= next_progress:
+            progress(len(outcomes), total)
+            next_progress = len(outcomes) + max(1, total // 100)
+    if len(outcomes) != total:
+        stuck = [j for j in runs if view.jobs.get(j) is None or view.jobs[j].end_time is None]
+        raise RuntimeError(f"simulation ended with {total - len(outcomes)} unfinished jobs "
+                           f"(e.g. {stuck[:3]}): a job wider than the cluster?")
+    return SimResult(policy.name, outcomes, timeline, view.main.total_gpus, dict(counts),
+                     wallclock.perf_counter() - started, events, log)
+
+
+def _with_duration(rec: TraceRecord, remaining: float) -> TraceRecord:
+    """The rest of a preempted job's work, as the record its next run starts from."""
+    return replace(rec, duration=remaining)
