@@ -1,0 +1,117 @@
+"""Lucid Update Engine: keep the duration and throughput models fresh, and say when they drift.
+
+Daily fine-tune on the recent window; a full retrain on Sundays (or when `mode` says so).
+extract (job log + submissions per slot from the store) -> validate (Great Expectations suites in
+include/gx; bad rows quarantined and reported; training refused when the batch fails) -> train ->
+evaluate against the promoted model on the most recent data -> promote or keep -> drift check
+(error ratio and input PSI) -> alert over SMTP (Airflow notifier) with the numbers in the message.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Param, dag, task
+
+
+@dag(
+    dag_id="lucid_update_engine",
+    schedule="@daily",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["lucid"],
+    doc_md=__doc__,
+    params={
+        "mode": Param("auto", enum=["auto", "finetune", "full"],
+                      description="auto: full retrain on Sundays, fine-tune on other days"),
+        "finetune_days": Param(7, type="integer", minimum=1, maximum=365),
+        "full_days": Param(90, type="integer", minimum=1, maximum=3650),
+        "recent_share": Param(0.2, type="number", exclusiveMinimum=0, exclusiveMaximum=1,
+                              description="Most recent share of jobs held out to compare candidate and promoted"),
+        "max_quarantine_share": Param(0.05, type="number", minimum=0, maximum=1),
+        "drift_mae_ratio": Param(1.25, type="number", minimum=1),
+        "drift_psi": Param(0.2, type="number", minimum=0),
+        "alert_to": Param("lucid-admins@localhost", type="string", description="Comma-separated recipients"),
+        "smtp_conn_id": Param("smtp_default", type="string"),
+    },
+)
+def lucid_update_engine():
+    @task
+    def extract(params=None, logical_date=None, run_id=None) -> dict:
+        """Job log and submissions per slot from the store, written as the run's batch files."""
+        from lucid_airflow.connections import store_url
+        from lucid_airflow.tuning import reports_root, safe_name
+
+        from lucid_core.update import extract_batch
+
+        return extract_batch(store_url(), reports_root() / "update" / safe_name(run_id), params["mode"],
+                             logical_date.timestamp() if logical_date else None,
+                             params["finetune_days"], params["full_days"]).to_dict()
+
+    @task
+    def validate(batch: dict, params=None) -> dict:
+        """Great Expectations on both frames; refuse training (task fails) when a batch fails."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from lucid_core.update import Batch, validate_batch
+
+        checked = validate_batch(Batch(**batch), params["max_quarantine_share"])
+        if checked["refused"]:
+            raise AirflowFailException("training refused: " + checked["refused"])
+        return checked
+
+    @task
+    def train_and_evaluate(checked: dict, params=None, run_id=None) -> dict:
+        """Fit candidates on the older part, score them and the promoted models on the recent part."""
+        from lucid_airflow.connections import store_url
+
+        from lucid_core.update import train_and_evaluate
+
+        return train_and_evaluate(store_url(), checked, params["recent_share"], run_id)
+
+    @task
+    def promote_or_keep(evaluation: dict) -> dict:
+        """Promote a candidate that is no worse than the promoted model on recent data; else keep."""
+        from lucid_airflow.connections import store_url
+
+        from lucid_core.update import promote_or_keep
+
+        return promote_or_keep(store_url(), evaluation)
+
+    @task
+    def check_drift(decision: dict, params=None, run_id=None) -> dict:
+        """Error ratio and input PSI of the promoted models; kept as drift history."""
+        from lucid_airflow.tuning import reports_root
+
+        from lucid_core.update import drift_reports, save_drift_history
+
+        reports = drift_reports(decision, params["drift_mae_ratio"], params["drift_psi"])
+        save_drift_history(reports_root() / "drift", run_id, reports,
+                           params["alert_to"] if any(r["drifted"] for r in reports) else "")
+        return {"reports": reports}
+
+    @task
+    def alert(drift: dict, params=None) -> list[str]:
+        """Send the drift alert through the SMTP notifier, numbers in the subject and body."""
+        from html import escape
+
+        from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+        from airflow.sdk import get_current_context
+
+        drifted = [r for r in drift["reports"] if r["drifted"]]
+        if not drifted:
+            return []
+        subject = "; ".join(r["subject"] for r in drifted)
+        body = "".join(f"<h3>{escape(r['subject'])}</h3><pre>{escape(r['body'])}</pre>" for r in drifted)
+        recipients = [a.strip() for a in params["alert_to"].split(",") if a.strip()]
+        notifier = SmtpNotifier(to=recipients, subject=subject.replace("{", "(").replace("}", ")"),
+                                html_content=body.replace("{", "&#123;").replace("}", "&#125;"),
+                                smtp_conn_id=params["smtp_conn_id"])
+        notifier.notify(get_current_context())
+        return recipients
+
+    alert(check_drift(promote_or_keep(train_and_evaluate(validate(extract())))))
+
+
+lucid_update_engine()

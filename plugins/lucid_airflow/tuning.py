@@ -1,0 +1,57 @@
+"""Where the tuner reads its history and keeps its reports, from the DAG run's params and the environment."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def reports_root() -> Path:
+    """LUCID_REPORTS_DIR, else LUCID_HOME/reports: shared by the workers and the plugin."""
+    if os.environ.get("LUCID_REPORTS_DIR"):
+        return Path(os.environ["LUCID_REPORTS_DIR"])
+    from lucid_core.runtime.store import lucid_home
+
+    return lucid_home() / "reports"
+
+
+def safe_name(run_id: str) -> str:
+    """A run id as a directory name (run ids carry ':' and '+')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("_") or "run"
+
+
+def report_directory(run_id: str) -> Path:
+    return reports_root() / "tuner" / safe_name(run_id)
+
+
+def live_config_path() -> Path:
+    """LUCID_CONFIG, else LUCID_HOME/lucid.toml: the file the live scheduler loads."""
+    if os.environ.get("LUCID_CONFIG"):
+        return Path(os.environ["LUCID_CONFIG"])
+    from lucid_core.runtime.store import lucid_home
+
+    return lucid_home() / "lucid.toml"
+
+
+def load_tuner_trace(params: Mapping[str, Any]):
+    """The trace records a sweep replays: a file window, or the store's finished jobs of the last days."""
+    if params.get("trace_path"):
+        from lucid_core.sim.traces import read_trace
+
+        trace = read_trace(params["trace_path"], params.get("trace_format") or "auto",
+                           params.get("window_start") or None, params.get("window_end") or None)
+        return trace.records
+    from lucid_airflow.connections import store_url
+    from lucid_core.tuner import records_from_jobs
+    from lucid_core.update import extract_job_log
+
+    since = time.time() - float(params.get("window_days", 7)) * 86400.0
+    frame = extract_job_log(store_url(), since=since)
+    records = records_from_jobs(frame.to_dict("records"))
+    if not records:
+        raise ValueError(f"the store has no finished job since {time.ctime(since)}: nothing to replay")
+    return records

@@ -1,0 +1,293 @@
+"""The Lucid web views mounted in Airflow at /lucid: queue, GPU map, job detail, models, tuner, drift.
+
+Pages are plain server-rendered HTML (no JavaScript, inline CSS) read from the Lucid store and the
+report directory; the runtime's JSON API is mounted under /lucid/api. The auth middleware refuses
+every request Airflow does not authenticate, the mounted API included.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import FileResponse, HTMLResponse
+
+from lucid_airflow.auth import airflow_auth_middleware
+
+esc = html.escape
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fff}
+nav a{margin-right:14px}
+table{border-collapse:collapse;margin:8px 0;font-size:14px}
+th,td{border:1px solid #bbb;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#e8eef6}
+.gpu{display:inline-block;width:150px;min-height:44px;margin:3px;padding:4px;border:1px solid #888;
+ border-radius:4px;font-size:12px;background:#f4f4f4}
+.gpu.busy{background:#d8f0d8}.gpu.shared{background:#fde7b0}
+.muted{color:#777}pre{background:#f6f6f6;padding:8px;overflow:auto}
+img{max-width:720px;border:1px solid #ddd;margin:4px}
+"""
+
+NAV = [("queue", "Queue"), ("running", "Running & GPU map"), ("models", "Models"), ("tuner", "Tuner reports"),
+       ("drift", "Drift history")]
+
+
+def page(title: str, body: str, prefix: str) -> HTMLResponse:
+    links = "".join(f'<a href="{prefix}/{path}">{esc(label)}</a>' for path, label in NAV)
+    return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'><title>Lucid: {esc(title)}</title>"
+                        f"<style>{_STYLE}</style></head><body><nav>{links}</nav><h1>{esc(title)}</h1>{body}"
+                        f"</body></html>")
+
+
+def table(header: list[str], rows: list[list[str]], table_id: str = "") -> str:
+    """An HTML table; cells are already-escaped HTML."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    ident = f' id="{table_id}"' if table_id else ""
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def hours(seconds: float | None) -> str:
+    if seconds is None:
+        return "<span class='muted'>n/a</span>"
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Path], prefix: str = "/lucid",
+                     protect: bool = True) -> FastAPI:
+    """The plugin's FastAPI app; `store_url` and `reports_root` are resolved lazily, at the first request."""
+    app = FastAPI(title="Lucid", description="Lucid GPU scheduler views and API (behind Airflow auth)")
+    if protect:
+        app.middleware("http")(airflow_auth_middleware)
+
+    @cache
+    def engine():
+        import sqlalchemy as sa
+
+        return sa.create_engine(store_url(), pool_pre_ping=True)
+
+    def session():
+        from sqlalchemy.orm import Session
+
+        return Session(engine())
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> HTMLResponse:
+        items = "".join(f'<li><a href="{prefix}/{path}">{esc(label)}</a></li>' for path, label in NAV)
+        return page("Lucid", f"<ul>{items}</ul><p>JSON API: <a href='{prefix}/api/docs'>{prefix}/api</a></p>",
+                    prefix)
+
+    @app.get("/queue", response_class=HTMLResponse)
+    def queue() -> HTMLResponse:
+        from sqlalchemy import select
+
+        from lucid_core.runtime.schema import JobRow
+
+        waiting = ("SUBMITTED", "PROFILING", "QUEUED")
+        with session() as s:
+            jobs = s.scalars(select(JobRow).where(JobRow.state.in_(waiting))).all()
+        jobs = sorted(jobs, key=lambda j: (j.queue_position is None, j.queue_position or 0, j.seq))
+        rows = []
+        for j in jobs:
+            priority = j.gpus * j.predicted_duration if j.predicted_duration is not None else None
+            rows.append([
+                esc(str(j.queue_position if j.queue_position is not None else "-")),
+                f'<a href="{prefix}/jobs/{esc(j.job_id)}">{esc(j.job_id)}</a>', esc(j.name), esc(j.user),
+                esc(j.vc), str(j.gpus), esc(j.state), hours(j.predicted_duration),
+                f"{priority:.0f}" if priority is not None else "<span class='muted'>n/a</span>",
+                esc(j.pending_reason or ""),
+            ])
+        body = (f"<p>{len(rows)} waiting job(s). Lower priority value runs first (GPUs x predicted duration).</p>"
+                + table(["order", "job", "name", "user", "VC", "GPUs", "state", "predicted duration",
+                         "priority (GPU-s)", "reason"], rows, "queue"))
+        return page("Queue", body, prefix)
+
+    @app.get("/running", response_class=HTMLResponse)
+    def running() -> HTMLResponse:
+        from sqlalchemy import select
+
+        from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, RunRow
+
+        with session() as s:
+            runs = s.scalars(select(RunRow).where(RunRow.ended_at.is_(None))).all()
+            hosts = s.scalars(select(HostRow).order_by(HostRow.name)).all()
+            gpus = s.scalars(select(GpuRow).order_by(GpuRow.host, GpuRow.index)).all()
+            names = {j.job_id: j for j in s.scalars(select(JobRow).where(
+                JobRow.job_id.in_([r.job_id for r in runs]))).all()} if runs else {}
+        on_gpu: dict[tuple[str, int], list[Any]] = {}
+        for r in runs:
+            for index in r.gpu_indices or []:
+                on_gpu.setdefault((r.host, int(index)), []).append(r)
+        rows = [[f'<a href="{prefix}/jobs/{esc(r.job_id)}">{esc(r.job_id)}</a>',
+                 esc(names[r.job_id].name if r.job_id in names else ""), esc(r.kind), esc(r.host),
+                 esc(",".join(str(i) for i in r.gpu_indices or [])), esc(r.partner or ""), esc(r.state),
+                 hours(time.time() - r.started_at) if r.started_at else "starting"] for r in runs]
+        cards = []
+        for host in hosts:
+            cells = []
+            for g in (g for g in gpus if g.host == host.name):
+                here = on_gpu.get((host.name, g.index), [])
+                cls = "gpu shared" if len(here) > 1 else "gpu busy" if here else "gpu"
+                who = "<br>".join(esc(r.job_id) for r in here) or "<span class='muted'>idle</span>"
+                cells.append(f"<div class='{cls}'><b>GPU {g.index}</b><br>{who}</div>")
+            flag = " (draining)" if host.draining else "" if host.reachable else " (unreachable)"
+            cards.append(f"<h3>{esc(host.name)} <span class='muted'>{esc(host.pool)} pool, VC {esc(host.vc)}"
+                         f"{flag}</span></h3><div id='gpumap-{esc(host.name)}'>{''.join(cells)}</div>")
+        body = (table(["job", "name", "run", "host", "GPUs", "shares with", "state", "running for"], rows, "running")
+                + "<h2>GPU map</h2><p>Green: one job; amber: two jobs sharing the GPU.</p>" + "".join(cards))
+        return page("Running jobs and GPU map", body, prefix)
+
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse)
+    def job_detail(job_id: str) -> HTMLResponse:
+        from sqlalchemy import select
+
+        from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow
+
+        with session() as s:
+            job = s.get(JobRow, job_id)
+            if job is None:
+                raise HTTPException(404, f"no job {job_id}")
+            events = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.time)).all()
+            decisions = s.scalars(select(DecisionRow).where(DecisionRow.job_id == job_id)
+                                  .order_by(DecisionRow.id)).all()
+        fields = ["job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
+                  "exit_code", "end_reason", "ended_in_profiling", "gpu_util", "mem_util", "gpu_mem_mb",
+                  "share_class", "predicted_duration", "pending_reason"]
+        facts = table(["field", "value"], [[esc(f), esc(str(getattr(job, f)))] for f in fields], "job")
+        explanation = _explanation(store_url(), job_id)
+        ev = table(["time", "kind", "message"], [[esc(time.strftime("%H:%M:%S", time.localtime(e.time))),
+                                                  esc(e.kind), esc(e.message)] for e in events], "events")
+        dec = table(["round", "decision", "reason", "status"], [[str(d.round_id), esc(d.kind), esc(d.reason),
+                                                                 esc(d.status)] for d in decisions], "decisions")
+        body = (f"{facts}<h2>Why it is where it is</h2><pre id='explanation'>{esc(explanation)}</pre>"
+                f"<h2>Decisions</h2>{dec}<h2>Events</h2>{ev}")
+        return page(f"Job {job_id}", body, prefix)
+
+    @app.get("/models", response_class=HTMLResponse)
+    def models() -> HTMLResponse:
+        from sqlalchemy import select
+
+        from lucid_core.runtime.schema import ModelVersionRow
+
+        with session() as s:
+            versions = s.scalars(select(ModelVersionRow).order_by(ModelVersionRow.kind,
+                                                                  ModelVersionRow.created_at.desc())).all()
+        rows = [[esc(v.kind), esc(v.version), "yes" if v.active else "", esc(json.dumps(v.metrics)[:300]),
+                 esc(v.note)] for v in versions]
+        root = reports_root() / "models"
+        pictures = sorted(root.glob("**/*.png")) if root.is_dir() else []
+        texts = sorted(root.glob("**/*.txt")) if root.is_dir() else []
+        imgs = "".join(f"<figure><img src='{prefix}/files/models/{esc(str(p.relative_to(root)))}'>"
+                       f"<figcaption>{esc(str(p.relative_to(root)))}</figcaption></figure>" for p in pictures)
+        trees = "".join(f"<h3>{esc(p.name)}</h3><pre>{esc(p.read_text(encoding='utf-8')[:20000])}</pre>"
+                        for p in texts)
+        body = (table(["model", "version", "promoted", "metrics", "note"], rows, "models")
+                + "<h2>Shape functions and trees</h2>" + (imgs + trees or "<p class='muted'>none yet</p>"))
+        return page("Models", body, prefix)
+
+    @app.get("/tuner", response_class=HTMLResponse)
+    def tuner_list() -> HTMLResponse:
+        root = reports_root() / "tuner"
+        reports = sorted(root.glob("*/report.json"), key=lambda p: p.stat().st_mtime, reverse=True) \
+            if root.is_dir() else []
+        rows = []
+        for path in reports:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+            best = summary.get("best") or {}
+            rows.append([f'<a href="{prefix}/tuner/{esc(path.parent.name)}">{esc(path.parent.name)}</a>',
+                         esc(summary["objective"]), str(summary["configurations"]), str(summary["failed"]),
+                         esc(json.dumps(best.get("overrides", {}))), esc(", ".join(summary.get("workers", [])))])
+        return page("System Tuner reports", table(["run", "objective", "configurations", "failed", "best",
+                                                   "workers"], rows, "tuner-reports"), prefix)
+
+    @app.get("/tuner/{name}", response_class=HTMLResponse)
+    def tuner_report(name: str) -> HTMLResponse:
+        directory = _inside(reports_root() / "tuner", name)
+        report = directory / "report.html"
+        if not report.is_file():
+            raise HTTPException(404, f"no tuner report {name}")
+        summary = json.loads((directory / "report.json").read_text(encoding="utf-8"))
+        imgs = "".join(f"<img src='{prefix}/files/tuner/{esc(name)}/{esc(p)}' alt='{esc(p)}'>"
+                       for p in summary.get("plots", []))
+        return page(f"Tuner report {name}", report.read_text(encoding="utf-8") + imgs, prefix)
+
+    @app.get("/drift", response_class=HTMLResponse)
+    def drift() -> HTMLResponse:
+        root = reports_root() / "drift"
+        rows = []
+        for path in sorted(root.glob("*.json"), reverse=True) if root.is_dir() else []:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            for report in data.get("reports", []):
+                shifts = ", ".join(f"{s['feature']} {s['psi']:.3f}" for s in report.get("shifts", []))
+                rows.append([esc(data.get("run_id", path.stem)), esc(report["model"]),
+                             f"{report['reference_mae']:.4g}", f"{report['recent_mae']:.4g}",
+                             f"{report['mae_ratio']:.3f}", esc(shifts), "ALERT" if report["drifted"] else "ok",
+                             esc(data.get("alert_sent_to", ""))])
+        return page("Drift history", table(["run", "model", "reference MAE", "recent MAE", "ratio", "PSI",
+                                            "state", "alert sent to"], rows, "drift"), prefix)
+
+    @app.get("/files/{area}/{path:path}")
+    def files(area: str, path: str) -> FileResponse:
+        if area not in {"tuner", "models"}:
+            raise HTTPException(404, "unknown area")
+        target = _inside(reports_root() / area, path)
+        if not target.is_file() or target.suffix not in {".png", ".csv", ".json", ".md", ".txt"}:
+            raise HTTPException(404, "no such file")
+        return FileResponse(target)
+
+    app.mount("/api", _LazyApp(lambda: _runtime_api(store_url())))
+    return app
+
+
+def _inside(root: Path, relative: str) -> Path:
+    """`root/relative`, refusing paths that escape `root`."""
+    target = (root / relative).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise HTTPException(404, "no such file")
+    return target
+
+
+def _explanation(url: str, job_id: str) -> str:
+    """The runtime's explanation of a job, when the runtime offers one."""
+    try:
+        from lucid_core.runtime import explain as runtime_explain
+    except ImportError:
+        return "The runtime's explanation module is not installed."
+    try:
+        return str(runtime_explain.explain_job(url, job_id))
+    except Exception as exc:  # an explanation failing must not take the page down
+        return f"Explanation unavailable: {type(exc).__name__}: {exc}"
+
+
+def _runtime_api(url: str):
+    from lucid_core.runtime.api import create_app
+
+    return create_app(url)
+
+
+class _LazyApp:
+    """An ASGI app built on first use (the store URL is only known once Airflow is configured)."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+        self.app: Any = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return
+        if self.app is None:
+            try:
+                self.app = self.factory()
+            except ImportError as exc:
+                from starlette.responses import JSONResponse
+
+                await JSONResponse({"detail": f"runtime API unavailable: {exc}"}, status_code=503)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

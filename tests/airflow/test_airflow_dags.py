@@ -1,0 +1,175 @@
+"""The DAGs parse cheaply and run end to end with dag.test() against a migrated metadata DB."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from email import message_from_bytes
+from pathlib import Path
+
+import pytest
+from lucid_af_support import REPO, SAMPLE_TRACE, seed_finished_jobs
+
+DAG_IDS = {"lucid_scheduling_round", "lucid_update_engine", "lucid_system_tuner"}
+PARSE_BUDGET_S = 5.0  # per file, well under Airflow's default dagbag_import_timeout (30 s)
+
+
+def _dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_every_dag_parses_without_errors_within_budget():
+    bag = _dagbag()
+    assert bag.import_errors == {}
+    assert set(bag.dags) >= DAG_IDS
+    for stat in bag.dagbag_stats:
+        assert stat.duration.total_seconds() < PARSE_BUDGET_S, stat
+    round_dag = bag.dags["lucid_scheduling_round"]
+    assert round_dag.max_active_runs == 1 and not round_dag.catchup
+    tuner = bag.dags["lucid_system_tuner"]
+    assert {"tprof_s", "nprof_gpus", "cprof_nodes", "tiny_threshold", "medium_threshold", "sharing",
+            "update_cadence", "objective", "apply", "trace_path", "window_start"} <= set(tuner.params)
+    assert tuner.get_task("simulate_configuration").is_mapped if hasattr(
+        tuner.get_task("simulate_configuration"), "is_mapped") else True
+
+
+def test_dag_files_import_nothing_heavy_at_parse_time():
+    """Parsing a DAG file must not pull in pandas, GX, sklearn, interpret or the simulator."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from airflow.dag_processing.dagbag import DagBag; b = DagBag(dag_folder=sys.argv[1]); "
+            "assert not b.import_errors, b.import_errors; "
+            "heavy = [m for m in ('great_expectations', 'sklearn', 'interpret', 'lucid_core.sim.engine', "
+            "'matplotlib', 'paramiko') if m in sys.modules]; print(heavy); assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code, str(REPO / "dags")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def _state(run) -> str:
+    return str(getattr(run.state, "value", run.state))
+
+
+def _ti_states(run) -> dict[str, list[str]]:
+    states: dict[str, list[str]] = {}
+    for ti in run.get_task_instances():
+        states.setdefault(ti.task_id, []).append(str(getattr(ti.state, "value", ti.state)))
+    return states
+
+
+def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "live.toml"))
+    dag = _dagbag().dags["lucid_system_tuner"]
+    conf = {"trace_path": str(SAMPLE_TRACE), "trace_format": "generic", "main_nodes": 2,
+            "tprof_s": [100, 300], "sharing": ["auto", "off"], "update_cadence": ["daily"],
+            "objective": "avg_jct", "apply": True}
+    run = dag.test(run_conf=conf)
+    states = _ti_states(run)
+    assert _state(run) == "success", states
+    assert states["simulate_configuration"] == ["success"] * 4
+    reports = list((lucid_home / "reports" / "tuner").glob("*/report.json"))
+    assert len(reports) == 1
+    summary = json.loads(reports[0].read_text())
+    assert summary["configurations"] == 4 and summary["failed"] == 0
+    jcts = [r["metrics"]["avg_jct_s"] for r in summary["ranked"]]
+    assert jcts == sorted(jcts)
+    assert (reports[0].parent / "objective.png").stat().st_size > 1000
+    from lucid_core.config import load_config
+
+    applied = load_config(tmp_path / "live.toml")
+    best = summary["best"]["overrides"]
+    assert applied.profiler.tprof_s == best["profiler.tprof_s"]
+    assert applied.binder.sharing == best["binder.sharing"]
+
+
+def test_tuner_apply_step_is_skipped_unless_asked(airflow_db, lucid_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "live.toml"))
+    dag = _dagbag().dags["lucid_system_tuner"]
+    run = dag.test(run_conf={"trace_path": str(SAMPLE_TRACE), "main_nodes": 3, "tprof_s": [200],
+                             "sharing": ["auto"], "apply": False})
+    states = _ti_states(run)
+    assert states["apply_best"] == ["skipped"], states
+    assert not (tmp_path / "live.toml").exists()
+
+
+def _store_connection(home: Path, monkeypatch) -> str:
+    """A SQLite Lucid store in `home`, reachable from tasks as the lucid_db connection."""
+    path = home / "lucid.db"
+    monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(path)}))
+    return f"sqlite:///{path}"
+
+
+class _Inbox:
+    def __init__(self) -> None:
+        self.messages: list = []
+
+    async def handle_DATA(self, server, session, envelope):  # aiosmtpd handler hook
+        self.messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content)))
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp_inbox(monkeypatch):
+    """A real SMTP server on loopback (aiosmtpd) and the smtp_default connection pointing at it."""
+    import socket
+
+    from aiosmtpd.controller import Controller
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    inbox = _Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", json.dumps({
+        "conn_type": "smtp", "host": "127.0.0.1", "port": port,
+        "extra": {"disable_tls": True, "disable_ssl": True, "from_email": "lucid@localhost", "timeout": 10}}))
+    yield inbox
+    controller.stop()
+
+
+def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid_home, smtp_inbox, monkeypatch):
+    url = _store_connection(lucid_home, monkeypatch)
+    seed_finished_jobs(url)
+    dag = _dagbag().dags["lucid_update_engine"]
+    now = time.time()
+    conf = {"mode": "full", "full_days": 3650, "alert_to": "ops@example.org"}
+    first = dag.test(run_conf=conf, logical_date=None)
+    assert _state(first) == "success", _ti_states(first)
+    assert smtp_inbox.messages == []  # nothing promoted before: nothing can have drifted
+
+    # the workload changes: the same users now run 20x longer jobs on 8 GPUs
+    seed_finished_jobs(url, scale=20.0, gpus=8, offset_s=3 * 86400.0, prefix="late-")
+    second = dag.test(run_conf=conf)
+    states = _ti_states(second)
+    assert _state(second) == "success", states
+    assert len(smtp_inbox.messages) == 1, states
+    recipients, message = smtp_inbox.messages[0]
+    assert recipients == ["ops@example.org"]
+    assert "DRIFT" in message["Subject"] and "duration" in message["Subject"]
+    text = message.get_payload()[0].get_payload(decode=True).decode() if message.is_multipart() else \
+        message.get_payload(decode=True).decode()
+    assert "Error ratio" in text and "PSI" in text and "gpus" in text
+    history = sorted((lucid_home / "reports" / "drift").glob("*.json"))
+    duration = [r for h in history for r in json.loads(h.read_text())["reports"] if r["model"] == "duration"]
+    assert duration and duration[-1]["mae_ratio"] > 1.25
+    assert any(s["feature"] == "gpus" and s["psi"] > 0.2 for s in duration[-1]["shifts"])
+    assert f"{duration[-1]['mae_ratio']:.3f}" in text
+    assert time.time() - now < 600
+
+
+def test_update_engine_refuses_training_on_a_bad_batch(airflow_db, lucid_home, monkeypatch):
+    url = _store_connection(lucid_home, monkeypatch)
+    seed_finished_jobs(url, limit=10)  # below the suite's minimum row count
+    dag = _dagbag().dags["lucid_update_engine"]
+    run = dag.test(run_conf={"mode": "full", "full_days": 3650})
+    states = _ti_states(run)
+    assert states["validate"] == ["failed"], states
+    assert states["train_and_evaluate"] == ["upstream_failed"], states
+    report = json.loads(next((lucid_home / "reports" / "update").glob("*/validation.json")).read_text())
+    assert "expect_table_row_count_to_be_between" in report["refused"]
+    assert Path(report["job_log"]["clean_path"]).exists()
