@@ -1,0 +1,57 @@
+"""Lucid scheduling round: reconcile with the GPU hosts -> profile, bind & place (decide) -> carry out.
+
+One run per minute, never two at once (max_active_runs=1, no catchup), so rounds cannot pile up;
+the store's lease also keeps a round started elsewhere (CLI, another scheduler) from deciding at
+the same time. The state store is the `lucid_db` connection; GPU hosts are SSH connections named in
+the store (keys stay in the secrets backend). Every decision is written before it is carried out,
+so a round killed between steps is repaired by the next round's reconcile.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import dag, task
+
+
+@dag(
+    dag_id="lucid_scheduling_round",
+    schedule=timedelta(minutes=1),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(minutes=10),
+    default_args={"retries": 0},
+    tags=["lucid"],
+    doc_md=__doc__,
+)
+def lucid_scheduling_round():
+    @task
+    def reconcile() -> dict:
+        """Poll the hosts: what runs, what ended (exit codes), which profiling windows are over."""
+        from lucid_airflow.connections import store_url
+        from lucid_airflow.round_steps import reconcile
+
+        return reconcile(store_url())
+
+    @task
+    def profile_bind_and_place(reconciled: dict) -> dict:
+        """The policy decides: profiling windows (space-aware profiler), sharing mode and affine pairs
+        (binder), priority order and compact placement (orchestrator); each decision recorded with its reason."""
+        from lucid_airflow.connections import store_url
+        from lucid_airflow.round_steps import profile_bind_and_place
+
+        return profile_bind_and_place(store_url(), reconciled)
+
+    @task
+    def carry_out(decided: dict) -> dict:
+        """Launch and stop on the GPU hosts what was recorded; release the round lease."""
+        from lucid_airflow.connections import store_url
+        from lucid_airflow.round_steps import carry_out
+
+        return carry_out(store_url(), decided)
+
+    carry_out(profile_bind_and_place(reconcile()))
+
+
+lucid_scheduling_round()

@@ -1,0 +1,175 @@
+"""The runtime's scheduling round split into Airflow tasks, holding the store's round lease across them.
+
+reconcile: repair what a crashed round left, poll the hosts. profile_bind_and_place: the policy decides
+(profiling windows, sharing mode, pairs, placement) and every decision is recorded. carry_out: launch
+and stop what was recorded, then give the lease back. A task that dies leaves rows the next round
+finishes (the runtime's guarantee); the lease expires by itself after its TTL.
+
+GPU hosts registered with executor `ssh` take their credentials from Airflow SSH connections named
+`lucid_host_<host name>` when one exists (extras `private_key` or `key_file`, `host_key`), so keys stay in
+the secrets backend; otherwise the host row's key path and LUCID_KNOWN_HOSTS apply.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+HOST_CONN_PREFIX = "lucid_host_"
+
+
+def _holder() -> str:
+    from airflow.sdk import get_current_context
+
+    try:
+        return f"airflow:{get_current_context()['run_id']}"
+    except Exception:  # outside a task (tests calling the functions directly)
+        return f"airflow:{os.getpid()}"
+
+
+def _host_connection(name: str):
+    from airflow.sdk import BaseHook
+
+    try:
+        return BaseHook.get_connection(HOST_CONN_PREFIX + name)
+    except Exception:  # not defined: the host row's own settings apply
+        return None
+
+
+class ConnectionTransport:
+    """SSH transport whose address, user, key and host key come from the host's Airflow connection."""
+
+    def __init__(self, known_hosts_dir: Path) -> None:
+        from lucid_core.runtime.ssh_executor import SshTransport, default_known_hosts
+
+        self.dir = known_hosts_dir
+        self.known_hosts = known_hosts_dir / "known_hosts"
+        base = Path(default_known_hosts())
+        self.known_hosts.write_text(base.read_text() if base.is_file() else "", encoding="utf-8")
+        self.inner = SshTransport(str(self.known_hosts))
+        self._hosts: dict[str, Any] = {}
+
+    def _address(self, host):
+        if host.name in self._hosts:
+            return self._hosts[host.name]
+        conn = _host_connection(host.name)
+        if conn is None:
+            self._hosts[host.name] = host
+            return host
+        extra = conn.extra_dejson or {}
+        key_path = extra.get("key_file") or host.key_path
+        if extra.get("private_key"):
+            key = self.dir / f"{host.name}.key"
+            key.write_text(extra["private_key"].strip() + "\n", encoding="utf-8")
+            key.chmod(0o600)
+            key_path = str(key)
+        port = int(conn.port or host.port)
+        if extra.get("host_key"):
+            where = conn.host or host.address
+            entry = where if port == 22 else f"[{where}]:{port}"
+            with self.known_hosts.open("a", encoding="utf-8") as handle:
+                handle.write(f"{entry} {extra['host_key'].strip()}\n")
+            self.inner = type(self.inner)(str(self.known_hosts))
+        resolved = replace(host, address=conn.host or host.address, port=port, user=conn.login or host.user,
+                           key_path=key_path)
+        self._hosts[host.name] = resolved
+        return resolved
+
+    def run_script(self, host, script: str, timeout_s: float):
+        return self.inner.run_script(self._address(host), script, timeout_s)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _round(url: str, workdir: Path):
+    from lucid_core.config import load_config
+    from lucid_core.runtime.executor import HostExecutor
+    from lucid_core.runtime.local_executor import LocalTransport
+    from lucid_core.runtime.round import RoundSettings, SchedulingRound
+    from lucid_core.runtime.store import Store
+
+    config_path = os.environ.get("LUCID_CONFIG")
+    config = load_config(config_path if config_path and Path(config_path).is_file() else None)
+    executor = HostExecutor({"ssh": ConnectionTransport(workdir), "local": LocalTransport()})
+    return SchedulingRound(Store(url), executor, config, RoundSettings(holder=_holder()))
+
+
+def _acquire(rnd) -> bool:
+    from lucid_core.runtime import lease
+
+    return lease.acquire(rnd.store, rnd.settings.holder, rnd.settings.lease_ttl_s, rnd.clock())
+
+
+def _summary(rnd, step: str, **extra: Any) -> dict[str, Any]:
+    report = rnd.report
+    return {"step": step, "holder": rnd.settings.holder, "launched": list(report.launched),
+            "ended": dict(report.ended), "requeued": list(report.requeued), "unreachable": list(report.unreachable),
+            "errors": list(report.errors), **extra}
+
+
+def reconcile(url: str) -> dict[str, Any]:
+    """Take the lease, finish what a crashed round left pending, poll every host."""
+    with tempfile.TemporaryDirectory(prefix="lucid-ssh-") as tmp:
+        rnd = _round(url, Path(tmp))
+        try:
+            if not _acquire(rnd):
+                return _summary(rnd, "reconcile", acquired=False)
+            rnd._load_hosts()
+            rnd.carry_out_pending()
+            rnd.reconcile()
+            return _summary(rnd, "reconcile", acquired=True)
+        finally:
+            rnd.executor.close()
+            rnd.store.dispose()
+
+
+def profile_bind_and_place(url: str, reconciled: dict[str, Any]) -> dict[str, Any]:
+    """Let the policy decide (profiler, binder, orchestrator) and record each decision with its reason."""
+    if not reconciled.get("acquired"):
+        return {"step": "decide", "acquired": False, "decisions": []}
+    with tempfile.TemporaryDirectory(prefix="lucid-ssh-") as tmp:
+        rnd = _round(url, Path(tmp))
+        try:
+            if not _acquire(rnd):
+                return {"step": "decide", "acquired": False, "decisions": []}
+            from lucid_core.runtime.schema import RoundRow
+
+            started = time.perf_counter()
+            with rnd.store.session() as s:
+                row = RoundRow(holder=rnd.settings.holder, started_at=rnd.clock())
+                s.add(row)
+                s.flush()
+                rnd.report.round_id = row.id
+            decisions = rnd.decide()
+            rnd._finish_round(started)
+            return {"step": "decide", "acquired": True, "decide_ms": rnd.report.decide_ms,
+                    "decisions": [{"kind": type(d).__name__, "job": getattr(d, "job_id", None), "reason": d.reason}
+                                  for d in decisions]}
+        finally:
+            rnd.executor.close()
+            rnd.store.dispose()
+
+
+def carry_out(url: str, decided: dict[str, Any]) -> dict[str, Any]:
+    """Launch and stop what was recorded; give the lease back."""
+    if not decided.get("acquired"):
+        return {"step": "carry_out", "acquired": False}
+    from lucid_core.runtime import lease
+
+    with tempfile.TemporaryDirectory(prefix="lucid-ssh-") as tmp:
+        rnd = _round(url, Path(tmp))
+        try:
+            if not _acquire(rnd):
+                return {"step": "carry_out", "acquired": False}
+            rnd._load_hosts()
+            rnd.carry_out_pending()
+            return _summary(rnd, "carry_out", acquired=True, decisions=len(decided.get("decisions", [])))
+        finally:
+            lease.release(rnd.store, rnd.settings.holder)
+            rnd.executor.close()
+            rnd.store.dispose()
