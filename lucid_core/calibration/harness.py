@@ -1,0 +1,386 @@
+"""Calibration harness: each configuration alone, then every pair on one GPU, through a runtime executor.
+
+A trial is one run on the host (one `HostExecutor.launch`): a shell command that starts one or
+two workload processes which all begin measuring at the same host-clock second and keep
+training until the last has finished, with the runtime's telemetry agent sampling the GPU next
+to them. Results are appended to the journal and the catalog CSVs are rewritten after every
+trial, so an interrupted calibration resumes where it stopped: measured trials are skipped, and
+a trial whose run is still on the host (same run id) is collected instead of launched again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from lucid_core.calibration.catalog import CatalogFiles, write_catalog, write_environment
+from lucid_core.calibration.configs import WorkloadConfig, all_pairs
+from lucid_core.calibration.emulation import EmulatedProfiles
+from lucid_core.calibration.journal import (
+    FailedTrial,
+    Journal,
+    PairRecord,
+    RefusedPair,
+    SoloRecord,
+    pair_key,
+    trial_id,
+)
+from lucid_core.calibration.workloads.protocol import WorkloadResult, parse_events, parse_results
+from lucid_core.runtime import telemetry
+from lucid_core.runtime.executor import HostAddress, HostExecutor, LaunchSpec, RunStatus
+from lucid_core.runtime.host_scripts import TelemetryLaunch
+
+TAGS = ("A", "B")
+
+
+class TrialFailed(RuntimeError):
+    """A trial ran but gave no usable measurement (crash, timeout, no result, windows not overlapping)."""
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """How long and how carefully to measure; defaults suit a real GPU (60 s windows, 1 s samples)."""
+
+    seconds: float = 60.0
+    warmup_s: float = 5.0
+    startup_s: float = 20.0  # expected process start (import torch, init CUDA): for time budgets and estimates
+    hold_s: float = 2.0  # extra training after the window, so no process measures alone at the end
+    telemetry_interval_s: float = 1.0
+    device: str = "auto"
+    threads: int = 0
+    gpu_memory_mb: float | None = None  # None: the GPU's total memory as nvidia-smi reports it
+    memory_headroom_mb: float = 512.0
+    min_overlap: float = 0.8
+    max_attempts: int = 2
+    poll_interval_s: float = 1.0
+    timeout_slack_s: float = 120.0
+    tiny_threshold: float = 0.95
+    medium_threshold: float = 0.85
+    workload_module: str = "lucid_core.calibration.workloads"  # what `python -m` runs on the host
+
+    def trial_budget_s(self) -> float:
+        """Wall time one trial is expected to take on the host."""
+        return self.startup_s + self.warmup_s + self.seconds + self.hold_s + 1.0
+
+
+@dataclass(frozen=True)
+class CalibrationTarget:
+    """One GPU on one host; pythonpath is prepended on the host so `python -m lucid_core...` resolves."""
+
+    host: HostAddress
+    gpu: int = 0
+    pythonpath: str | None = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    configs: tuple[WorkloadConfig, ...]
+
+    @property
+    def id(self) -> str:
+        return trial_id(self.configs)
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.configs) == 2
+
+
+@dataclass
+class CalibrationReport:
+    """What a calibration did: trials measured, skipped as already measured, refused and failed."""
+
+    measured: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    files: CatalogFiles | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+
+
+def telemetry_launch(python: str, gpu: int, interval_s: float, duration_s: float,
+                     emulated: tuple[float, float, float] | None, seed: int) -> TelemetryLaunch:
+    """The runtime telemetry agent shipped as source, named by its content hash."""
+    source = Path(telemetry.__file__).read_text(encoding="utf-8")
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    return TelemetryLaunch(agent_source=source, agent_name=f"lucid-telemetry-{digest}.py", python=python,
+                           gpu_indices=(gpu,), interval_s=interval_s, duration_s=duration_s,
+                           emulated=emulated, seed=seed)
+
+
+def trial_command(trial: Trial, target: CalibrationTarget, settings: CalibrationSettings,
+                  module: str = "lucid_core.calibration.workloads") -> str:
+    """Shell command of one trial: one workload process per configuration, meeting in ./sync to measure together."""
+    python = shlex.quote(target.host.python)
+    lines = ["mkdir -p sync"]
+    for tag, config in zip(TAGS, trial.configs, strict=False):
+        args = [*config.workload_args(), "--seconds", f"{settings.seconds:g}", "--warmup", f"{settings.warmup_s:g}",
+                "--device", settings.device, "--threads", str(settings.threads), "--tag", tag,
+                "--sync-dir", "sync", "--parties", str(len(trial.configs)), "--hold", f"{settings.hold_s:g}"]
+        lines.append(f"{python} -m {module} run {shlex.join(args)} &")
+        lines.append(f"p{tag}=$!")
+    lines.append("rc=0")
+    lines += [f"wait $p{tag} || rc=1" for tag in TAGS[: len(trial.configs)]]
+    lines.append("exit $rc")
+    return "\n".join(lines)
+
+
+def window_samples(samples: Sequence[dict[str, Any]], start: float, end: float,
+                   slack_s: float) -> list[dict[str, Any]]:
+    """Telemetry samples taken inside the measured window (widened by one sampling interval)."""
+    return [s for s in samples if start - slack_s <= float(s.get("t", -math.inf)) <= end + slack_s]
+
+
+def overlap_fraction(results: Sequence[WorkloadResult]) -> float:
+    """Share of the longest measured window during which every process was measuring."""
+    start = max(r.measure_start for r in results)
+    end = min(r.measure_end for r in results)
+    longest = max(r.measure_end - r.measure_start for r in results)
+    return max(0.0, end - start) / longest if longest > 0 else 0.0
+
+
+class Calibrator:
+    """Runs a calibration on one GPU of one host and keeps the catalog in `out_dir` up to date."""
+
+    def __init__(self, executor: HostExecutor, target: CalibrationTarget, out_dir: str | Path,
+                 settings: CalibrationSettings | None = None, emulation: EmulatedProfiles | None = None,
+                 progress: TextIO | None = sys.stderr, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.executor = executor
+        self.target = target
+        self.out_dir = Path(out_dir)
+        self.settings = settings or CalibrationSettings()
+        self.emulation = emulation
+        self.progress = progress
+        self.clock = clock
+        self.sleep = sleep
+        self.journal = Journal.open(self.out_dir)
+        ident = f"{self.out_dir.resolve()}|{target.host.name}|{target.gpu}|{self.settings.seconds:g}"
+        self.catalog_id = hashlib.sha256(ident.encode()).hexdigest()[:8]
+
+    # ---- planning -----------------------------------------------------------------------
+    def gpu_memory_mb(self) -> float:
+        """Capacity for the memory check: the setting, else nvidia-smi's total, else an error."""
+        if self.settings.gpu_memory_mb is not None:
+            return self.settings.gpu_memory_mb
+        for gpu in self.executor.discover_gpus(self.target.host):
+            if gpu.index == self.target.gpu:
+                return gpu.memory_mb
+        raise TrialFailed(f"host {self.target.host.name} reports no GPU {self.target.gpu} through nvidia-smi; "
+                          "pass the GPU memory explicitly (--gpu-memory-mb) when emulating telemetry")
+
+    def fits(self, a: WorkloadConfig, b: WorkloadConfig, capacity_mb: float) -> tuple[bool, str]:
+        """Whether two measured footprints plus the headroom fit on the GPU, with the numbers."""
+        need = self.journal.solos[a.key].gpu_mem_mb + self.journal.solos[b.key].gpu_mem_mb
+        total = need + self.settings.memory_headroom_mb
+        why = (f"{a.key} + {b.key} need {need:.0f} MB + {self.settings.memory_headroom_mb:.0f} MB headroom "
+               f"= {total:.0f} MB of {capacity_mb:.0f} MB")
+        return total <= capacity_mb, why
+
+    def run_id(self, trial: Trial, attempt: int) -> str:
+        return f"calib-{self.catalog_id}-{trial.id}-a{attempt}"
+
+    # ---- one trial ----------------------------------------------------------------------
+    def _emulated_triple(self, trial: Trial) -> tuple[float, float, float] | None:
+        if self.emulation is None:
+            return None
+        return self.emulation.pair(*trial.configs) if trial.is_pair else self.emulation.solo(trial.configs[0])
+
+    def _env(self) -> dict[str, str]:
+        env = {"CUDA_VISIBLE_DEVICES": str(self.target.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+               "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
+        if self.target.pythonpath:
+            env["PYTHONPATH"] = self.target.pythonpath
+        return env
+
+    def _wait(self, run_id: str) -> RunStatus:
+        deadline = self.clock() + self.settings.trial_budget_s() + self.settings.timeout_slack_s
+        host = self.target.host
+        while True:
+            status = self.executor.poll(host, [run_id]).get(run_id, RunStatus("MISSING"))
+            if status.state in {"EXITED", "VANISHED", "MISSING"}:
+                return status
+            if self.clock() > deadline:
+                self.executor.stop(host, run_id, "calibration trial timed out", grace_s=5.0)
+                raise TrialFailed(f"{run_id} did not finish within its time budget; stopped")
+            self.sleep(self.settings.poll_interval_s)
+
+    def run_trial(self, trial: Trial, attempt: int) -> list[WorkloadResult] | None:
+        """Launch (or rejoin) the trial's run, wait for it, and return each process's result."""
+        host, s = self.target.host, self.settings
+        run_id = self.run_id(trial, attempt)
+        tel = telemetry_launch(host.python, self.target.gpu, s.telemetry_interval_s,
+                               s.trial_budget_s() + s.timeout_slack_s, self._emulated_triple(trial),
+                               seed=attempt)
+        self.executor.launch(host, LaunchSpec(run_id, trial_command(trial, self.target, s, s.workload_module),
+                                               self._env(), tel))
+        status = self._wait(run_id)
+        stdout = self.executor.read(host, run_id, "stdout.log")
+        if status.state != "EXITED" or status.exit_code != 0:
+            stderr = self.executor.read(host, run_id, "stderr.log", max_bytes=2000)
+            raise TrialFailed(f"{run_id} ended {status.state} (exit {status.exit_code}): {stderr.strip()[-800:]}")
+        results = parse_results(stdout)
+        missing = [t for t in TAGS[: len(trial.configs)] if t not in results]
+        if missing:
+            raise TrialFailed(f"{run_id}: no result from process(es) {missing}; output: {stdout.strip()[-400:]}")
+        return [results[t] for t in TAGS[: len(trial.configs)]]
+
+    def _profile(self, run_id: str, results: Sequence[WorkloadResult]) -> dict[str, Any]:
+        samples = telemetry.parse_samples(self.executor.read(self.target.host, run_id, "telemetry.jsonl", 8 << 20))
+        start = max(r.measure_start for r in results)
+        end = min(r.measure_end for r in results)
+        inside = window_samples(samples, start, end, self.settings.telemetry_interval_s)
+        profile = telemetry.summarize(inside)
+        if not profile.get("samples"):
+            err = self.executor.read(self.target.host, run_id, "telemetry.err", 2000)
+            raise TrialFailed(f"{run_id}: no telemetry samples in the measured window "
+                              f"({len(samples)} samples in all); agent said: {err.strip()[-400:]}")
+        return profile
+
+    def measure_solo(self, config: WorkloadConfig, attempt: int) -> SoloRecord:
+        trial = Trial((config,))
+        (result,) = self.run_trial(trial, attempt)
+        run_id = self.run_id(trial, attempt)
+        profile = self._profile(run_id, [result])
+        return SoloRecord(config=config, iters_per_s=result.iters_per_s, samples_per_s=result.samples_per_s,
+                          gpu_util=profile["gpu_util"], mem_util=profile["mem_util"],
+                          gpu_mem_mb=profile["gpu_mem_mb"], telemetry_samples=profile["samples"],
+                          emulated=bool(profile["emulated"]), run_id=run_id, host=self.target.host.name,
+                          gpu=self.target.gpu, device=result.device, gpu_name=result.gpu_name,
+                          torch_version=result.torch_version, measured_at=self.clock())
+
+    def measure_pair(self, a: WorkloadConfig, b: WorkloadConfig, attempt: int) -> PairRecord:
+        trial = Trial((a, b))
+        ra, rb = self.run_trial(trial, attempt)
+        run_id = self.run_id(trial, attempt)
+        overlap = overlap_fraction([ra, rb])
+        if overlap < self.settings.min_overlap:
+            raise TrialFailed(f"{run_id}: the two processes measured together only {overlap:.0%} of the window "
+                              f"(need {self.settings.min_overlap:.0%}); raise the startup time")
+        profile = self._profile(run_id, [ra, rb])
+        solo_a, solo_b = self.journal.solos[a.key], self.journal.solos[b.key]
+        return PairRecord(first=a, second=b, speed_first=ra.iters_per_s / solo_a.iters_per_s,
+                          speed_second=rb.iters_per_s / solo_b.iters_per_s, iters_per_s_first=ra.iters_per_s,
+                          iters_per_s_second=rb.iters_per_s, gpu_util=profile["gpu_util"],
+                          mem_util=profile["mem_util"], gpu_mem_mb=profile["gpu_mem_mb"], overlap=overlap,
+                          telemetry_samples=profile["samples"], emulated=bool(profile["emulated"]),
+                          run_id=run_id, host=self.target.host.name, gpu=self.target.gpu,
+                          measured_at=self.clock())
+
+    # ---- the whole calibration ----------------------------------------------------------
+    def probe_environment(self) -> dict[str, Any]:
+        """Ask the host (as a short run) for its torch, CUDA, driver and GPU names."""
+        host = self.target.host
+        run_id = f"calib-{self.catalog_id}-env-{int(self.clock())}"
+        command = f"{shlex.quote(host.python)} -m {self.settings.workload_module} env"
+        self.executor.launch(host, LaunchSpec(run_id, command, self._env()))
+        status = self._wait(run_id)
+        out = self.executor.read(host, run_id, "stdout.log")
+        envs = [e for e in parse_events(out) if e.get("event") == "env"]
+        if status.exit_code != 0 or not envs:
+            err = self.executor.read(host, run_id, "stderr.log", 2000)
+            raise TrialFailed(f"host {host.name} cannot run the workloads (is torch installed? the "
+                              f"'workloads' extra): {err.strip()[-600:]}")
+        env = {k: v for k, v in envs[-1].items() if k != "event"}
+        env.update({"host": host.name, "gpu_index": self.target.gpu,
+                    "telemetry": "emulated" if self.emulation is not None else "nvml",
+                    "emulation_source": self.emulation.source if self.emulation is not None else "",
+                    "seconds": self.settings.seconds, "warmup_s": self.settings.warmup_s})
+        return env
+
+    def _attempt(self, trial: Trial) -> int | None:
+        failed = self.journal.failures.get(trial.id, 0)
+        return failed + 1 if failed < self.settings.max_attempts else None
+
+    def run(self, configs: Sequence[WorkloadConfig]) -> CalibrationReport:
+        """Measure every configuration alone, then every pair that fits; rewrite the catalog after each."""
+        report = CalibrationReport()
+        report.environment = self.probe_environment()
+        capacity = self.gpu_memory_mb()
+        report.environment["gpu_memory_mb"] = capacity
+        write_environment(self.out_dir, report.environment)
+        solos = [Trial((c,)) for c in configs]
+        pairs = [Trial(p) for p in all_pairs(list(configs))]
+        todo_solo = [t for t in solos if t.configs[0].key not in self.journal.solos]
+        todo_pairs = [t for t in pairs if not self.journal.has_pair(*t.configs)]
+        report.skipped += [t.id for t in solos + pairs if t not in todo_solo and t not in todo_pairs]
+        bar = _Progress(len(todo_solo) + len(todo_pairs), self.settings.trial_budget_s(), self.progress)
+        for trial in todo_solo:
+            self._do(trial, report, bar, lambda t, n: self.journal.append(self.measure_solo(t.configs[0], n)))
+        for trial in todo_pairs:
+            a, b = trial.configs
+            if a.key not in self.journal.solos or b.key not in self.journal.solos:
+                report.failed.append(f"{trial.id} (a solo measurement is missing)")
+                bar.step(trial.id, measured=False)
+                continue
+            ok, why = self.fits(a, b, capacity)
+            if not ok:
+                if pair_key(a, b) not in self.journal.refused:
+                    self.journal.append(RefusedPair(a, b, f"does not fit: {why}"))
+                report.refused.append(f"{trial.id}: {why}")
+                bar.step(trial.id, measured=False)
+                continue
+            self._do(trial, report, bar, lambda t, n: self.journal.append(self.measure_pair(*t.configs, n)))
+        bar.close()
+        report.files = write_catalog(self.journal, self.out_dir, self.settings.tiny_threshold,
+                                     self.settings.medium_threshold)
+        return report
+
+    def _do(self, trial: Trial, report: CalibrationReport, bar: _Progress,
+            measure: Callable[[Trial, int], None]) -> None:
+        began = self.clock()
+        while (attempt := self._attempt(trial)) is not None:
+            try:
+                measure(trial, attempt)
+            except TrialFailed as exc:
+                self.journal.append(FailedTrial(trial.configs, self.run_id(trial, attempt), attempt, str(exc)))
+                bar.note(f"{trial.id} attempt {attempt} failed: {exc}")
+                continue
+            report.measured.append(trial.id)
+            write_catalog(self.journal, self.out_dir, self.settings.tiny_threshold, self.settings.medium_threshold)
+            bar.step(trial.id, measured=True, took_s=self.clock() - began)
+            return
+        report.failed.append(trial.id)
+        bar.step(trial.id, measured=False)
+
+
+class _Progress:
+    """A tqdm bar over the trials left, with an estimate of the time left from the trials so far."""
+
+    def __init__(self, total: int, estimate_s: float, stream: TextIO | None) -> None:
+        self.left = total
+        self.estimate_s = estimate_s
+        self.took: list[float] = []
+        self.stream = stream
+        self.bar = None
+        if stream is not None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="run", file=stream, dynamic_ncols=True, desc="calibrating")
+            self.bar.set_postfix_str(self.eta())
+
+    def eta(self) -> str:
+        per_trial = sum(self.took) / len(self.took) if self.took else self.estimate_s
+        return f"about {self.left * per_trial / 60:.1f} min left"
+
+    def step(self, name: str, *, measured: bool, took_s: float | None = None) -> None:
+        self.left -= 1
+        if took_s is not None:
+            self.took.append(took_s)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"{name} {'done' if measured else 'skipped'}; {self.eta()}")
+
+    def note(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
