@@ -123,11 +123,12 @@ class SchedulingRound:
         self.crash_at = crash_at
         self.report = RoundReport()
         self._hosts: dict[str, HostRow] = {}
+        self.now = clock()
 
     # ------------------------------------------------------------------------------ driver
     def run(self) -> RoundReport:
         started = time.perf_counter()
-        now = self.clock()
+        now = self.now = self.clock()
         holder = self.settings.holder
         if not lease.acquire(self.store, holder, self.settings.lease_ttl_s, now):
             self.report.acquired = False
@@ -225,6 +226,7 @@ class SchedulingRound:
                 self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
                 self._launch_failed(run, str(exc))
                 continue
+            self._crash("after_launch")  # the host runs it, the store does not know yet
             now = self.clock()
             with self.store.session() as s:
                 s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
@@ -313,7 +315,7 @@ class SchedulingRound:
     # ---------------------------------------------------------------------------- reconcile
     def reconcile(self) -> None:
         """Poll every host with active runs; end what ended; collect telemetry; honour cancels."""
-        now = self.clock()
+        now = self.now
         with self.store.session() as s:
             runs = list(s.scalars(select(RunRow).where(RunRow.state == "running")))
         by_host: dict[str, list[RunRow]] = {}
@@ -467,8 +469,12 @@ class SchedulingRound:
 
     # ------------------------------------------------------------------------------- decide
     def decide(self) -> list[Decision]:
-        """Build the view, let the policy decide, and commit decisions + planned runs + job fields."""
-        now = self.clock()
+        """Build the view, let the policy decide, and commit decisions + planned runs + job fields.
+
+        The view's clock is the round's start, the same instant reconcile judged profiling windows by,
+        so every window the policy sees expired has had its telemetry collected.
+        """
+        now = self.now
         snapshot = load_snapshot(self.store, now)
         t0 = time.perf_counter()
         built = build_view(snapshot, self.config, now, self.policy_factory)

@@ -1,0 +1,191 @@
+"""The live scheduler against real sshd hosts on loopback, with real job processes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from runtime_helpers import (
+    fast_config,
+    jobs_by_id,
+    one_round,
+    pid_alive,
+    register,
+    rounds_until,
+    runs_of,
+)
+from sqlalchemy import select
+
+from lucid_core.domain import JobState
+from lucid_core.runtime.round import InjectedCrash, RoundSettings
+from lucid_core.runtime.schema import DecisionRow, JobEventRow, ProfileSampleRow, RunRow
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.submission import JobRequest, cancel, submit
+
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture
+def live(sshd_hosts, tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    register(store, sshd_hosts, tmp_path / "hosts")
+    yield store, sshd_hosts, tmp_path
+    # leave no job processes behind: cancel whatever still runs
+    for job_id, row in jobs_by_id(store).items():
+        if row.state not in ("COMPLETED", "FAILED", "CANCELLED"):
+            cancel(store, job_id)
+    try:
+        one_round(store, sshd_hosts, fast_config())
+    finally:
+        store.dispose()
+
+
+def terminal(job_id):
+    return lambda jobs: jobs[job_id].state in ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def test_job_that_ends_inside_profiling_ends_there(live):
+    store, cluster, _ = live
+    job = submit(store, JobRequest("sleep 0.3; echo done", 1, "alice", "vc-a", name="debug"))
+    jobs = rounds_until(store, cluster, fast_config(), terminal(job))
+    row = jobs[job]
+    assert row.state == "COMPLETED" and row.exit_code == 0 and row.ended_in_profiling
+    runs = runs_of(store, job)
+    assert [r.kind for r in runs] == ["profiling"] and runs[0].host == "prof0"
+
+
+def test_long_job_is_profiled_then_placed_on_the_main_cluster(live):
+    store, cluster, _ = live
+    job = submit(store, JobRequest("sleep 3.5", 1, "bob", "vc-a", name="train"))
+    jobs = rounds_until(store, cluster, fast_config(), lambda j: j[job].state == "RUNNING", timeout_s=20)
+    row = jobs[job]
+    assert row.profiled and row.profile_emulated and row.share_class is not None
+    assert row.predicted_duration is not None and row.known_min_duration >= 2.0
+    runs = runs_of(store, job)
+    assert [r.kind for r in runs] == ["profiling", "main"]
+    assert runs[0].state == "ended" and runs[0].outcome == "stopped" and runs[0].exit_code == 143
+    assert runs[1].host in {"main0", "main1"}
+    with store.session() as s:
+        samples = s.scalars(select(ProfileSampleRow).where(ProfileSampleRow.job_id == job)).all()
+        kinds = [d.kind for d in s.scalars(select(DecisionRow).where(DecisionRow.job_id == job))]
+    assert samples and all(sample.emulated for sample in samples)
+    assert kinds == ["StartProfiling", "StopProfiling", "Place"]
+    jobs = rounds_until(store, cluster, fast_config(), terminal(job))
+    assert jobs[job].state == "COMPLETED" and not jobs[job].ended_in_profiling
+
+
+def test_two_tiny_jobs_share_one_gpu(sshd_hosts, tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    register(store, sshd_hosts, tmp_path / "hosts", gpus={"prof0": 2, "main0": 1})
+    tiny = lambda job: (12.0, 4.0, 1500.0)  # noqa: E731 - a light catalog profile: Tiny
+    a = submit(store, JobRequest("sleep 30", 1, "carol", "vc-a", name="tiny-a"))
+    b = submit(store, JobRequest("sleep 30", 1, "carol", "vc-a", name="tiny-b"))
+    try:
+        jobs = rounds_until(store, sshd_hosts, fast_config(),
+                            lambda j: j[a].state == "RUNNING" and j[b].state == "RUNNING",
+                            timeout_s=20, emulated_profile=tiny)
+        assert jobs[a].share_class == 0 and jobs[b].share_class == 0
+        main_a = next(r for r in runs_of(store, a) if r.kind == "main")
+        main_b = next(r for r in runs_of(store, b) if r.kind == "main")
+        assert (main_a.host, main_a.gpu_indices) == (main_b.host, main_b.gpu_indices) == ("main0", [0])
+        assert {main_a.partner, main_b.partner} == {a, b}
+        assert pid_alive(main_a.pid) and pid_alive(main_b.pid)
+    finally:
+        cancel(store, a)
+        cancel(store, b)
+        jobs = rounds_until(store, sshd_hosts, fast_config(), lambda j: terminal(a)(j) and terminal(b)(j))
+        store.dispose()
+    assert jobs[a].state == jobs[b].state == "CANCELLED"
+
+
+def test_failing_job_reports_its_exit_code(live):
+    store, cluster, _ = live
+    job = submit(store, JobRequest("sleep 4; echo oops >&2; exit 3", 1, "dave", "vc-a"))
+    jobs = rounds_until(store, cluster, fast_config(), terminal(job))
+    assert jobs[job].state == "FAILED" and jobs[job].exit_code == 3 and not jobs[job].ended_in_profiling
+    assert runs_of(store, job)[-1].exit_code == 3
+
+
+def test_cancel_stops_a_running_job(live):
+    store, cluster, _ = live
+    job = submit(store, JobRequest("sleep 60", 1, "erin", "vc-a"))
+    rounds_until(store, cluster, fast_config(), lambda j: j[job].state == "PROFILING")
+    run = runs_of(store, job)[-1]
+    assert pid_alive(run.pid)
+    cancel(store, job)
+    jobs = rounds_until(store, cluster, fast_config(), terminal(job))
+    assert jobs[job].state == "CANCELLED"
+    assert not pid_alive(run.pid)
+
+
+def test_host_whose_sshd_dies_mid_job_loses_nothing(live):
+    store, cluster, _ = live
+    job = submit(store, JobRequest("sleep 4; echo finished", 1, "frank", "vc-a"))
+    rounds_until(store, cluster, fast_config(), lambda j: j[job].state == "RUNNING", timeout_s=20)
+    run = next(r for r in runs_of(store, job) if r.kind == "main")
+    host = cluster.hosts[run.host]
+    host.stop()
+    try:
+        report = one_round(store, cluster, fast_config())
+        assert run.host in report.unreachable
+        assert jobs_by_id(store)[job].state == "RUNNING"
+        assert pid_alive(run.pid)  # the job itself is untouched by its host's sshd dying
+        time.sleep(4.5)  # the job ends while its host cannot be reached
+        one_round(store, cluster, fast_config())
+        assert jobs_by_id(store)[job].state == "RUNNING"
+    finally:
+        host.start()
+    jobs = rounds_until(store, cluster, fast_config(), terminal(job))
+    assert jobs[job].state == "COMPLETED" and jobs[job].exit_code == 0
+    assert len(runs_of(store, job)) == 2  # nothing was launched again
+
+
+@pytest.mark.parametrize("step", ["after_record", "after_launch"])
+def test_crash_between_decision_and_launch_is_repaired_without_running_twice(live, step):
+    store, cluster, root = live
+    job = submit(store, JobRequest("sleep 30", 1, "gina", "vc-a"))
+    settings = RoundSettings(stop_grace_s=1, telemetry_interval_s=0.25, lease_ttl_s=0.5, holder="crashing")
+    with pytest.raises(InjectedCrash):
+        one_round(store, cluster, fast_config(), settings=settings, crash_at=step)
+    with store.session() as s:
+        pending = s.scalars(select(DecisionRow).where(DecisionRow.status == "pending")).all()
+        planned = s.scalars(select(RunRow).where(RunRow.job_id == job)).all()
+    assert [d.kind for d in pending] == ["StartProfiling"]
+    assert [r.state for r in planned] == ["planned"]
+    run_dir = root / "hosts" / planned[0].host / planned[0].run_id
+    assert run_dir.exists() == (step == "after_launch")
+    assert one_round(store, cluster, fast_config()).acquired is False  # the dead round's lease still holds
+    time.sleep(0.6)
+    report = one_round(store, cluster, fast_config())
+    assert report.acquired
+    runs = runs_of(store, job)
+    assert len(runs) == 1 and runs[0].state == "running" and pid_alive(runs[0].pid)
+    assert report.launched == ([] if step == "after_launch" else [runs[0].run_id])
+    assert (run_dir / "pid").read_text().strip() == str(runs[0].pid)
+    with store.session() as s:
+        launches = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job,
+                                                       JobEventRow.kind == "launched")).all()
+        assert s.scalars(select(DecisionRow).where(DecisionRow.status == "pending")).all() == []
+    assert len(launches) == 1
+
+
+def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    register(store, sshd_hosts, tmp_path / "hosts")
+    job = submit(store, JobRequest("true", 1, "hank", "vc-a"))
+    other = tmp_path / "known_hosts"
+    lines = sshd_hosts.known_hosts.read_text().splitlines()
+    port = sshd_hosts.hosts["prof0"].port
+    other.write_text("\n".join(line for line in lines if f"]:{port} " not in line) + "\n")
+    assert len(other.read_text().splitlines()) == len(lines) - 1
+    cluster = type("Cluster", (), {"known_hosts": other, "hosts": sshd_hosts.hosts})()
+    report = one_round(store, cluster, fast_config())
+    assert "prof0" in report.unreachable
+    with store.session() as s:
+        run = s.scalars(select(RunRow).where(RunRow.job_id == job)).one()
+        from lucid_core.runtime.schema import HostRow
+
+        host = s.get(HostRow, "prof0")
+    assert run.state == "planned" and not host.reachable and "known_hosts" in (host.last_error or "")
+    assert jobs_by_id(store)[job].state == JobState.PROFILING.value
+    store.dispose()
