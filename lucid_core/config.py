@@ -29,7 +29,7 @@ class ProfilerConfig:
     tprof_s: float = _knob(200.0, lo=1, hi=86400, doc="profiling window per job (Tprof)")
     long_cold_start_tprof_s: float = _knob(600.0, lo=1, hi=86400, doc="window for long_cold_start jobs")
     nprof_gpus: int = _knob(8, lo=0, hi=1024, doc="widest job profiled on the pool (Nprof); wider run online")
-    pool_nodes: int = _knob(1, lo=0, hi=10000, doc="profiling pool capacity in nodes (Cprof)")
+    pool_nodes: int = _knob(2, lo=0, hi=10000, doc="profiling pool capacity in nodes (Cprof)")
     in_place: bool = _knob(True, doc="profile on the main cluster during the real run when it has room")
     autoscale: bool = _knob(True, doc="adapt Tprof and borrow idle main nodes from the throughput forecast")
     burst_tprof_s: float = _knob(100.0, lo=1, hi=86400, doc="Tprof while a submission burst is forecast")
@@ -54,6 +54,7 @@ class BinderConfig:
 @dataclass(frozen=True)
 class OrchestratorConfig:
     estimator: bool = _knob(True, doc="ablation switch: off orders the queue by arrival (FIFO) instead")
+    starvation_s: float = _knob(0.0, lo=0, doc="a job queued this long goes first and stops backfilling (0: off)")
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class AffinityBinder:
             remaining = pred - (view.now - alloc.start)
             if 0 < remaining < self.config.nearly_done_s:
                 return "partner nearly done"
-        if job.priority > self.config.pair_priority_ratio * partner.priority:
+        if pred is not None and job.priority > self.config.pair_priority_ratio * partner.priority:
             return "job much longer than partner"
         return None
 

@@ -13,7 +13,7 @@ from lucid_core.policy.models import (
     RecentSlotsForecaster,
     ThroughputForecaster,
 )
-from lucid_core.policy.orchestrator import Orchestrator, place_queue
+from lucid_core.policy.orchestrator import Orchestrator, place_queue, starving_job
 from lucid_core.policy.profiler import SpaceAwareProfiler
 from lucid_core.policy.view import ClusterView
 
@@ -31,7 +31,8 @@ class LucidPolicy:
         self.forecaster = forecaster or RecentSlotsForecaster(config.forecast.slot_s)
         self.profiler = SpaceAwareProfiler(config.profiler)
         self.binder = AffinityBinder(config.binder, packing_model)
-        self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator)
+        self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator,
+                                         config.orchestrator.starvation_s)
 
     # --- hooks ----------------------------------------------------------------------------
     def on_submit(self, view: ClusterView, job: Job) -> None:
@@ -47,6 +48,7 @@ class LucidPolicy:
         alloc = view.allocations.get(job.job_id)
         if alloc is not None and alloc.pool is Pool.MAIN:  # profiled in place / online: keeps running
             view.set_profile_mem(job.job_id, profile.gpu_mem_mb)
+            job.predicted_duration = max(self.duration_model.predict_duration([job])[0], job.known_min_duration)
             view.refresh_share_candidate(job.job_id)
         else:
             self.orchestrator.enqueue(view, job)
@@ -68,8 +70,10 @@ class LucidPolicy:
             decisions.extend(self.profiler.autoscale(view, forecast))
         self.orchestrator.predict_pending(view)
         # the main queue first: profiled jobs waiting there have been waiting longest
-        decisions.extend(place_queue(view, self._partner))
-        decisions.extend(self.profiler.start_windows(view))
+        starving = starving_job(view, self.orchestrator.starvation_s)
+        decisions.extend(place_queue(view, self._partner, starving=starving))
+        decisions.extend(self.profiler.start_windows(view, backfill_main=starving is None or
+                                                     starving not in view.queue))
         return decisions
 
     def next_wakeup(self, view: ClusterView) -> float | None:

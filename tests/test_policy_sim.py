@@ -1,0 +1,204 @@
+"""Policy core and simulator: exact JCTs on tiny hand-computed traces, and invariants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lucid_core.config import ConfigError, LucidConfig, load_config
+from lucid_core.domain import GpuRef, Job, Pool, Profile, ShareClass, SharingMode
+from lucid_core.policy.baselines import FifoPolicy, SjfPolicy, TiresiasPolicy
+from lucid_core.policy.binder import AffinityBinder
+from lucid_core.policy.lucid import LucidPolicy
+from lucid_core.policy.models import HistoryDurationPredictor
+from lucid_core.policy.placement import GpuPool
+from lucid_core.policy.view import ClusterView
+from lucid_core.sim.engine import simulate
+from lucid_core.sim.experiment import POLICIES, load_experiment, run_policy
+from lucid_core.sim.records import TraceRecord, Workload
+from lucid_core.sim.workloads import WorkloadCatalog
+
+REPO = Path(__file__).resolve().parents[1]
+ONE_GPU_NODES = {"cluster.gpus_per_node": 1}
+
+
+def _records(*rows: tuple[str, float, float]) -> list[TraceRecord]:
+    return [TraceRecord(job_id, submit, duration, 1) for job_id, submit, duration in rows]
+
+
+def _jcts(result) -> dict[str, float]:
+    return {o.job_id: o.jct for o in result.outcomes}
+
+
+THREE = _records(("A", 0, 100), ("B", 10, 50), ("C", 20, 10))
+
+
+def test_fifo_runs_in_arrival_order():
+    config = LucidConfig().with_overrides(ONE_GPU_NODES)
+    result = simulate(THREE, FifoPolicy(config), config, main_nodes=1, check_invariants=True)
+    assert _jcts(result) == {"A": 100, "B": 140, "C": 140}
+
+
+def test_sjf_uses_true_durations_without_preempting():
+    config = LucidConfig().with_overrides(ONE_GPU_NODES)
+    policy = SjfPolicy(config, {r.job_id: r.duration for r in THREE})
+    result = simulate(THREE, policy, config, main_nodes=1, check_invariants=True)
+    assert _jcts(result) == {"A": 100, "C": 90, "B": 150}
+
+
+def test_tiresias_demotes_preempts_and_pays_checkpoint_cost():
+    config = LucidConfig().with_overrides({**ONE_GPU_NODES, "tiresias.queue_threshold_gpu_s": 30,
+                                           "tiresias.checkpoint_cost_s": 5})
+    result = simulate(THREE, TiresiasPolicy(config), config, main_nodes=1, check_invariants=True)
+    # A demoted at 30 (B preempts it); B demoted at 60 (C preempts it); C ends 70;
+    # A resumes with 70 s + 5 s restore -> 145; B with 20 s + 5 s -> 170.
+    assert _jcts(result) == {"A": 145, "B": 160, "C": 50}
+    assert {o.job_id: o.preemptions for o in result.outcomes} == {"A": 1, "B": 1, "C": 0}
+    assert result.decision_counts["Preempt"] == 2
+
+
+def _light(key: str = "w") -> Workload:
+    return Workload(key, gpu_util=20.0, mem_util=10.0, gpu_mem_mb=1000.0, amp=False)
+
+
+def test_lucid_short_job_ends_in_profiling_long_one_is_profiled_then_placed():
+    config = LucidConfig().with_overrides({**ONE_GPU_NODES, "profiler.tprof_s": 20, "profiler.pool_nodes": 1,
+                                           "profiler.autoscale": False, "binder.sharing": "off"})
+    records = _records(("A", 0, 10), ("B", 0, 100))
+    result = simulate(records, LucidPolicy(config), config, main_nodes=1, profiling_nodes=1,
+                      workloads=[_light(), _light()], check_invariants=True)
+    # A is profiled in place on the free main GPU and ends inside its window; B is profiled
+    # on the pool for 20 s, evicted, queued, and runs its whole 100 s from t=20.
+    assert _jcts(result) == {"A": 10, "B": 120}
+    ended = {o.job_id: o.ended_in_profiling for o in result.outcomes}
+    assert ended == {"A": True, "B": False}
+    assert result.decision_counts == {"Place": 2, "StartProfiling": 1, "StopProfiling": 1, "SetSharingMode": 1}
+
+
+def test_lucid_pairs_two_tiny_jobs_on_one_gpu_and_never_preempts():
+    config = LucidConfig().with_overrides({**ONE_GPU_NODES, "profiler.tprof_s": 20, "profiler.pool_nodes": 1,
+                                           "profiler.autoscale": False, "binder.sharing": "on"})
+    records = _records(("A", 0, 100), ("B", 0, 100))
+    result = simulate(records, LucidPolicy(config), config, main_nodes=1, profiling_nodes=1,
+                      workloads=[_light("a"), _light("b")], speeds=lambda a, b: (0.5, 0.5),
+                      check_invariants=True)
+    # t=20: A's in-place window ends (Tiny); B leaves the pool and shares A's GPU at speed 0.5.
+    # A: 80 s of work at 0.5 -> ends 180. B: 80 done by 180, last 20 alone -> ends 200.
+    assert _jcts(result) == {"A": 180, "B": 200}
+    assert all(o.preemptions == 0 for o in result.outcomes)
+    assert {o.job_id: o.shared_seconds for o in result.outcomes} == {"A": 160, "B": 160}
+
+
+def _view_with_running(config: LucidConfig, gpus: int, share: ShareClass, mem: float) -> ClusterView:
+    view = ClusterView(config)
+    view.add_nodes(Pool.MAIN, 1)
+    partner = Job("P", "u", "vc", gpus, 0.0, profile=Profile(50, 20, mem), share_class=share,
+                  predicted_duration=7200.0)
+    view.add_job(partner)
+    view.start("P", Pool.MAIN, view.main.place_compact(gpus))
+    view.main.place_compact(8 - gpus)  # no reservation: the rest stays free
+    return view
+
+
+@pytest.mark.parametrize(("mode", "job_class", "partner_class", "pairs"), [
+    (SharingMode.DEFAULT, ShareClass.MEDIUM, ShareClass.MEDIUM, True),
+    (SharingMode.DEFAULT, ShareClass.JUMBO, ShareClass.MEDIUM, False),
+    (SharingMode.APATHETIC, ShareClass.TINY, ShareClass.MEDIUM, True),
+    (SharingMode.APATHETIC, ShareClass.MEDIUM, ShareClass.MEDIUM, False),
+    (SharingMode.OFF, ShareClass.TINY, ShareClass.TINY, False),
+])
+def test_binder_respects_gpu_sharing_capacity(mode, job_class, partner_class, pairs):
+    config = LucidConfig()
+    view = _view_with_running(config, 2, partner_class, 4000)
+    view.sharing_mode = mode
+    job = Job("J", "u", "vc", 2, 10.0, profile=Profile(30, 10, 4000), share_class=job_class,
+              predicted_duration=3600.0)
+    view.add_job(job)
+    found = AffinityBinder(config.binder).find_partner(view, job)
+    assert (found is not None) == pairs
+    if pairs:
+        assert found.partner == "P" and "GSS" in found.reason
+
+
+def test_binder_hard_rules_memory_demand_and_duration():
+    config = LucidConfig()
+    binder = AffinityBinder(config.binder)
+    view = _view_with_running(config, 2, ShareClass.TINY, 20000)
+    too_big = Job("M", "u", "vc", 2, 0.0, profile=Profile(10, 5, 6000), share_class=ShareClass.TINY,
+                  predicted_duration=3600.0)
+    other_width = Job("W", "u", "vc", 1, 0.0, profile=Profile(10, 5, 100), share_class=ShareClass.TINY,
+                      predicted_duration=3600.0)
+    much_longer = Job("L", "u", "vc", 2, 0.0, profile=Profile(10, 5, 100), share_class=ShareClass.TINY,
+                      predicted_duration=7200.0 * 3)
+    for job in (too_big, other_width, much_longer):
+        view.add_job(job)
+        assert binder.find_partner(view, job) is None, job.job_id
+    assert "memory would not fit" in binder.pending_reason(view, too_big)
+
+
+def test_compact_placement_prefers_fullest_node_and_whole_nodes_for_wide_jobs():
+    pool = GpuPool("main", 8, 24576)
+    for name in ("n0", "n1", "n2"):
+        pool.add_node(name)
+    pool.occupy("x", tuple(GpuRef("n1", i) for i in range(6)), 0)
+    assert {r.host for r in pool.place_compact(2)} == {"n1"}  # best fit keeps whole nodes free
+    wide = pool.place_compact(16)
+    assert sorted({r.host for r in wide}) == ["n0", "n2"] and len(wide) == 16
+    assert pool.place_compact(24) is None
+    with pytest.raises(ValueError, match="already holds two jobs"):
+        pool.occupy("y", (GpuRef("n1", 0),), 0)
+        pool.occupy("z", (GpuRef("n1", 0),), 0)
+
+
+def test_history_predictor_falls_back_and_conditions_on_what_is_known():
+    jobs = [Job(f"h{i}", "alice", "vc", 1, 0.0) for i in range(4)] + [Job("g", "bob", "vc", 2, 0.0)]
+    model = HistoryDurationPredictor(min_samples=2, recent=0).fit(jobs, [10, 10, 1000, 1000, 500])
+    alice = Job("new", "alice", "vc", 1, 1.0)
+    short_pred, source = model.predict_one(alice)
+    assert source.startswith("user-gpus") and short_pred == pytest.approx(100, rel=0.05)  # geometric mean
+    alice.known_min_duration = 200  # it outlived a 200 s profiling window
+    assert model.predict_one(alice)[0] == pytest.approx(1000)  # only the long ones remain
+    assert model.predict_one(Job("c", "carol", "vc", 2, 1.0))[1].startswith("gpus") is False  # 1 sample < 2
+    assert model.predict_one(Job("c", "carol", "vc", 2, 1.0))[1].startswith("all")
+
+
+def test_config_rejects_bad_values_by_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"profiler\.tprof_s"):
+        load_config(env={"LUCID__PROFILER__TPROF_S": "-1"})
+    with pytest.raises(ConfigError, match=r"binder\.sharing"):
+        LucidConfig().with_overrides({"binder.sharing": "sometimes"})
+    with pytest.raises(ConfigError, match="unknown knob"):
+        LucidConfig().with_overrides({"binder.nonsense": 1})
+    with pytest.raises(ConfigError, match="must not exceed"):
+        LucidConfig().with_overrides({"binder.medium_threshold": 0.99})
+    path = tmp_path / "lucid.toml"
+    path.write_text("[profiler]\ntprof_s = 300\n[binder]\nsharing = 'off'\n")
+    config = load_config(path, env={"LUCID__PROFILER__NPROF_GPUS": "4"})
+    assert (config.profiler.tprof_s, config.binder.sharing, config.profiler.nprof_gpus) == (300, "off", 4)
+    (tmp_path / "bad.toml").write_text("[profiler\n")
+    with pytest.raises(ConfigError, match="not valid"):
+        load_config(tmp_path / "bad.toml")
+
+
+@pytest.mark.parametrize("policy", [*POLICIES, "lucid-nosharing", "lucid-noprofiler", "lucid-noestimator"])
+def test_every_policy_keeps_invariants_on_the_sample(policy):
+    catalog = WorkloadCatalog.from_artifact(REPO / "include" / "sample")
+    exp, _ = load_experiment(REPO / "include" / "sample" / "trace.csv", "generic", "2024-03-04T12:00", None,
+                             nodes=3, catalog=catalog, config=LucidConfig())
+    result, metrics = run_policy(policy, exp, check_invariants=True)
+    ids = [o.job_id for o in result.outcomes]
+    assert len(ids) == len(set(ids)) == len(exp.records)  # every job ends exactly once
+    for o in result.outcomes:
+        assert o.end_time - o.submit_time >= o.duration - 1e-6  # no job beats its own run time
+        assert o.queue_delay >= 0
+    if policy.startswith("lucid"):
+        assert "Preempt" not in result.decision_counts
+        assert metrics["preemptions"] == 0
+    assert metrics["total_gpus"] + metrics["profiling_pool_gpus"] == 3 * 8  # same GPUs for every policy
+
+
+def test_simulator_rejects_a_job_wider_than_the_cluster():
+    config = LucidConfig()
+    with pytest.raises(ValueError, match="more GPUs than"):
+        simulate([TraceRecord("w", 0, 10, 16)], FifoPolicy(config), config, main_nodes=1)
