@@ -1,0 +1,244 @@
+"""End to end on a real Airflow: scheduler + API server + DAG processor on a throwaway PostgreSQL
+metadata DB. Triggers the tuner through the REST API with conf, reads its report through XCom and the
+plugin, checks the plugin refuses unauthenticated requests, and renders the queue in headless Chromium."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from lucid_af_support import REPO, SAMPLE_TRACE
+
+PG_ADMIN = os.environ.get("LUCID_TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _postgres_or_skip():
+    psycopg2 = pytest.importorskip("psycopg2")
+    try:
+        connection = psycopg2.connect(PG_ADMIN, connect_timeout=3)
+    except psycopg2.OperationalError as exc:
+        pytest.skip(f"PostgreSQL on 127.0.0.1:5432 is not reachable ({exc}); the e2e test needs it")
+    connection.autocommit = True
+    return connection
+
+
+@pytest.fixture(scope="module")
+def airflow_stack(tmp_path_factory):
+    """Airflow 3 (LocalExecutor, SimpleAuthManager) with its three processes; yields (base url, token, env)."""
+    import httpx
+
+    admin = _postgres_or_skip()
+    database = f"lucid_af_e2e_{uuid.uuid4().hex[:10]}"
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{database}"')
+    root = tmp_path_factory.mktemp("e2e")
+    port = _free_port()
+    passwords = root / "passwords.json"
+    passwords.write_text(json.dumps({"admin": "e2e-secret", "viewer": "viewer-secret"}))
+    store_db = root / "lucid" / "lucid.db"
+    bin_dir = Path(os.environ["PATH"].split(os.pathsep)[0])
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": str(root / "airflow"),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
+        "AIRFLOW__API__SECRET_KEY": uuid.uuid4().hex,
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "LUCID_HOME": str(root / "lucid"),
+        "AIRFLOW_CONN_LUCID_DB": json.dumps({"conn_type": "sqlite", "host": str(store_db)}),
+        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+    })
+    subprocess.run([str(bin_dir / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True,
+                   timeout=300)
+    _seed_queue(f"sqlite:///{store_db}")
+    logs = root / "logs"
+    logs.mkdir()
+    procs = []
+    for command in (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"]):
+        handle = (logs / f"{command[0]}.log").open("w")
+        procs.append(subprocess.Popen([str(bin_dir / "airflow"), *command], env=env, stdout=handle,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        token = None
+        while time.monotonic() < deadline:
+            try:
+                reply = httpx.post(f"{base}/auth/token", json={"username": "admin", "password": "e2e-secret"},
+                                   timeout=5)
+                if reply.status_code in (200, 201):
+                    token = reply.json()["access_token"]
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        assert token, "API server did not come up: " + (logs / "api-server.log").read_text()[-3000:]
+        yield base, token, env, root
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()
+
+
+def _seed_queue(url: str) -> None:
+    from lucid_core.runtime.inventory import HostSpec, add_host
+    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.submission import JobRequest, submit
+
+    store = Store(url)
+    add_host(store, HostSpec("main0", executor="local", telemetry="emulated", gpus=2,
+                             workdir=str(Path(url.removeprefix("sqlite:///")).parent / "main0")))
+    for k, gpus in enumerate((1, 2, 1)):
+        submit(store, JobRequest("sleep 60", gpus=gpus, user=f"user{k}", vc="default", name=f"resnet-sweep-{k}"))
+    store.dispose()
+
+
+def _wait_for_dag(base: str, headers: dict, dag_id: str, timeout: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(f"{base}/api/v2/dags/{dag_id}", headers=headers, timeout=10).status_code == 200:
+            return
+        time.sleep(2)
+    raise AssertionError(f"{dag_id} never appeared in the API")
+
+
+def test_tuner_triggered_over_rest_writes_a_report_the_plugin_shows(airflow_stack):
+    import httpx
+
+    base, token, _, root = airflow_stack
+    headers = {"Authorization": f"Bearer {token}"}
+    _wait_for_dag(base, headers, "lucid_system_tuner")
+    unpaused = httpx.patch(f"{base}/api/v2/dags/lucid_system_tuner", headers=headers, json={"is_paused": False},
+                           timeout=10)
+    assert unpaused.status_code == 200, unpaused.text
+    conf = {"trace_path": str(SAMPLE_TRACE), "trace_format": "generic", "main_nodes": 2,
+            "tprof_s": [100, 300], "sharing": ["auto", "off"], "objective": "p999_queue_delay"}
+    reply = httpx.post(f"{base}/api/v2/dags/lucid_system_tuner/dagRuns", headers=headers, timeout=30,
+                       json={"logical_date": None, "conf": conf})
+    assert reply.status_code in (200, 201), reply.text
+    run_id = reply.json()["dag_run_id"]
+    deadline = time.monotonic() + 300
+    state = ""
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}", headers=headers,
+                          timeout=10).json()["state"]
+        if state in ("success", "failed"):
+            break
+        time.sleep(3)
+    assert state == "success", (root / "logs" / "scheduler.log").read_text()[-4000:]
+    mapped = httpx.get(f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}/taskInstances",
+                       headers=headers, params={"task_id": "simulate_configuration"}, timeout=10).json()
+    assert sum(1 for ti in mapped["task_instances"] if ti["task_id"] == "simulate_configuration") == 4
+    xcom = httpx.get(f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}/taskInstances/write_report/"
+                     "xcomEntries/return_value", headers=headers, timeout=10)
+    assert xcom.status_code == 200, xcom.text
+    summary = xcom.json()["value"]
+    summary = json.loads(summary) if isinstance(summary, str) else summary
+    assert summary["configurations"] == 4 and summary["objective"] == "p999_queue_delay"
+    name = Path(summary["directory"]).name
+    page = httpx.get(f"{base}/lucid/tuner/{name}", headers=headers, timeout=30)
+    assert page.status_code == 200 and "System Tuner" in page.text and "objective.png" in page.text
+    listing = httpx.get(f"{base}/lucid/tuner", headers=headers, timeout=30)
+    assert name in listing.text
+
+
+def test_plugin_refuses_unauthenticated_and_forged_requests(airflow_stack):
+    import httpx
+
+    base, token, _, _ = airflow_stack
+    for path in ("/lucid/queue", "/lucid/tuner", "/lucid/api/jobs", "/lucid/files/tuner/x/objective.png"):
+        assert httpx.get(base + path, timeout=30).status_code == 401, path
+    forged = {"Authorization": "Bearer " + token[:-4] + "abcd"}
+    assert httpx.get(base + "/lucid/queue", headers=forged, timeout=30).status_code in (401, 403)
+    assert httpx.get(base + "/lucid/queue", cookies={"_token": token}, timeout=30).status_code == 200
+    viewer = httpx.post(f"{base}/auth/token", json={"username": "viewer", "password": "viewer-secret"}, timeout=10)
+    viewer_headers = {"Authorization": "Bearer " + viewer.json()["access_token"]}
+    assert httpx.get(base + "/lucid/queue", headers=viewer_headers, timeout=30).status_code == 200
+    refused = httpx.post(base + "/lucid/api/jobs", headers=viewer_headers, json={}, timeout=30)
+    assert refused.status_code == 403, refused.text
+
+
+class _AuthProxy(http.server.BaseHTTPRequestHandler):
+    """Forwards GETs to the API server with the bearer token, as a logged-in browser session would."""
+
+    target = ""
+    token = ""
+
+    def do_GET(self) -> None:
+        import httpx
+
+        reply = httpx.get(self.target + self.path, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        self.send_response(reply.status_code)
+        self.send_header("Content-Type", reply.headers.get("content-type", "text/html"))
+        self.end_headers()
+        self.wfile.write(reply.content)
+
+    def log_message(self, *args) -> None:
+        return
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_queue_view_renders_in_headless_chromium(airflow_stack, tmp_path):
+    base, token, _, _ = airflow_stack
+    handler = type("Proxy", (_AuthProxy,), {"target": base, "token": token})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/lucid/queue"
+    shot = tmp_path / "queue.png"
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--window-size=1200,700", f"--user-data-dir={tmp_path / 'profile'}"]
+    try:
+        dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=90)
+        subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, timeout=90)
+    finally:
+        server.shutdown()
+    assert '<table id="queue">' in dom.stdout, dom.stdout[:2000] + dom.stderr[-2000:]
+    assert dom.stdout.count("resnet-sweep-") == 3
+    from PIL import Image
+
+    image = Image.open(shot).convert("L")
+    assert image.size == (1200, 700)
+    extrema = image.getextrema()
+    assert extrema[1] - extrema[0] > 100, "screenshot is blank"
+    keep = os.environ.get("LUCID_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(keep) / "queue.png")
