@@ -1,0 +1,93 @@
+"""HTTP API of the live scheduler (FastAPI). The Airflow plugin mounts it and supplies `auth`.
+
+create_app(store_url, auth=...) takes any FastAPI dependency as `auth`; it guards every route.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from lucid_core.config import LucidConfig
+from lucid_core.runtime import queries
+from lucid_core.runtime.eta import estimate
+from lucid_core.runtime.explain import explain
+from lucid_core.runtime.inventory import list_hosts
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.submission import JobRequest, SubmissionError, UnknownJob, cancel, submit
+
+
+class SubmitBody(BaseModel):
+    command: str | list[str] = Field(description="shell command line, or an argv list")
+    gpus: int
+    user: str
+    vc: str
+    name: str = ""
+    amp: bool = False
+    long_cold_start: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    workload: str | None = None
+
+
+def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Callable[..., Any] | None = None,
+               store: Store | None = None, clock: Callable[[], float] = time.time) -> FastAPI:
+    """The app; `auth` (a FastAPI dependency) runs before every endpoint when given."""
+    store = store or Store(store_url)
+    config = config or LucidConfig()
+    app = FastAPI(title="Lucid scheduler", version="1")
+    router = APIRouter(dependencies=[Depends(auth)] if auth is not None else [])
+
+    def known(job_id: str) -> None:
+        try:
+            queries.status(store, job_id)
+        except UnknownJob as exc:
+            raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+
+    @router.post("/jobs", status_code=201)
+    def submit_job(body: SubmitBody) -> Any:
+        try:
+            job_id = submit(store, JobRequest(**body.model_dump()), now=clock())
+        except SubmissionError as exc:
+            return JSONResponse(status_code=422, content={"detail": "invalid submission", "errors": exc.errors})
+        return {"job_id": job_id}
+
+    @router.post("/jobs/{job_id}/cancel")
+    def cancel_job(job_id: str) -> Any:
+        try:
+            return {"job_id": job_id, "state": cancel(store, job_id, now=clock()), "cancel_requested": True}
+        except UnknownJob as exc:
+            raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+
+    @router.get("/queue")
+    def get_queue() -> Any:
+        return queries.queue(store)
+
+    @router.get("/jobs/{job_id}")
+    def get_job(job_id: str) -> Any:
+        try:
+            return queries.status(store, job_id)
+        except UnknownJob as exc:
+            raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+
+    @router.get("/jobs/{job_id}/explain")
+    def get_explain(job_id: str) -> Any:
+        known(job_id)
+        return explain(store, job_id, config, clock())
+
+    @router.get("/jobs/{job_id}/eta")
+    def get_eta(job_id: str) -> Any:
+        known(job_id)
+        return asdict(estimate(store, job_id, config, clock()))
+
+    @router.get("/hosts")
+    def get_hosts() -> Any:
+        return list_hosts(store)
+
+    app.include_router(router)
+    return app

@@ -1,0 +1,293 @@
+"""`lucid` subcommands of the live scheduler: submit, cancel, queue, status, logs, explain, eta, hosts, round.
+
+`add_parser(subparsers)` registers them on the main `lucid` parser; each sets `func(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from lucid_core.config import ConfigError, load_config
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", dest="store_url", default=None,
+                   help="store URL (default: LUCID_STORE_URL, else SQLite in LUCID_HOME)")
+    p.add_argument("--lucid-config", dest="lucid_config", default=None, help="config file (TOML or YAML)")
+    p.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from lucid_core.runtime.store import open_store
+
+    return open_store(args.store_url)
+
+
+def _print(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if args.as_json else text)
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.submission import JobRequest, SubmissionError, submit
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    env = {}
+    for item in args.env or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"error: --env {item!r} must look like NAME=VALUE", file=sys.stderr)
+            return 2
+        env[key] = value
+    request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc, name=args.name, amp=args.amp,
+                         long_cold_start=args.long_cold_start, env=env, workload=args.workload)
+    try:
+        job_id = submit(_store(args), request)
+    except SubmissionError as exc:
+        for field, problem in exc.errors.items():
+            print(f"error: {field}: {problem}", file=sys.stderr)
+        return 2
+    _print(args, {"job_id": job_id}, job_id)
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.submission import UnknownJob, cancel
+
+    try:
+        state = cancel(_store(args), args.job)
+    except UnknownJob as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _print(args, {"job_id": args.job, "state": state}, f"{args.job}: cancel requested (state {state})")
+    return 0
+
+
+def _queue(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.queries import queue
+
+    rows = queue(_store(args))
+    lines = [f"{'JOB':<9} {'STATE':<10} {'POS':>4} {'GPUS':>4} {'PRED(s)':>9} {'PRIO(GPU-h)':>11}  REASON"]
+    for r in rows:
+        pred = "-" if r["predicted_duration_s"] is None else f"{r['predicted_duration_s']:.0f}"
+        prio = "-" if r["priority_gpu_s"] is None else f"{r['priority_gpu_s'] / 3600:.3f}"
+        lines.append(f"{r['job_id']:<9} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
+                     f"{prio:>11}  {r['pending_reason'] or ''}")
+    _print(args, rows, "\n".join(lines))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.queries import status
+    from lucid_core.runtime.submission import UnknownJob
+
+    try:
+        data = status(_store(args), args.job)
+    except UnknownJob as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    text = "\n".join([
+        f"{data['job_id']} {data['state']}  {data['gpus']} GPU(s)  user {data['user']}  VC {data['vc']}",
+        f"submitted {_when(data['submit_time'])}  started {_when(data['start_time'])}  "
+        f"ended {_when(data['end_time'])}  exit code {data['exit_code']}",
+        *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {r['outcome'] or ''}"
+          for r in data["runs"]),
+        *([f"waiting: {data['pending_reason']}"] if data["pending_reason"] else []),
+        *([f"end: {data['end_reason']}"] if data["end_reason"] else []),
+    ])
+    _print(args, data, text)
+    return 0
+
+
+def _executor(args: argparse.Namespace) -> Any:
+    from lucid_core.runtime.ssh_executor import ssh_executor
+
+    return ssh_executor(getattr(args, "known_hosts", None))
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.queries import logs
+    from lucid_core.runtime.submission import UnknownJob
+
+    try:
+        text = logs(_store(args), _executor(args), args.job, "stderr" if args.stderr else "stdout")
+    except UnknownJob as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(text)
+    return 0
+
+
+def _config(args: argparse.Namespace) -> Any:
+    return load_config(args.lucid_config)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.explain import explain
+
+    try:
+        data = explain(_store(args), args.job, _config(args), time.time())
+    except KeyError:
+        print(f"error: no job {args.job!r}", file=sys.stderr)
+        return 1
+    prio = data["priority"]
+    lines = [f"{data['job_id']} {data['state']}: {data['gpus']} GPU(s), user {data['user']}, VC {data['vc']}"]
+    if prio["predicted_duration_s"] is not None:
+        lines.append(f"priority {prio['value_gpu_s'] / 3600:.3f} GPU-h = {prio['gpus']} GPU(s) x predicted "
+                     f"{prio['predicted_duration_s']:.0f} s")
+    duration = prio.get("duration") or {}
+    for term in duration.get("terms", []):
+        lines.append(f"  duration term: {term}")
+    packing = data["packing"]
+    if packing["class"]:
+        lines.append(f"packing class {packing['class']}: " + " / ".join(packing["path"]))
+    if data["partner"]:
+        lines.append(f"shares with {data['partner']['job_id']}: {data['partner']['why']}")
+    if data["pending"]:
+        lines.append(f"waiting (position {data['pending']['position']}): {data['pending']['reason']}")
+    for d in data["decisions"]:
+        lines.append(f"  {_when(d['time'])} {d['kind']} [{d['status']}]: {d['reason']}")
+    _print(args, data, "\n".join(lines))
+    return 0
+
+
+def _eta(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.eta import estimate
+
+    try:
+        eta = estimate(_store(args), args.job, _config(args), time.time())
+    except KeyError:
+        print(f"error: no job {args.job!r}", file=sys.stderr)
+        return 1
+    _print(args, asdict(eta), f"{eta.job_id} {eta.state}: start {_when(eta.start)}, end {_when(eta.end)} ({eta.note})")
+    return 0
+
+
+def _hosts(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.inventory import HostSpec, InventoryError, add_host, drain_host, list_hosts, remove_host
+
+    store = _store(args)
+    try:
+        if args.hosts_cmd == "add":
+            spec = HostSpec(args.name, address=args.address, port=args.port, user=args.user or "",
+                            key_path=args.key, vc=args.vc, pool=args.pool, executor=args.executor,
+                            telemetry=args.telemetry, workdir=args.workdir, python=args.python, gpus=args.gpus,
+                            gpu_memory_mb=args.gpu_memory_mb)
+            gpus = add_host(store, spec, None if args.gpus else _executor(args))
+            _print(args, {"name": args.name, "gpus": len(gpus)}, f"added {args.name} with {len(gpus)} GPU(s)")
+        elif args.hosts_cmd == "list":
+            rows = list_hosts(store)
+            text = "\n".join(f"{h['name']:<12} {h['address']:<22} {h['pool']:<9} VC {h['vc']:<10} "
+                             f"{h['busy_gpus']}/{h['gpus']} busy"
+                             f"{' draining' if h['draining'] else ''}{'' if h['reachable'] else ' UNREACHABLE'}"
+                             for h in rows)
+            _print(args, rows, text or "no hosts")
+        elif args.hosts_cmd == "drain":
+            drain_host(store, args.name, not args.undo)
+            _print(args, {"name": args.name, "draining": not args.undo},
+                   f"{args.name}: {'draining' if not args.undo else 'accepting work'}")
+        elif args.hosts_cmd == "remove":
+            remove_host(store, args.name)
+            _print(args, {"name": args.name, "removed": True}, f"removed {args.name}")
+    except InventoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _round(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.round import RoundSettings, SchedulingRound
+
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    settings = RoundSettings(stop_grace_s=args.stop_grace, lease_ttl_s=args.lease_ttl)
+    report = SchedulingRound(_store(args), _executor(args), config, settings).run()
+    if not report.acquired:
+        print("another round holds the lease; nothing done", file=sys.stderr)
+        return 3
+    lines = [f"round {report.round_id}: {len(report.decisions)} decision(s) in {report.decide_ms:.2f} ms "
+             f"(round {report.total_ms:.0f} ms)"]
+    lines += [f"  {kind} {job or ''}: {reason}" for kind, job, reason in report.decisions]
+    lines += [f"  ended {job}: {state}" for job, state in report.ended.items()]
+    lines += [f"  unreachable: {h}" for h in report.unreachable]
+    lines += [f"  error: {e}" for e in report.errors]
+    _print(args, asdict(report), "\n".join(lines))
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the live-scheduler subcommands on the `lucid` parser's subparsers."""
+    p = subparsers.add_parser("submit", help="submit a job: lucid submit --gpus 2 --vc VC -- COMMAND...")
+    _common(p)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--name", default="")
+    p.add_argument("--user", default=getpass.getuser())
+    p.add_argument("--vc", required=True)
+    p.add_argument("--amp", action="store_true", help="the job trains with mixed precision")
+    p.add_argument("--long-cold-start", action="store_true", help="give it the longer profiling window")
+    p.add_argument("--env", action="append", metavar="NAME=VALUE")
+    p.add_argument("--workload", default=None, help="catalog key for hosts with emulated telemetry")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    p.set_defaults(func=_submit)
+    for name, func, doc in (("cancel", _cancel, "cancel a job"), ("status", _status, "a job's state and runs"),
+                            ("explain", _explain, "why a job is where it is"),
+                            ("eta", _eta, "what-if start and end time of a job")):
+        p = subparsers.add_parser(name, help=doc)
+        _common(p)
+        p.add_argument("job")
+        p.set_defaults(func=func)
+    p = subparsers.add_parser("logs", help="tail a job's output")
+    _common(p)
+    p.add_argument("job")
+    p.add_argument("--stderr", action="store_true")
+    p.add_argument("--known-hosts", default=None)
+    p.set_defaults(func=_logs)
+    p = subparsers.add_parser("queue", help="running and waiting jobs with priority and pending reason")
+    _common(p)
+    p.set_defaults(func=_queue)
+    hosts = subparsers.add_parser("hosts", help="GPU hosts: add, list, drain, remove")
+    hsub = hosts.add_subparsers(dest="hosts_cmd", required=True)
+    add = hsub.add_parser("add")
+    _common(add)
+    add.add_argument("name")
+    add.add_argument("--address", default="127.0.0.1")
+    add.add_argument("--port", type=int, default=22)
+    add.add_argument("--user", default="")
+    add.add_argument("--key", default=None, help="private key file")
+    add.add_argument("--vc", default="default")
+    add.add_argument("--pool", choices=("main", "profiling"), default="main")
+    add.add_argument("--executor", choices=("ssh", "local"), default="ssh")
+    add.add_argument("--telemetry", choices=("nvml", "emulated"), default="nvml")
+    add.add_argument("--workdir", default="~/.lucid-runs")
+    add.add_argument("--python", default="python3")
+    add.add_argument("--gpus", type=int, default=None, help="declare the GPU count (default: discover via nvidia-smi)")
+    add.add_argument("--gpu-memory-mb", type=float, default=24576.0)
+    add.add_argument("--known-hosts", default=None)
+    for name in ("list", "drain", "remove"):
+        sp = hsub.add_parser(name)
+        _common(sp)
+        if name != "list":
+            sp.add_argument("name")
+        if name == "drain":
+            sp.add_argument("--undo", action="store_true", help="accept new work again")
+    hosts.set_defaults(func=_hosts)
+    p = subparsers.add_parser("round", help="run one scheduling round (reconcile, decide, execute)")
+    _common(p)
+    p.add_argument("--known-hosts", default=None)
+    p.add_argument("--stop-grace", type=float, default=10.0, help="seconds between TERM and KILL")
+    p.add_argument("--lease-ttl", type=float, default=120.0)
+    p.set_defaults(func=_round)

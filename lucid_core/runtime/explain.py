@@ -1,0 +1,99 @@
+"""`lucid explain`: why a job is where it is, from the store and the same models the round uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import ShareClass
+from lucid_core.policy.models import HistoryDurationPredictor, UtilizationRuleClassifier
+from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow, RunRow
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.view_builder import PolicyFactory, default_policy, job_of, load_snapshot
+
+
+def _duration_terms(model: Any, job: Any) -> dict[str, Any]:
+    """Per-term contributions when the model can give them, else what decided the prediction."""
+    for name in ("explain_one", "explain"):
+        fn = getattr(model, name, None)
+        if callable(fn):
+            try:
+                return {"model": type(model).__name__, "terms": fn(job)}
+            except Exception as exc:  # an explanation must never break `explain`
+                return {"model": type(model).__name__, "error": str(exc)}
+    if isinstance(model, HistoryDurationPredictor):
+        seconds, source = model.predict_one(job)
+        return {"model": "HistoryDurationPredictor", "predicted_s": seconds, "terms": [[source, seconds]]}
+    return {"model": type(model).__name__, "terms": []}
+
+
+def _packing_path(model: Any, job: Any) -> list[str]:
+    if job.profile is None:
+        return []
+    for name in ("decision_path", "explain_one", "explain"):
+        fn = getattr(model, name, None)
+        if callable(fn):
+            try:
+                out = fn(job.profile)
+                return list(out) if isinstance(out, list | tuple) else [str(out)]
+            except Exception as exc:
+                return [f"no path: {exc}"]
+    if isinstance(model, UtilizationRuleClassifier):
+        u = job.profile.gpu_util
+        if u < model.tiny_below:
+            return [f"gpu_util {u:.1f} < {model.tiny_below:g} -> Tiny"]
+        if u < model.medium_below:
+            return [f"gpu_util {u:.1f} >= {model.tiny_below:g}", f"gpu_util {u:.1f} < {model.medium_below:g} -> Medium"]
+        return [f"gpu_util {u:.1f} >= {model.medium_below:g} -> Jumbo"]
+    return []
+
+
+def explain(store: Store, job_id: str, config: LucidConfig, now: float,
+            policy_factory: PolicyFactory | None = None) -> dict[str, Any]:
+    with store.session() as s:
+        row = s.get(JobRow, job_id)
+        if row is None:
+            raise KeyError(job_id)
+        decisions = s.scalars(select(DecisionRow).where(DecisionRow.job_id == job_id).order_by(DecisionRow.id)).all()
+        runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
+        events = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)).all()
+    policy = (policy_factory or default_policy)(config, load_snapshot(store, now))
+    job = job_of(row)
+    duration_model = getattr(policy, "duration_model", None)
+    binder = getattr(policy, "binder", None)
+    packing_model = getattr(binder, "packing_model", None)
+    partner_reason = None
+    partner = None
+    for d in decisions:
+        if d.kind == "Place" and d.payload.get("partner"):
+            partner, partner_reason = d.payload["partner"], d.reason
+    active = [r for r in runs if r.state in ("planned", "running")]
+    if active and active[0].partner:
+        partner = active[0].partner
+    out: dict[str, Any] = {
+        "job_id": job_id, "state": row.state, "name": row.name, "user": row.user, "vc": row.vc, "gpus": row.gpus,
+        "submit_time": row.submit_time, "start_time": row.start_time, "end_time": row.end_time,
+        "exit_code": row.exit_code, "end_reason": row.end_reason, "ended_in_profiling": row.ended_in_profiling,
+        "priority": {
+            "value_gpu_s": row.gpus * row.predicted_duration if row.predicted_duration is not None else None,
+            "formula": "gpus x predicted duration (lower runs first)",
+            "gpus": row.gpus, "predicted_duration_s": row.predicted_duration,
+            "duration": _duration_terms(duration_model, job) if duration_model is not None else None,
+        },
+        "profile": None if job.profile is None else {
+            "gpu_util": job.profile.gpu_util, "mem_util": job.profile.mem_util,
+            "gpu_mem_mb": job.profile.gpu_mem_mb, "emulated": job.profile.emulated},
+        "packing": {
+            "class": ShareClass(row.share_class).name if row.share_class is not None else None,
+            "path": _packing_path(packing_model, job) if packing_model is not None else [],
+        },
+        "partner": {"job_id": partner, "why": partner_reason} if partner else None,
+        "pending": {"position": row.queue_position, "reason": row.pending_reason} if row.pending_reason else None,
+        "runs": [{"run_id": r.run_id, "host": r.host, "kind": r.kind, "gpus": r.gpu_indices, "state": r.state,
+                  "exit_code": r.exit_code, "outcome": r.outcome} for r in runs],
+        "decisions": [{"time": d.time, "kind": d.kind, "reason": d.reason, "status": d.status} for d in decisions],
+        "events": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
+    }
+    return out

@@ -1,0 +1,64 @@
+"""Read-side views of the store shared by the CLI and the HTTP API: queue, job status, logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from lucid_core.domain import TERMINAL_STATES, JobState
+from lucid_core.runtime.executor import HostExecutor
+from lucid_core.runtime.inventory import host_address
+from lucid_core.runtime.schema import HostRow, JobRow, RunRow
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.submission import UnknownJob
+
+_STATE_ORDER = {JobState.RUNNING.value: 0, JobState.PROFILING.value: 1, JobState.QUEUED.value: 2,
+                JobState.SUBMITTED.value: 3}
+
+
+def queue(store: Store) -> list[dict[str, Any]]:
+    """Waiting and running jobs: running first, then each queue in the policy's order."""
+    active = [s.value for s in JobState if s not in TERMINAL_STATES]
+    with store.session() as s:
+        rows = s.scalars(select(JobRow).where(JobRow.state.in_(active))).all()
+    rows = sorted(rows, key=lambda r: (_STATE_ORDER.get(r.state, 9), r.queue_position or 0, r.seq))
+    return [{"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
+             "position": r.queue_position, "predicted_duration_s": r.predicted_duration,
+             "priority_gpu_s": r.gpus * r.predicted_duration if r.predicted_duration is not None else None,
+             "share_class": r.share_class, "pending_reason": r.pending_reason, "submit_time": r.submit_time}
+            for r in rows]
+
+
+def status(store: Store, job_id: str) -> dict[str, Any]:
+    with store.session() as s:
+        r = s.get(JobRow, job_id)
+        if r is None:
+            raise UnknownJob(job_id)
+        runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
+    return {"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
+            "command": r.command, "submit_time": r.submit_time, "start_time": r.start_time, "end_time": r.end_time,
+            "exit_code": r.exit_code, "end_reason": r.end_reason, "ended_in_profiling": r.ended_in_profiling,
+            "cancel_requested": r.cancel_requested, "pending_reason": r.pending_reason,
+            "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
+                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome} for x in runs]}
+
+
+def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdout",
+         max_bytes: int = 65536) -> str:
+    """The tail of the job's latest run's stdout or stderr, read from its host."""
+    if stream not in ("stdout", "stderr"):
+        raise ValueError("stream must be stdout or stderr")
+    with store.session() as s:
+        if s.get(JobRow, job_id) is None:
+            raise UnknownJob(job_id)
+        run = s.scalars(select(RunRow).where(RunRow.job_id == job_id, RunRow.node_rank == 0,
+                                             RunRow.state != "planned")
+                        .order_by(RunRow.planned_at.desc()).limit(1)).first()
+        host = s.get(HostRow, run.host) if run is not None else None
+    if run is None or host is None:
+        return ""
+    try:
+        return executor.read(host_address(host), run.run_id, f"{stream}.log", max_bytes)
+    finally:
+        executor.close()

@@ -1,0 +1,146 @@
+"""The round with the local executor on both store backends; explain, eta, HTTP API and CLI."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi import HTTPException, Request
+from fastapi.testclient import TestClient
+from runtime_helpers import SETTINGS, fast_config, jobs_by_id
+
+from lucid_core.runtime.api import create_app
+from lucid_core.runtime.eta import estimate
+from lucid_core.runtime.explain import explain
+from lucid_core.runtime.inventory import HostSpec, add_host
+from lucid_core.runtime.local_executor import local_executor
+from lucid_core.runtime.queries import queue
+from lucid_core.runtime.round import SchedulingRound
+from lucid_core.runtime.submission import JobRequest, submit
+
+
+def _local_cluster(store, root, main_gpus=1):
+    add_host(store, HostSpec("p0", executor="local", pool="profiling", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(root / "p0")))
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=main_gpus,
+                             workdir=str(root / "m0")))
+
+
+def _round(store, config=None, **kw):
+    return SchedulingRound(store, local_executor(), config or fast_config(), SETTINGS, **kw).run()
+
+
+def _until(store, done, timeout_s=20.0, config=None, **kw):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _round(store, config, **kw)
+        jobs = jobs_by_id(store)
+        if done(jobs):
+            return jobs
+        assert time.monotonic() < deadline, {j: (r.state, r.pending_reason) for j, r in jobs.items()}
+        time.sleep(0.25)
+
+
+def test_round_profiles_places_and_explains_on_each_backend(store, tmp_path):
+    _local_cluster(store, tmp_path)
+    jumbo = lambda job: (97.0, 60.0, 20000.0)  # noqa: E731 - heavy: Jumbo, never shares
+    a = submit(store, JobRequest("sleep 20", 1, "ann", "vc-a", name="big-a"))
+    b = submit(store, JobRequest("sleep 20", 1, "ann", "vc-a", name="big-b"))
+    jobs = _until(store, lambda j: j[a].state == "RUNNING" and j[b].state == "QUEUED", emulated_profile=jumbo)
+    assert jobs[a].share_class == 2
+    rows = {r["job_id"]: r for r in queue(store)}
+    assert rows[b]["position"] == 1 and "no compact fit for 1 GPU(s)" in rows[b]["pending_reason"]
+    info = explain(store, b, fast_config(), time.time())
+    assert info["packing"]["class"] == "JUMBO" and info["packing"]["path"][-1].endswith("-> Jumbo")
+    assert info["priority"]["predicted_duration_s"] > 0 and info["priority"]["duration"]["terms"]
+    assert "no compact fit" in info["pending"]["reason"]
+    assert [d["kind"] for d in info["decisions"]] == ["StartProfiling", "StopProfiling"]
+    eta = estimate(store, b, fast_config(), time.time())
+    running_a = estimate(store, a, fast_config(), time.time())
+    assert running_a.end is not None and eta.start is not None
+    assert eta.start == pytest.approx(running_a.end, abs=1.0)  # b starts when a is predicted to end
+    from lucid_core.runtime.submission import cancel
+
+    cancel(store, a)
+    cancel(store, b)
+    jobs = _until(store, lambda j: j[a].state == j[b].state == "CANCELLED")
+
+
+def test_two_rounds_never_decide_at_once(store, tmp_path):
+    from lucid_core.runtime import lease
+
+    _local_cluster(store, tmp_path)
+    assert lease.acquire(store, "someone-else", ttl_s=30, now=time.time())
+    report = _round(store)
+    assert report.acquired is False and report.round_id is None
+
+
+@pytest.fixture
+def api_store(tmp_path):
+    from lucid_core.runtime.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'api.db'}")
+    _local_cluster(store, tmp_path, main_gpus=2)
+    yield store
+    store.dispose()
+
+
+def test_http_api_submit_queue_job_cancel_and_auth(api_store):
+    def auth(request: Request) -> None:
+        if request.headers.get("authorization") != "Bearer ok":
+            raise HTTPException(status_code=401, detail="not authenticated")
+
+    app = create_app(str(api_store.url), store=api_store, config=fast_config(), auth=auth)
+    client = TestClient(app)
+    body = {"command": "sleep 1", "gpus": 1, "user": "ann", "vc": "vc-a"}
+    assert client.post("/jobs", json=body).status_code == 401
+    headers = {"authorization": "Bearer ok"}
+    bad = client.post("/jobs", json={**body, "gpus": 3, "vc": "nope"}, headers=headers)
+    assert bad.status_code == 422 and set(bad.json()["errors"]) == {"vc"}
+    bad = client.post("/jobs", json={**body, "gpus": "many"}, headers=headers)
+    assert bad.status_code == 422 and "gpus" in json.dumps(bad.json())
+    made = client.post("/jobs", json=body, headers=headers)
+    assert made.status_code == 201
+    job = made.json()["job_id"]
+    assert [r["job_id"] for r in client.get("/queue", headers=headers).json()] == [job]
+    assert client.get(f"/jobs/{job}", headers=headers).json()["state"] == "SUBMITTED"
+    assert client.get("/jobs/j404", headers=headers).status_code == 404
+    assert client.get(f"/jobs/{job}/explain", headers=headers).json()["job_id"] == job
+    assert client.get(f"/jobs/{job}/eta", headers=headers).json()["job_id"] == job
+    assert {h["name"] for h in client.get("/hosts", headers=headers).json()} == {"p0", "m0"}
+    assert client.post(f"/jobs/{job}/cancel", headers=headers).json()["cancel_requested"] is True
+
+
+def test_cli_submit_round_status_and_logs(tmp_path, capsys, monkeypatch):
+    import argparse
+
+    from lucid_core.runtime.cli import add_parser
+
+    parser = argparse.ArgumentParser(prog="lucid")
+    add_parser(parser.add_subparsers(dest="cmd", required=True))
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+
+    def run(*argv):
+        args = parser.parse_args(list(argv))
+        return args.func(args)
+
+    for host, pool in (("p0", "profiling"), ("m0", "main")):
+        assert run("hosts", "add", host, "--store", url, "--executor", "local", "--pool", pool, "--vc", "vc-a",
+                   "--gpus", "1", "--telemetry", "emulated", "--workdir", str(tmp_path / host)) == 0
+    capsys.readouterr()
+    assert run("submit", "--store", url, "--gpus", "2", "--vc", "vc-a", "--", "true") == 2
+    assert "gpus: 2 GPUs is more than any VC has" in capsys.readouterr().err
+    assert run("submit", "--store", url, "--gpus", "1", "--vc", "vc-a", "--", "echo", "hello world") == 0
+    job = capsys.readouterr().out.strip()
+    monkeypatch.setenv("LUCID__PROFILER__TPROF_S", "2")
+    for _ in range(20):
+        assert run("round", "--store", url, "--stop-grace", "1") == 0
+        capsys.readouterr()
+        run("status", "--store", url, "--json", job)
+        if json.loads(capsys.readouterr().out)["state"] == "COMPLETED":
+            break
+        time.sleep(0.25)
+    run("logs", "--store", url, job)
+    assert capsys.readouterr().out == "hello world\n"
+    assert run("queue", "--store", url) == 0 and job not in capsys.readouterr().out

@@ -1,0 +1,91 @@
+"""Store, migrations, validation, lease and inventory on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from lucid_core.runtime import lease
+from lucid_core.runtime.inventory import HostSpec, InventoryError, add_host, drain_host, list_hosts, remove_host
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.submission import JobRequest, SubmissionError, UnknownJob, cancel, submit
+
+
+def _hosts(store):
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=4))
+    add_host(store, HostSpec("m1", executor="local", vc="vc-b", gpus=8))
+    add_host(store, HostSpec("p0", executor="local", vc="vc-a", pool="profiling", gpus=2))
+
+
+def test_open_migrates_to_head_and_reopening_is_a_no_op(store_url):
+    first = Store(store_url)
+    assert first.revision() == "0001"
+    tables = set(sa.inspect(first.engine).get_table_names())
+    assert {"jobs", "job_events", "hosts", "gpus", "runs", "profiles", "profile_samples", "decisions",
+            "leases", "model_versions", "scheduler_state", "rounds"} <= tables
+    second = Store(store_url)
+    assert second.revision() == "0001"
+    first.dispose()
+    second.dispose()
+
+
+def test_submission_validation_names_each_field(store):
+    _hosts(store)
+    cases = [
+        (JobRequest("train", 9, "u", "vc-a"), "gpus", "more than any VC has"),
+        (JobRequest("train", 5, "u", "vc-a"), "gpus", "more than VC vc-a has"),
+        (JobRequest("train", 0, "u", "vc-a"), "gpus", "positive"),
+        (JobRequest("train", 1, "u", "nope"), "vc", "unknown VC"),
+        (JobRequest("   ", 1, "u", "vc-a"), "command", "empty"),
+        (JobRequest([], 1, "u", "vc-a"), "command", "empty"),
+        (JobRequest("x" * 70000, 1, "u", "vc-a"), "command", "at most"),
+        (JobRequest("train", 1, "u" * 200, "vc-a"), "user", "at most"),
+        (JobRequest("train", 1, "u", "vc-a", env={"CUDA_VISIBLE_DEVICES": "0"}), "env.CUDA_VISIBLE_DEVICES",
+         "set by the scheduler"),
+        (JobRequest("train", 1, "u", "vc-a", env={"1BAD": "x"}), "env.1BAD", "not a valid"),
+    ]
+    for request, field, words in cases:
+        with pytest.raises(SubmissionError) as info:
+            submit(store, request)
+        assert field in info.value.errors, (field, info.value.errors)
+        assert words in info.value.errors[field]
+    job = submit(store, JobRequest(["python", "-c", "print('a b')"], 8, "u", "vc-b"))
+    assert job == "j000001"
+    assert submit(store, JobRequest("x", 1, "u", "vc-a")) == "j000002"
+    from lucid_core.runtime.queries import status
+
+    assert status(store, job)["command"] == "python -c 'print('\"'\"'a b'\"'\"')'"
+
+
+def test_cancel_of_unknown_and_of_waiting_jobs(store):
+    _hosts(store)
+    with pytest.raises(UnknownJob):
+        cancel(store, "j999999")
+    job = submit(store, JobRequest("sleep 1", 1, "u", "vc-a"))
+    assert cancel(store, job) == "SUBMITTED"
+
+
+def test_lease_admits_one_holder_until_it_expires_or_is_released(store):
+    assert lease.acquire(store, "a", ttl_s=10, now=100.0)
+    assert not lease.acquire(store, "b", ttl_s=10, now=105.0)
+    assert lease.acquire(store, "a", ttl_s=10, now=105.0)  # renewal
+    assert lease.holder_of(store, 106.0) == "a"
+    assert lease.acquire(store, "b", ttl_s=10, now=116.0)  # a's lease lapsed
+    lease.release(store, "b")
+    assert lease.holder_of(store, 116.5) is None
+    assert lease.acquire(store, "c", ttl_s=10, now=117.0)
+
+
+def test_inventory_add_list_drain_remove(store):
+    _hosts(store)
+    with pytest.raises(InventoryError, match="already exists"):
+        add_host(store, HostSpec("m0", executor="local", gpus=1))
+    with pytest.raises(InventoryError, match="pool"):
+        add_host(store, HostSpec("x", executor="local", pool="gpu", gpus=1))
+    drain_host(store, "m1")
+    rows = {h["name"]: h for h in list_hosts(store)}
+    assert rows["m1"]["draining"] and rows["m0"]["gpus"] == 4 and rows["p0"]["pool"] == "profiling"
+    remove_host(store, "m1")
+    assert {h["name"] for h in list_hosts(store)} == {"m0", "p0"}
+    with pytest.raises(InventoryError, match="no host"):
+        remove_host(store, "m1")
