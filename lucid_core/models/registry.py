@@ -1,0 +1,112 @@
+"""Model registry: versioned artifacts (joblib) with JSON metadata, one promoted version per name.
+
+Layout: <root>/<name>/v0001/{model.joblib, meta.json}; <root>/<name>/PROMOTED holds the version.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import joblib
+
+import lucid_core
+from lucid_core.models.datasets import REPO_ROOT
+
+
+def code_version() -> str:
+    """lucid_core version plus the git commit when the code runs from a checkout."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{lucid_core.__version__}+g{sha}" if sha else lucid_core.__version__
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """Metadata of one registered artifact."""
+
+    name: str
+    version: int
+    kind: str
+    created_at: str
+    training_window: tuple[str, str]
+    data_hash: str
+    metrics: dict[str, float]
+    code_version: str
+    params: dict[str, Any] = field(default_factory=dict)
+    promoted: bool = False
+
+
+class ModelRegistry:
+    """Save, list, compare, promote and load model versions under one directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def _dir(self, name: str, version: int) -> Path:
+        return self.root / name / f"v{version:04d}"
+
+    def versions(self, name: str) -> list[int]:
+        folder = self.root / name
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.name[1:]) for p in folder.iterdir() if p.is_dir() and p.name[1:].isdigit())
+
+    def register(self, name: str, model: Any, *, kind: str, training_window: tuple[str, str], data_hash: str,
+                 metrics: dict[str, float], params: dict[str, Any] | None = None) -> ModelVersion:
+        """Store a new version (never overwrites) and return its metadata."""
+        existing = self.versions(name)
+        version = (existing[-1] + 1) if existing else 1
+        folder = self._dir(name, version)
+        folder.mkdir(parents=True, exist_ok=False)
+        joblib.dump(model, folder / "model.joblib")
+        meta = ModelVersion(name=name, version=version, kind=kind, created_at=datetime.now(UTC).isoformat(),
+                            training_window=(str(training_window[0]), str(training_window[1])),
+                            data_hash=data_hash, metrics={k: float(v) for k, v in metrics.items()},
+                            code_version=code_version(), params=dict(params or {}))
+        (folder / "meta.json").write_text(json.dumps(asdict(meta), indent=1, default=str) + "\n")
+        return meta
+
+    def metadata(self, name: str, version: int) -> ModelVersion:
+        data = json.loads((self._dir(name, version) / "meta.json").read_text())
+        data["training_window"] = tuple(data["training_window"])
+        data["promoted"] = self.promoted_version(name) == version
+        return ModelVersion(**data)
+
+    def promote(self, name: str, version: int) -> None:
+        if version not in self.versions(name):
+            raise KeyError(f"{name} has no version {version}")
+        tmp = self.root / name / "PROMOTED.tmp"
+        tmp.write_text(f"{version}\n")
+        tmp.replace(self.root / name / "PROMOTED")  # atomic: a reader never sees a half-written pointer
+
+    def promoted_version(self, name: str) -> int | None:
+        pointer = self.root / name / "PROMOTED"
+        return int(pointer.read_text().strip()) if pointer.exists() else None
+
+    def load(self, name: str, version: int | None = None) -> Any:
+        """The given version, else the promoted one."""
+        if version is None:
+            version = self.promoted_version(name)
+            if version is None:
+                raise LookupError(f"no promoted version of {name!r} in {self.root}")
+        return joblib.load(self._dir(name, version) / "model.joblib")
+
+    def list(self, name: str | None = None) -> list[ModelVersion]:
+        if name:
+            names = [name]
+        else:
+            names = sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+        return [self.metadata(n, v) for n in names for v in self.versions(n)]
+
+    def compare(self, name: str, a: int, b: int) -> dict[str, tuple[float | None, float | None]]:
+        """Metric -> (value in a, value in b) for every metric either version recorded."""
+        ma, mb = self.metadata(name, a).metrics, self.metadata(name, b).metrics
+        return {k: (ma.get(k), mb.get(k)) for k in sorted(set(ma) | set(mb))}
