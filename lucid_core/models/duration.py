@@ -92,13 +92,14 @@ class DurationModel:
 
     def __init__(self, interactions: int = 5, outer_bags: int = 2, max_rounds: int = 1000,
                  monotone_gpus: bool = False, max_train_rows: int | None = None, fallback_refresh_s: float = 86400.0,
-                 n_jobs: int = 2, random_state: int = 0) -> None:
+                 condition_on_s: float = 0.0, n_jobs: int = 2, random_state: int = 0) -> None:
         self.interactions = interactions
         self.outer_bags = outer_bags
         self.max_train_rows = max_train_rows
         self.max_rounds = max_rounds
         self.monotone_gpus = monotone_gpus
         self.fallback_refresh_s = fallback_refresh_s
+        self.condition_on_s = condition_on_s
         self.n_jobs = n_jobs
         self.random_state = random_state
 
@@ -175,6 +176,9 @@ class DurationModel:
 
     def fit_design(self, X: pd.DataFrame, y_log: np.ndarray) -> DurationModel:
         started = _time.perf_counter()
+        if self.condition_on_s > 0:  # learn only from jobs that outlived the window the scheduler watches
+            longer = np.asarray(y_log) > math.log1p(self.condition_on_s)
+            X, y_log = X[longer], np.asarray(y_log)[longer]
         if self.max_train_rows is not None and len(X) > self.max_train_rows:
             keep = np.sort(np.random.default_rng(self.random_state).choice(len(X), self.max_train_rows, replace=False))
             X, y_log = X.iloc[keep], np.asarray(y_log)[keep]
