@@ -15,7 +15,7 @@ import math
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -52,13 +52,14 @@ class CalibrationSettings:
     warmup_s: float = 5.0
     startup_s: float = 20.0  # expected process start (import torch, init CUDA): for time budgets and estimates
     hold_s: float = 2.0  # extra training after the window, so no process measures alone at the end
+    start_margin_s: float = 0.5  # from the last partner being ready to the common start (> one step)
     telemetry_interval_s: float = 1.0
     device: str = "auto"
     threads: int = 0
     gpu_memory_mb: float | None = None  # None: the GPU's total memory as nvidia-smi reports it
     memory_headroom_mb: float = 512.0
     min_overlap: float = 0.8
-    max_attempts: int = 2
+    max_attempts: int = 2  # tries per trial in one invocation; a later invocation tries failed trials again
     poll_interval_s: float = 1.0
     timeout_slack_s: float = 120.0
     tiny_threshold: float = 0.95
@@ -67,16 +68,17 @@ class CalibrationSettings:
 
     def trial_budget_s(self) -> float:
         """Wall time one trial is expected to take on the host."""
-        return self.startup_s + self.warmup_s + self.seconds + self.hold_s + 1.0
+        return self.startup_s + self.warmup_s + self.start_margin_s + self.seconds + self.hold_s + 1.0
 
 
 @dataclass(frozen=True)
 class CalibrationTarget:
-    """One GPU on one host; pythonpath is prepended on the host so `python -m lucid_core...` resolves."""
+    """One GPU on one host; pythonpath is set on the host so `python -m lucid_core...` resolves there."""
 
     host: HostAddress
     gpu: int = 0
     pythonpath: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the workload processes
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ def trial_command(trial: Trial, target: CalibrationTarget, settings: Calibration
     for tag, config in zip(TAGS, trial.configs, strict=False):
         args = [*config.workload_args(), "--seconds", f"{settings.seconds:g}", "--warmup", f"{settings.warmup_s:g}",
                 "--device", settings.device, "--threads", str(settings.threads), "--tag", tag,
-                "--sync-dir", "sync", "--parties", str(len(trial.configs)), "--hold", f"{settings.hold_s:g}"]
+                "--sync-dir", "sync", "--parties", str(len(trial.configs)), "--hold", f"{settings.hold_s:g}",
+                "--start-margin", f"{settings.start_margin_s:g}"]
         lines.append(f"{python} -m {module} run {shlex.join(args)} &")
         lines.append(f"p{tag}=$!")
     lines.append("rc=0")
@@ -197,11 +200,13 @@ class Calibrator:
                "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
         if self.target.pythonpath:
             env["PYTHONPATH"] = self.target.pythonpath
-        return env
+        return {**env, **self.target.env}
 
-    def _wait(self, run_id: str) -> RunStatus:
+    def _wait(self, run_id: str, least_s: float = 0.0) -> RunStatus:
+        """Poll the run until it ends; the first poll waits `least_s`, the shortest the run can take."""
         deadline = self.clock() + self.settings.trial_budget_s() + self.settings.timeout_slack_s
         host = self.target.host
+        self.sleep(least_s)
         while True:
             status = self.executor.poll(host, [run_id]).get(run_id, RunStatus("MISSING"))
             if status.state in {"EXITED", "VANISHED", "MISSING"}:
@@ -218,9 +223,10 @@ class Calibrator:
         tel = telemetry_launch(host.python, self.target.gpu, s.telemetry_interval_s,
                                s.trial_budget_s() + s.timeout_slack_s, self._emulated_triple(trial),
                                seed=attempt)
-        self.executor.launch(host, LaunchSpec(run_id, trial_command(trial, self.target, s, s.workload_module),
-                                               self._env(), tel))
-        status = self._wait(run_id)
+        command = trial_command(trial, self.target, s, s.workload_module)
+        launched = self.executor.launch(host, LaunchSpec(run_id, command, self._env(), tel))
+        shortest = 0.0 if launched.already_launched else s.warmup_s + s.seconds + s.hold_s
+        status = self._wait(run_id, least_s=shortest)
         stdout = self.executor.read(host, run_id, "stdout.log")
         if status.state != "EXITED" or status.exit_code != 0:
             stderr = self.executor.read(host, run_id, "stderr.log", max_bytes=2000)
@@ -294,9 +300,10 @@ class Calibrator:
                     "seconds": self.settings.seconds, "warmup_s": self.settings.warmup_s})
         return env
 
-    def _attempt(self, trial: Trial) -> int | None:
-        failed = self.journal.failures.get(trial.id, 0)
-        return failed + 1 if failed < self.settings.max_attempts else None
+    def _attempts(self, trial: Trial) -> range:
+        """Attempt numbers for this invocation, after those the journal already records as failed."""
+        first = self.journal.failures.get(trial.id, 0) + 1
+        return range(first, first + self.settings.max_attempts)
 
     def run(self, configs: Sequence[WorkloadConfig]) -> CalibrationReport:
         """Measure every configuration alone, then every pair that fits; rewrite the catalog after each."""
@@ -335,7 +342,7 @@ class Calibrator:
     def _do(self, trial: Trial, report: CalibrationReport, bar: _Progress,
             measure: Callable[[Trial, int], None]) -> None:
         began = self.clock()
-        while (attempt := self._attempt(trial)) is not None:
+        for attempt in self._attempts(trial):
             try:
                 measure(trial, attempt)
             except TrialFailed as exc:

@@ -122,7 +122,11 @@ class Journal:
         """Load the journal in `directory` (empty when new); a torn last line is ignored."""
         journal = cls(Path(directory) / JOURNAL_NAME)
         if journal.path.exists():
-            for line in journal.path.read_text(encoding="utf-8").splitlines():
+            text = journal.path.read_text(encoding="utf-8")
+            if text and not text.endswith("\n"):  # end a torn line so the next record starts on its own
+                with journal.path.open("a", encoding="utf-8") as handle:
+                    handle.write("\n")
+            for line in text.splitlines():
                 if not line.strip():
                     continue
                 try:

@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sync-dir", default=None, help="directory where co-located processes meet before measuring")
     run.add_argument("--parties", type=int, default=1, help="processes that meet in --sync-dir (2 for a pair)")
     run.add_argument("--hold", type=float, default=0.0, help="seconds to keep training, unmeasured, after the window")
+    run.add_argument("--start-margin", type=float, default=0.5,
+                     help="seconds between the last partner being ready and the common start")
     run.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     run.add_argument("--tag", default="", help="label echoed in the result (tells co-located processes apart)")
     sub.add_parser("env", help="print the software and GPU this host would measure with")
@@ -86,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     timing = LoopTiming(seconds=args.seconds, warmup_s=args.warmup, sync_dir=args.sync_dir, parties=args.parties,
-                        tag=args.tag, hold_s=args.hold)
+                        tag=args.tag, hold_s=args.hold, start_margin_s=args.start_margin)
     measure(args.workload, args.batch_size, args.amp, args.device, timing, emit=emit_line)
     return 0
 

@@ -56,6 +56,6 @@ def build(batch_size: int, device: torch.device, amp: bool) -> Callable[[], torc
         scaler.scale(loss_g).backward()
         scaler.step(opt_g)
         scaler.update()
-        return loss_g
+        return loss_g.detach()
 
     return step

@@ -46,6 +46,6 @@ def build(batch_size: int, device: torch.device, amp: bool) -> Callable[[], torc
         nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         scaler.step(opt)
         scaler.update()
-        return loss
+        return loss.detach()
 
     return step

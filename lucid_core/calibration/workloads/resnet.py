@@ -59,6 +59,6 @@ def build(batch_size: int, device: torch.device, amp: bool) -> Callable[[], torc
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
-        return loss
+        return loss.detach()
 
     return step
