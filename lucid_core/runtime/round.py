@@ -166,7 +166,7 @@ class SchedulingRound:
     def _finish_round(self, started: float) -> None:
         self.report.total_ms = (time.perf_counter() - started) * 1000
         with self.store.session() as s:
-            s.execute(update(RoundRow).where(RoundRow.id == self.report.round_id).values(
+            s.execute(_update(RoundRow).where(RoundRow.id == self.report.round_id).values(
                 ended_at=self.clock(), decide_ms=self.report.decide_ms, decisions=len(self.report.decisions),
                 error="; ".join(self.report.errors)[:2000] or None))
 
@@ -181,11 +181,11 @@ class SchedulingRound:
         if name not in self.report.unreachable:
             self.report.unreachable.append(name)
         with self.store.session() as s:
-            s.execute(update(HostRow).where(HostRow.name == name).values(reachable=False, last_error=str(exc)[:1000]))
+            s.execute(_update(HostRow).where(HostRow.name == name).values(reachable=False, last_error=str(exc)[:1000]))
 
     def _host_seen(self, name: str) -> None:
         with self.store.session() as s:
-            s.execute(update(HostRow).where(HostRow.name == name).values(
+            s.execute(_update(HostRow).where(HostRow.name == name).values(
                 reachable=True, last_seen=self.clock(), last_error=None))
 
     # ------------------------------------------------------------------ carry out pending rows
@@ -229,7 +229,7 @@ class SchedulingRound:
             self._crash("after_launch")  # the host runs it, the store does not know yet
             now = self.clock()
             with self.store.session() as s:
-                s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
+                s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
                     state="running", pid=result.pid, started_at=now))
                 row = s.get(JobRow, run.job_id)
                 if row is not None and run.node_rank == 0:
@@ -296,7 +296,7 @@ class SchedulingRound:
 
     def _abandon(self, run: RunRow, why: str) -> None:
         with self.store.session() as s:
-            s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
+            s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
                 state="ended", ended_at=self.clock(), outcome=why))
 
     def _launch_failed(self, run: RunRow, why: str) -> None:
@@ -408,7 +408,7 @@ class SchedulingRound:
                 return
             if still is not None and not stopped:
                 # a wide job: the first node to end takes the others down with it
-                s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == "running")
+                s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == "running")
                           .values(stop_reason="peer_ended"))
                 return
             if stopped or run.stop_reason == "peer_ended":
@@ -485,24 +485,29 @@ class SchedulingRound:
         with self.store.session() as s:
             for decision in decisions:
                 self._record(s, decision, view, now)
+            windowed = {r.job_id for r in snapshot.runs if r.profiling_until is not None}
+            changes = []
             for job_id, job in view.jobs.items():
-                if job_id.startswith(HOLD_PREFIX) or job_id in built.frozen:
-                    continue
-                row = s.get(JobRow, job_id)
-                if row is None or JobState(row.state) in TERMINAL_STATES:
-                    continue
-                row.predicted_duration = job.predicted_duration
-                row.share_class = int(job.share_class) if job.share_class is not None else None
-                row.known_min_duration = job.known_min_duration
-                row.no_share = job.no_share
-                if job.state in (JobState.SUBMITTED, JobState.QUEUED):
-                    row.state = job.state.value
+                old = snapshot.jobs.get(job_id)
+                if old is None or job_id in built.frozen:
+                    continue  # placeholders, and jobs whose stop is still pending
                 position, reason = reasons.get(job_id, (None, None))
-                row.queue_position, row.pending_reason = position, reason
+                new = {"predicted_duration": job.predicted_duration,
+                       "share_class": int(job.share_class) if job.share_class is not None else None,
+                       "known_min_duration": job.known_min_duration, "no_share": job.no_share,
+                       "queue_position": position, "pending_reason": reason}
+                if job.state in (JobState.SUBMITTED, JobState.QUEUED):
+                    new["state"] = job.state.value
+                if any(getattr(old, k) != v for k, v in new.items()):
+                    changes.append({"job_id": job_id, **new})
                 alloc = view.allocations.get(job_id)
-                if alloc is not None and alloc.profiling_until is None:
-                    s.execute(update(RunRow).where(RunRow.job_id == job_id, RunRow.state.in_(("planned", "running")),
-                                                   RunRow.profiling_until.is_not(None)).values(profiling_until=None))
+                if alloc is not None and alloc.profiling_until is None and job_id in windowed:
+                    s.execute(_update(RunRow).where(RunRow.job_id == job_id, RunRow.state.in_(("planned", "running")),
+                                                    RunRow.profiling_until.is_not(None)).values(profiling_until=None))
+            s.flush()
+            for key_set in {tuple(sorted(c)) for c in changes}:  # one executemany per column set
+                batch = [c for c in changes if tuple(sorted(c)) == key_set]
+                s.execute(update(JobRow), batch)
             state = {"sharing_mode": view.sharing_mode.value, "tprof_s": view.tprof_s,
                      "nprof_gpus": view.nprof_gpus, "borrowed_nodes": list(view.borrowed_nodes),
                      "last_mode_check": view.last_mode_check}
@@ -555,7 +560,7 @@ class SchedulingRound:
                              profile_in_place=isinstance(decision, Place) and decision.profile_in_place,
                              profiling_until=until, state="planned", decision_id=row.id, planned_at=now))
             if partner is not None:
-                s.execute(update(RunRow).where(RunRow.job_id == partner, RunRow.state.in_(("planned", "running")))
+                s.execute(_update(RunRow).where(RunRow.job_id == partner, RunRow.state.in_(("planned", "running")))
                           .values(partner=job.job_id))
             if isinstance(decision, StartProfiling):
                 job.state = JobState.PROFILING.value
@@ -565,9 +570,9 @@ class SchedulingRound:
             self._event(s, job.job_id, kind, f"{_gpus_text(decision.gpus)}: {decision.reason}")
         elif isinstance(decision, (StopProfiling, Preempt)):
             reason = "profiling_window" if isinstance(decision, StopProfiling) else "preempt"
-            s.execute(update(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "running")
+            s.execute(_update(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "running")
                       .values(stop_reason=reason))
-            s.execute(update(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "planned")
+            s.execute(_update(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "planned")
                       .values(state="ended", outcome=f"{reason} before launch", ended_at=now))
             job = s.get(JobRow, decision.job_id)
             job.state = JobState.QUEUED.value
@@ -579,6 +584,11 @@ class SchedulingRound:
             self._event(s, job.job_id, kind, decision.reason)
         elif isinstance(decision, (SetSharingMode, SetProfilerParams)):
             row.status, row.executed_at = "done", now
+
+
+def _update(model: Any) -> Any:
+    """An UPDATE that skips syncing the session's objects (the rows it touches are re-read anyway)."""
+    return update(model).execution_options(synchronize_session=False)
 
 
 def _gpus_text(gpus: tuple[GpuRef, ...]) -> str:
