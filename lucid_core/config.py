@@ -54,7 +54,7 @@ class BinderConfig:
 @dataclass(frozen=True)
 class OrchestratorConfig:
     estimator: bool = _knob(True, doc="ablation switch: off orders the queue by arrival (FIFO) instead")
-    starvation_s: float = _knob(0.0, lo=0, doc="a job queued this long goes first and stops backfilling (0: off)")
+    aging: float = _knob(32.0, lo=0, doc="GPU-seconds of priority a queued job gains per second it waits")
 
 
 @dataclass(frozen=True)

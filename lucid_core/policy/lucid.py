@@ -13,7 +13,7 @@ from lucid_core.policy.models import (
     RecentSlotsForecaster,
     ThroughputForecaster,
 )
-from lucid_core.policy.orchestrator import Orchestrator, place_queue, starving_job
+from lucid_core.policy.orchestrator import Orchestrator, place_queue
 from lucid_core.policy.profiler import SpaceAwareProfiler
 from lucid_core.policy.view import ClusterView
 
@@ -32,7 +32,7 @@ class LucidPolicy:
         self.profiler = SpaceAwareProfiler(config.profiler)
         self.binder = AffinityBinder(config.binder, packing_model)
         self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator,
-                                         config.orchestrator.starvation_s)
+                                         config.orchestrator.aging)
 
     # --- hooks ----------------------------------------------------------------------------
     def on_submit(self, view: ClusterView, job: Job) -> None:
@@ -70,10 +70,8 @@ class LucidPolicy:
             decisions.extend(self.profiler.autoscale(view, forecast))
         self.orchestrator.predict_pending(view)
         # the main queue first: profiled jobs waiting there have been waiting longest
-        starving = starving_job(view, self.orchestrator.starvation_s)
-        decisions.extend(place_queue(view, self._partner, starving=starving))
-        decisions.extend(self.profiler.start_windows(view, backfill_main=starving is None or
-                                                     starving not in view.queue))
+        decisions.extend(place_queue(view, self._partner))
+        decisions.extend(self.profiler.start_windows(view))
         return decisions
 
     def next_wakeup(self, view: ClusterView) -> float | None:

@@ -1,8 +1,8 @@
 """Resource Orchestrator (paper section 9, algorithm 2): priority order and placement.
 
-priority = GPUs x predicted duration, ascending. A scan places every queued job that fits
-compactly (alone, or with an affine partner when the binder allows), skipping the rest: no
-preemption, ever. The scan visits only the head of each (GPU demand, share class) part of
+priority = GPUs x predicted duration (less an aging credit for time waited), ascending. A scan
+places every queued job that fits compactly (alone, or with an affine partner when the binder
+allows), skipping the rest: no preemption, ever. The scan visits only the head of each (GPU demand, share class) part of
 the queue, since jobs within a part fit or fail alike.
 """
 
@@ -19,35 +19,14 @@ from lucid_core.policy.view import ClusterView, SortKey
 PartnerFinder = Callable[[ClusterView, Job], "tuple[str, str] | None"]
 
 
-def starving_job(view: ClusterView, starvation_s: float) -> str | None:
-    """The longest-waiting queued job when it has waited past `starvation_s` (0 disables)."""
-    if starvation_s <= 0:
-        return None
-    oldest = view.queue.oldest()
-    if oldest is None or view.now - oldest[0] < starvation_s:
-        return None
-    return oldest[1]
-
-
 def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
-                strict_order: bool = False, starving: str | None = None) -> list[Decision]:
+                strict_order: bool = False) -> list[Decision]:
     """Scan the main queue in key order and place what fits.
 
     `find_partner(view, job)` returns (partner id, reason) for a job with no exclusive fit.
     `strict_order` stops at the first job that cannot start (FIFO without backfilling).
-    `starving` names a job that waited too long: it goes first, and while it cannot start
-    nothing else does, so GPUs drain towards it instead of being backfilled forever.
     """
     decisions: list[Decision] = []
-    if starving is not None:
-        job = view.jobs[starving]
-        gpus = view.main.place_compact(job.gpus)
-        if gpus is None:
-            return decisions
-        view.start(starving, Pool.MAIN, gpus)
-        waited = (view.now - job.submit_time) / 3600
-        decisions.append(Place(starving, gpus, f"waited {waited:.1f} h, past the starvation limit: "
-                                               f"placed ahead of priority order"))
     parts = view.queue.parts()
     heads = [(items[0][0], part) for part, items in parts.items()]
     heapq.heapify(heads)
@@ -98,11 +77,10 @@ def _exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
 class Orchestrator:
     """Predicts durations in batches and keeps the main queue in priority order."""
 
-    def __init__(self, duration_model: DurationPredictor, use_estimator: bool = True,
-                 starvation_s: float = 0.0) -> None:
+    def __init__(self, duration_model: DurationPredictor, use_estimator: bool = True, aging: float = 0.0) -> None:
         self.duration_model = duration_model
         self.use_estimator = use_estimator
-        self.starvation_s = starvation_s
+        self.aging = aging
 
     def enqueue(self, view: ClusterView, job: Job) -> None:
         """Queue for prediction; the job joins the main queue at the next `predict_pending`."""
@@ -121,5 +99,7 @@ class Orchestrator:
 
     def sort_key(self, job: Job) -> SortKey:
         if self.use_estimator:
-            return (job.priority, job.submit_time, job.job_id)
+            # aging credits `aging` GPU-seconds of priority per second waited; adding it as
+            # aging x submit time keeps the order static, since every waiting job gains alike
+            return (job.priority + self.aging * job.submit_time, job.submit_time, job.job_id)
         return (job.submit_time, 0.0, job.job_id)

@@ -70,9 +70,8 @@ class SpaceAwareProfiler:
             f"threshold {self.config.burst_jobs_per_slot:g}; Tprof {view.tprof_s:g} s, "
             f"{len(view.borrowed_nodes)} borrowed node(s)")]
 
-    def start_windows(self, view: ClusterView, backfill_main: bool = True) -> list[Decision]:
-        """Algorithm 1 over the profiling queue, with in-place profiling when the main cluster has room
-        (`backfill_main` false keeps the main cluster for a starving job)."""
+    def start_windows(self, view: ClusterView) -> list[Decision]:
+        """Algorithm 1 over the profiling queue, with in-place profiling when the main cluster has room."""
         decisions: list[Decision] = []
         if not view.profiling_queue:
             return decisions
@@ -81,7 +80,7 @@ class SpaceAwareProfiler:
             job = view.jobs[job_id]
             window = self.window_for(view, job)
             until = view.now + window
-            if self.config.in_place and backfill_main:
+            if self.config.in_place:
                 gpus = view.main.place_compact(job.gpus)
                 if gpus is not None:
                     view.start(job_id, Pool.MAIN, gpus, profiling_until=until)

@@ -41,7 +41,6 @@ class MainQueue:
     def __init__(self) -> None:
         self._parts: dict[QueueKey, list[tuple[SortKey, str]]] = {}
         self._where: dict[str, tuple[QueueKey, SortKey]] = {}
-        self._by_age: list[tuple[float, str]] = []  # (queued since, job id), stale entries dropped lazily
 
     def __len__(self) -> int:
         return len(self._where)
@@ -49,18 +48,11 @@ class MainQueue:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._where
 
-    def push(self, job_id: str, part: QueueKey, key: SortKey, since: float = 0.0) -> None:
+    def push(self, job_id: str, part: QueueKey, key: SortKey) -> None:
         if job_id in self._where:
             raise ValueError(f"job {job_id} is already queued")
         bisect.insort(self._parts.setdefault(part, []), (key, job_id))
         self._where[job_id] = (part, key)
-        heapq.heappush(self._by_age, (since, job_id))
-
-    def oldest(self) -> tuple[float, str] | None:
-        """(queued since, job id) of the job waiting longest."""
-        while self._by_age and self._by_age[0][1] not in self._where:
-            heapq.heappop(self._by_age)
-        return self._by_age[0] if self._by_age else None
 
     def remove(self, job_id: str) -> None:
         part, key = self._where.pop(job_id)
@@ -86,11 +78,9 @@ class MainQueue:
         ids = list(self._where)
         self._parts.clear()
         self._where.clear()
-        ages = {job_id: since for since, job_id in self._by_age}
-        self._by_age.clear()
         for job_id in ids:
             part, key = key_fn(job_id)
-            self.push(job_id, part, key, since=ages.get(job_id, 0.0))
+            self.push(job_id, part, key)
 
 
 class ClusterView:
@@ -142,7 +132,7 @@ class ClusterView:
     def enqueue_main(self, job: Job, key: SortKey) -> None:
         job.state = JobState.QUEUED
         part = (job.gpus, int(job.share_class) if job.share_class is not None else -1)
-        self.queue.push(job.job_id, part, key, since=job.submit_time)
+        self.queue.push(job.job_id, part, key)
 
     def dequeue(self, job_id: str) -> None:
         self.profiling_queue.pop(job_id, None)
