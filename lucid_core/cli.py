@@ -24,6 +24,8 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--start", help="first submit day/time simulated (earlier jobs train the predictors)")
     p.add_argument("--end", help="end of the submit window (exclusive)")
     p.add_argument("--nodes", default="3", help="cluster size in 8-GPU nodes; several as 108,72,54")
+    p.add_argument("--vc-config", help="virtual clusters as CSV rows 'name,nodes' (e.g. Venus vc_config.csv); "
+                                        "each VC's jobs run on its own nodes and --nodes is ignored")
     p.add_argument("--catalog", default=str(_repo_include() / "sample"),
                    help="workload catalog dir (single_data.csv + colocate_info.csv); default: synthetic sample")
     p.add_argument("--config", help="TOML or YAML config file")
@@ -39,8 +41,8 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
 def _simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from lucid_core.sim.experiment import load_experiment, run_policy
-    from lucid_core.sim.report import jct_cdf_plot, queue_per_vc_plot, side_by_side, write_results
+    from lucid_core.sim.experiment import load_experiment, read_vc_config, run_policy
+    from lucid_core.sim.report import jct_cdf_plot, queue_per_vc_plot, side_by_side, utilization_plot, write_results
     from lucid_core.sim.workloads import WorkloadCatalog
 
     config = load_config(args.config)
@@ -56,14 +58,17 @@ def _simulate(args: argparse.Namespace) -> int:
     if any(n < 1 for n in node_counts):
         raise ConfigError(f"--nodes must be positive, got {args.nodes!r}")
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    vc_nodes = read_vc_config(args.vc_config) if args.vc_config else None
+    if vc_nodes:
+        node_counts = [sum(vc_nodes.values())]
     catalog = WorkloadCatalog.from_artifact(args.catalog)
     out = Path(args.out)
     for nodes in node_counts:
         exp, problems = load_experiment(args.trace, args.format, args.start, args.end, nodes=nodes,
-                                        catalog=catalog, config=config, seed=args.seed)
+                                        catalog=catalog, config=config, seed=args.seed, vc_nodes=vc_nodes)
         print(f"{problems}\nsimulating {len(exp.records)} jobs ({len(exp.history)} earlier jobs as history) "
               f"on {nodes} nodes x {config.cluster.gpus_per_node} GPUs")
-        metrics, outcomes = {}, {}
+        metrics, outcomes, timelines = {}, {}, {}
         for name in policies:
             bar = None if args.no_progress else tqdm(total=len(exp.records), desc=f"{name:>9} @{nodes}",
                                                      unit="job", leave=False, file=sys.stderr)
@@ -76,6 +81,7 @@ def _simulate(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
             metrics[name], outcomes[name] = m, result.outcomes
+            timelines[name] = (result.busy_timeline, result.total_gpus)
         print(side_by_side(metrics))
         target = out / f"nodes{nodes}"
         write_results(target, outcomes, metrics, {"trace": args.trace, "start": args.start, "end": args.end,
@@ -83,6 +89,7 @@ def _simulate(args: argparse.Namespace) -> int:
                                                   "config": config.to_dict()})
         jct_cdf_plot(outcomes, target / "jct_cdf.png")
         queue_per_vc_plot(outcomes, target / "queue_per_vc.png")
+        utilization_plot(timelines, target / "gpu_utilization.png")
         print(f"results, per-job CSVs and plots in {target}/")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,25 @@ def test_simulator_rejects_a_job_wider_than_the_cluster():
     config = LucidConfig()
     with pytest.raises(ValueError, match="more GPUs than"):
         simulate([TraceRecord("w", 0, 10, 16)], FifoPolicy(config), config, main_nodes=1)
+
+
+def test_virtual_clusters_keep_jobs_on_their_own_nodes(tmp_path):
+    from lucid_core.sim.experiment import _merge_timelines, read_vc_config
+
+    vc_file = tmp_path / "vc.csv"
+    vc_file.write_text(",num\nnlp,2\nspeech,1\nvision,1\nrl,1\n")
+    vc_nodes = read_vc_config(vc_file)
+    assert vc_nodes == {"nlp": 2, "speech": 1, "vision": 1, "rl": 1}
+    catalog = WorkloadCatalog.from_artifact(REPO / "include" / "sample")
+    exp, _ = load_experiment(REPO / "include" / "sample" / "trace.csv", "generic", "2024-03-04T12:00", None,
+                             nodes=99, catalog=catalog, config=LucidConfig(), vc_nodes=vc_nodes)
+    split, _ = run_policy("lucid", exp, check_invariants=True)
+    assert len({o.job_id for o in split.outcomes}) == len(exp.records)
+    assert split.total_gpus == 5 * 8  # no VC here has 10 nodes, so no profiling pool is carved out
+    pooled, _ = run_policy("lucid", replace(exp, vc_nodes=None, nodes=5), check_invariants=True)
+    # one VC's burst cannot spill onto another VC's idle nodes: splitting can only add waiting
+    assert sum(o.queue_delay for o in split.outcomes) > sum(o.queue_delay for o in pooled.outcomes)
+    assert _merge_timelines([[(0, 0), (5, 2), (9, 0)], [(0, 0), (5, 1), (7, 3)]]) == [(0, 0), (5, 3), (7, 5), (9, 3)]
+    vc_file.write_text("nlp,2\n")
+    with pytest.raises(ValueError, match="missing from the VC config"):
+        run_policy("fifo", replace(exp, vc_nodes=read_vc_config(vc_file)))

@@ -7,6 +7,7 @@ except by SJF, the oracle.
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime
@@ -43,6 +44,32 @@ class Experiment:
     config: LucidConfig
     nodes: int
     seed: int = 0
+    vc_nodes: dict[str, int] | None = None  # virtual clusters: each VC's jobs run on its own nodes
+
+
+def read_vc_config(path: str | Path) -> dict[str, int]:
+    """Virtual clusters from a two-column CSV (name, nodes), e.g. Venus' vc_config.csv."""
+    out: dict[str, int] = {}
+    with open(path, encoding="utf-8", newline="") as handle:
+        for line_no, row in enumerate(csv.reader(handle), start=1):
+            if len(row) < 2 or not row[0].strip() or (line_no == 1 and not row[1].strip().isdigit()):
+                continue
+            try:
+                nodes = int(row[1])
+            except ValueError:
+                raise ValueError(f"{path} line {line_no}: nodes {row[1]!r} is not an integer") from None
+            if nodes < 1:
+                raise ValueError(f"{path} line {line_no}: VC {row[0]!r} needs at least one node, got {nodes}")
+            out[row[0].strip()] = nodes
+    if not out:
+        raise ValueError(f"{path}: no virtual clusters found (expected rows 'name,nodes')")
+    return out
+
+
+def vc_pool_nodes(config_pool: int, vc_nodes: int) -> int:
+    """A VC carves out a profiling pool only when it has 10 nodes per pool node; smaller ones profile
+    in place on their own nodes."""
+    return min(config_pool, vc_nodes // 10)
 
 
 def history_jobs(history: Sequence[TraceRecord]) -> tuple[list[Job], list[float]]:
@@ -78,7 +105,10 @@ def run_policy(name: str, exp: Experiment, *, check_invariants: bool = False, ke
                duration_model: DurationPredictor | None = None, packing_model: PackingClassifier | None = None,
                progress: Callable[[int, int], None] | None = None) -> tuple[SimResult, dict]:
     """Simulate one policy. A profiling pool is carved out of the same nodes, so every policy
-    gets the same number of GPUs."""
+    gets the same number of GPUs. With virtual clusters, each VC is its own cluster."""
+    if exp.vc_nodes:
+        return _run_per_vc(name, exp, check_invariants=check_invariants, keep_log=keep_log,
+                           packing_model=packing_model)
     policy, config = build_policy(name, exp, duration_model, packing_model)
     pool = config.profiler.pool_nodes if getattr(policy, "profiles", False) else 0
     if pool >= exp.nodes:
@@ -93,9 +123,60 @@ def run_policy(name: str, exp: Experiment, *, check_invariants: bool = False, ke
     return result, metrics
 
 
+def _merge_timelines(timelines: Sequence[list[tuple[float, int]]]) -> list[tuple[float, int]]:
+    """Sum of step functions given as change points."""
+    deltas: list[tuple[float, int]] = []
+    for timeline in timelines:
+        previous = 0
+        for t, busy in timeline:
+            deltas.append((t, busy - previous))
+            previous = busy
+    deltas.sort()
+    merged: list[tuple[float, int]] = []
+    level = 0
+    for t, delta in deltas:
+        level += delta
+        if merged and merged[-1][0] == t:
+            merged[-1] = (t, level)
+        else:
+            merged.append((t, level))
+    return merged
+
+
+def _run_per_vc(name: str, exp: Experiment, **kwargs) -> tuple[SimResult, dict]:
+    assert exp.vc_nodes is not None
+    unknown = sorted({r.vc for r in exp.records} - set(exp.vc_nodes))
+    if unknown:
+        raise ValueError(f"jobs of virtual clusters missing from the VC config: {unknown[:5]}")
+    results, pool_gpus = [], 0
+    for vc, nodes in sorted(exp.vc_nodes.items()):
+        records = [r for r in exp.records if r.vc == vc]
+        if not records:
+            continue
+        pool = vc_pool_nodes(exp.config.profiler.pool_nodes, nodes)
+        sub = replace(exp, records=records, nodes=nodes, vc_nodes=None,
+                      config=exp.config.with_overrides({"profiler.pool_nodes": pool}))
+        result, metrics = run_policy(name, sub, **kwargs)
+        results.append(result)
+        pool_gpus += int(metrics["profiling_pool_gpus"])
+    outcomes = [o for r in results for o in r.outcomes]
+    counts: dict[str, int] = {}
+    for r in results:
+        for key, value in r.decision_counts.items():
+            counts[key] = counts.get(key, 0) + value
+    merged = SimResult(name, outcomes, _merge_timelines([r.busy_timeline for r in results]),
+                       sum(r.total_gpus for r in results), counts, sum(r.wall_seconds for r in results),
+                       sum(r.events for r in results), [e for r in results for e in r.decision_log])
+    metrics = compute_metrics(merged.outcomes, merged.busy_timeline, merged.total_gpus)
+    metrics["wall_s"] = merged.wall_seconds
+    metrics["profiling_pool_gpus"] = pool_gpus
+    return merged, metrics
+
+
 def load_experiment(trace: str | Path, fmt: str = "auto", start: date | datetime | str | None = None,
                     end: date | datetime | str | None = None, *, nodes: int, catalog: WorkloadCatalog,
-                    config: LucidConfig, seed: int = 0) -> tuple[Experiment, str]:
+                    config: LucidConfig, seed: int = 0,
+                    vc_nodes: dict[str, int] | None = None) -> tuple[Experiment, str]:
     """Read the window and, as history, every job of the same file submitted before it."""
     window = read_trace(trace, fmt, start, end)
     history: list[TraceRecord] = []
@@ -105,4 +186,6 @@ def load_experiment(trace: str | Path, fmt: str = "auto", start: date | datetime
         history = [replace(r, submit_time=r.submit_time + shift) for r in before.records]
     if not window.records:
         raise ValueError(f"{trace}: no valid jobs submitted in the window [{start}, {end})")
-    return Experiment(window.records, history, catalog, config, nodes, seed), window.problem_summary()
+    if vc_nodes:
+        nodes = sum(vc_nodes.values())
+    return Experiment(window.records, history, catalog, config, nodes, seed, vc_nodes), window.problem_summary()
