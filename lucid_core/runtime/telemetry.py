@@ -40,13 +40,19 @@ def process_group_of(pid: int) -> int | None:
 
 
 def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (an exited process nobody reaped yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return text[text.rfind(")") + 2:][:1] != "Z"
 
 
 class NvmlBackend:
@@ -129,11 +135,12 @@ def sample_loop(backend: Any, write: Callable[[Sample], None], *, pid: int | Non
                 duration_s: float, clock: Callable[[], float] = time.time,
                 sleep: Callable[[float], None] = time.sleep) -> int:
     """Sample every `interval_s` until the job ends or `duration_s` passes; returns the samples written."""
-    start = clock()
+    start: float | None = None
     written = 0
     pgid = pid  # the wrapper leads its own process group (setsid)
     while True:
         now = clock()
+        start = now if start is None else start
         for record in backend.sample(pgid):
             record["t"] = now
             write(record)

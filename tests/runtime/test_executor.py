@@ -1,0 +1,97 @@
+"""Executors: quoting of what the scheduler adds, the user's command verbatim, reuse of SSH connections,
+GPU discovery, and the local executor's TERM-then-KILL stop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lucid_core.runtime.executor import HostAddress, LaunchSpec
+from lucid_core.runtime.host_scripts import check_run_id, launch_script
+from lucid_core.runtime.local_executor import local_executor
+from lucid_core.runtime.ssh_executor import SshTransport, ssh_executor
+
+NASTY = "it's \"quoted\" $HOME `date` \\ ; rm -rf /nonexistent"
+
+
+def _wait_exit(executor, host, run_id, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = executor.poll(host, [run_id])[run_id]
+        if status.state == "EXITED":
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"{run_id} did not exit")
+
+
+def test_run_ids_and_env_names_cannot_escape(tmp_path):
+    for bad in ("../x", "a b", "", "x;rm", "-rf"):
+        with pytest.raises(ValueError):
+            check_run_id(bad)
+    with pytest.raises(ValueError, match="not a valid identifier"):
+        launch_script(str(tmp_path), "j1-main1", "true", {"A B": "x"})
+
+
+def test_local_executor_quotes_env_runs_command_verbatim_and_stops_term_then_kill(tmp_path):
+    executor = local_executor()
+    host = HostAddress("local", executor="local", workdir=str(tmp_path))
+    command = 'printf "%s|%s\\n" "$LUCID_TEST" "$CUDA_VISIBLE_DEVICES"; echo \'single\' "$((1+2))"; exit 5'
+    spec = LaunchSpec("j1-main1", command, {"LUCID_TEST": NASTY, "CUDA_VISIBLE_DEVICES": "0,1"})
+    first = executor.launch(host, spec)
+    again = executor.launch(host, spec)
+    assert not first.already_launched and again.already_launched and again.pid == first.pid
+    status = _wait_exit(executor, host, "j1-main1")
+    assert status.exit_code == 5 and not status.stop_requested
+    assert executor.read(host, "j1-main1", "stdout.log") == f"{NASTY}|0,1\nsingle 3\n"
+    stubborn = LaunchSpec("j2-main1", "trap '' TERM; sleep 60", {})
+    executor.launch(host, stubborn)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    stopped = executor.stop(host, "j2-main1", "cancel", grace_s=0.5)
+    assert stopped.state == "VANISHED" and stopped.stop_requested and time.monotonic() - t0 < 5
+    polite = LaunchSpec("j3-main1", "sleep 60", {})
+    executor.launch(host, polite)
+    time.sleep(0.2)
+    stopped = executor.stop(host, "j3-main1", "cancel", grace_s=5)
+    assert (stopped.state, stopped.exit_code, stopped.stop_requested) == ("EXITED", 143, True)
+
+
+@pytest.mark.ssh
+def test_ssh_connection_is_reused_within_a_round_and_output_is_verbatim(sshd_hosts, tmp_path):
+    host = sshd_hosts.hosts["main1"]
+    transport = SshTransport(str(sshd_hosts.known_hosts), connect_timeout_s=3, retries=0)
+    executor = ssh_executor(str(sshd_hosts.known_hosts))
+    executor.transports["ssh"] = transport
+    address = HostAddress("main1", "127.0.0.1", host.port, sshd_hosts.user, str(sshd_hosts.client_key),
+                          str(tmp_path / "w"), executor="ssh")
+    executor.launch(address, LaunchSpec("j9-main1", 'echo "$LUCID_TEST"', {"LUCID_TEST": NASTY}))
+    _wait_exit(executor, address, "j9-main1")
+    assert executor.read(address, "j9-main1", "stdout.log") == NASTY + "\n"
+    assert executor.poll(address, ["j9-main1", "j8-main1"])["j8-main1"].state == "MISSING"
+    assert transport.connects == 1  # one connection for five operations
+    executor.close()
+    executor.poll(address, ["j9-main1"])
+    assert transport.connects == 2  # a new round opens a new one
+
+
+def test_gpus_are_discovered_with_nvidia_smi_over_the_executor(tmp_path, monkeypatch):
+    from lucid_core.runtime.inventory import HostSpec, add_host, list_hosts
+    from lucid_core.runtime.store import Store
+
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771, GPU-aaa'\necho '1, NVIDIA H200, 143771, GPU-bbb'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    gpus = add_host(store, HostSpec("gpu0", executor="local"), local_executor())
+    assert [(g.index, g.model, g.memory_mb, g.uuid) for g in gpus] == [
+        (0, "NVIDIA H200", 143771.0, "GPU-aaa"), (1, "NVIDIA H200", 143771.0, "GPU-bbb")]
+    assert list_hosts(store)[0]["gpus"] == 2
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    from lucid_core.runtime.inventory import InventoryError
+
+    with pytest.raises(InventoryError, match="no NVIDIA GPU"):
+        add_host(store, HostSpec("cpu0", executor="local"), local_executor())
+    store.dispose()
