@@ -9,14 +9,18 @@ so a round killed between steps is repaired by the next round's reconcile.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import dag, task
 
+# "@continuous" runs rounds back to back (the embedded demo); the default is one round a minute.
+ROUND_SCHEDULE = os.environ.get("LUCID_ROUND_SCHEDULE") or timedelta(minutes=1)
+
 
 @dag(
     dag_id="lucid_scheduling_round",
-    schedule=timedelta(minutes=1),
+    schedule=ROUND_SCHEDULE,
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

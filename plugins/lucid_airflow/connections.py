@@ -16,7 +16,7 @@ def sqlalchemy_url(conn) -> str:
     if kind == "sqlite":
         return f"sqlite:///{conn.host or conn.schema}"
     if kind in {"postgres", "postgresql"}:
-        return URL.create("postgresql", username=conn.login or None, password=conn.password or None,
+        return URL.create("postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
                           host=conn.host or None, port=conn.port or None,
                           database=conn.schema or None).render_as_string(hide_password=False)
     return conn.get_uri()

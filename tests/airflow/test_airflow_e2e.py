@@ -4,6 +4,7 @@ plugin, checks the plugin refuses unauthenticated requests, and renders the queu
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -102,10 +103,8 @@ def airflow_stack(tmp_path_factory):
         yield base, token, env, root
     finally:
         for proc in procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for proc in procs:
             try:
                 proc.wait(timeout=20)
@@ -124,9 +123,13 @@ def _seed_queue(url: str) -> None:
     store = Store(url)
     add_host(store, HostSpec("main0", executor="local", telemetry="emulated", gpus=2,
                              workdir=str(Path(url.removeprefix("sqlite:///")).parent / "main0")))
-    for k, gpus in enumerate((1, 2, 1)):
-        submit(store, JobRequest("sleep 60", gpus=gpus, user=f"user{k}", vc="default", name=f"resnet-sweep-{k}"))
+    for k in range(4):
+        submit(store, JobRequest("sleep 60", gpus=2, user=f"user{k}", vc="default", name=f"resnet-sweep-{k}"))
     store.dispose()
+    from lucid_airflow.round_steps import profile_bind_and_place
+
+    decided = profile_bind_and_place(url, {"acquired": True})  # order, priorities and pending reasons
+    assert decided["decisions"], decided
 
 
 def _wait_for_dag(base: str, headers: dict, dag_id: str, timeout: float = 120) -> None:
@@ -231,7 +234,9 @@ def test_queue_view_renders_in_headless_chromium(airflow_stack, tmp_path):
     finally:
         server.shutdown()
     assert '<table id="queue">' in dom.stdout, dom.stdout[:2000] + dom.stderr[-2000:]
-    assert dom.stdout.count("resnet-sweep-") == 3
+    rows = [row for row in dom.stdout.split("<tr>") if "resnet-sweep-" in row]
+    assert len(rows) >= 3, dom.stdout[:3000]
+    assert sum("<td></td></tr>" not in row for row in rows) >= 2, "waiting jobs show their pending reason"
     from PIL import Image
 
     image = Image.open(shot).convert("L")

@@ -1,0 +1,83 @@
+"""Pure pieces of the pipeline: grid expansion, ranking, drift numbers, GX quarantine, connection URLs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+
+def test_expand_grid_is_the_cartesian_product_minus_invalid_threshold_pairs():
+    from lucid_core.tuner import expand_grid
+
+    configs = expand_grid({"tprof_s": [100, 200], "tiny_threshold": [0.9, 0.95], "medium_threshold": [0.85, 0.92],
+                           "sharing": ["on"], "nprof_gpus": []})
+    # (tiny 0.9, medium 0.92) is invalid: medium above tiny
+    assert len(configs) == 2 * 3
+    assert all(c["binder.sharing"] == "on" for c in configs)
+    assert {"profiler.nprof_gpus"} & set(configs[0]) == set()
+    assert not any(c["binder.tiny_threshold"] == 0.9 and c["binder.medium_threshold"] == 0.92 for c in configs)
+
+
+def test_rank_orders_by_objective_and_puts_failures_last():
+    from lucid_core.tuner import ConfigResult, rank
+
+    results = [ConfigResult(0, {}, {"avg_jct_s": 5.0, "gpu_utilization": 0.5}),
+               ConfigResult(1, {}, error="boom"),
+               ConfigResult(2, {}, {"avg_jct_s": 3.0, "gpu_utilization": 0.4})]
+    assert [r.index for r in rank(results, "avg_jct")] == [2, 0, 1]
+    assert [r.index for r in rank(results, "utilization")] == [0, 2, 1]
+
+
+def test_psi_is_zero_for_the_same_sample_and_large_for_a_shift():
+    from lucid_core.alerts import population_stability_index
+
+    rng = np.random.default_rng(0)
+    reference = rng.normal(0, 1, 5000)
+    assert population_stability_index(reference, reference) == pytest.approx(0.0, abs=1e-9)
+    assert population_stability_index(reference, rng.normal(0, 1, 5000)) < 0.02
+    assert population_stability_index(reference, rng.normal(1.5, 1, 5000)) > 0.5
+
+
+def test_drift_report_names_its_numbers():
+    from lucid_core.alerts import check_drift
+
+    report = check_drift("duration", [1.0, 1.0], [2.0, 3.0], {"gpus": [1] * 50 + [2] * 50},
+                         {"gpus": [8] * 100}, mae_ratio_threshold=1.25, psi_threshold=0.2)
+    assert report.mae_ratio == pytest.approx(2.5)
+    assert report.error_drift and report.shifted_features == ["gpus"] and report.drifted
+    assert "2.500" in report.body and "DRIFT" in report.subject
+
+
+def test_gx_quarantines_bad_rows_and_keeps_the_rest():
+    from lucid_core.validation import validate_frame
+
+    n = 60
+    rng = np.random.default_rng(1)
+    submit = np.sort(rng.uniform(0, 1e5, n))
+    start = submit + 10
+    duration = rng.lognormal(7, 1, n)
+    frame = pd.DataFrame({"job_id": [f"j{i}" for i in range(n)], "user": [f"u{i % 5}" for i in range(n)],
+                          "vc": "a", "name": "x", "gpus": 1, "submit_time": submit, "start_time": start,
+                          "end_time": start + duration, "duration": duration, "state": "COMPLETED",
+                          "gpu_util": 50.0, "mem_util": 20.0, "gpu_mem_mb": 1000.0, "amp": False})
+    frame.loc[4, "gpus"] = 0
+    frame.loc[7, "end_time"] = frame.loc[7, "start_time"] - 1
+    outcome = validate_frame(frame, "job_log", max_quarantine_share=0.1)
+    assert outcome.passed, outcome.refused_reason
+    assert sorted(outcome.quarantined["job_id"]) == ["j4", "j7"]
+    assert len(outcome.clean) == n - 2
+    strict = validate_frame(frame, "job_log", max_quarantine_share=0.01)
+    assert not strict.passed and "above the allowed" in strict.refused_reason
+
+
+def test_store_url_from_airflow_connections():
+    from airflow.models.connection import Connection
+    from lucid_airflow.connections import sqlalchemy_url
+
+    assert sqlalchemy_url(Connection(conn_id="a", conn_type="sqlite", host="/tmp/x.db")) == "sqlite:////tmp/x.db"
+    pg = Connection(conn_id="b", conn_type="postgres", host="127.0.0.1", port=5432, login="u", password="p",
+                    schema="lucid")
+    assert sqlalchemy_url(pg) == "postgresql+psycopg2://u:p@127.0.0.1:5432/lucid"
+    explicit = Connection(conn_id="c", conn_type="generic", extra='{"sqlalchemy_url": "sqlite:///y.db"}')
+    assert sqlalchemy_url(explicit) == "sqlite:///y.db"
