@@ -72,6 +72,7 @@ class RoundSettings:
     launch_grace_s: float = 60.0
     telemetry_interval_s: float = 1.0
     telemetry_margin_s: float = 5.0
+    max_launch_failures: int = 3  # a job whose launch the hosts refuse this often fails
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
@@ -305,11 +306,19 @@ class SchedulingRound:
             for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
                 if peer.state in ("planned", "running"):
                     peer.state, peer.ended_at, peer.outcome = "ended", self.clock(), f"launch failed: {why}"[:1000]
+            s.flush()
+            failures = len(s.scalars(select(RunRow.run_id).where(
+                RunRow.job_id == run.job_id, RunRow.node_rank == 0, RunRow.outcome.like("launch failed%"))).all())
             job = s.get(JobRow, run.job_id)
-            if job is not None and JobState(job.state) not in TERMINAL_STATES:
-                job.state = (JobState.SUBMITTED if run.kind == "profiling" and not job.profiled
-                             else JobState.QUEUED).value
-                self._event(s, job.job_id, "launch_failed", why[:1000])
+            if job is None or JobState(job.state) in TERMINAL_STATES:
+                return
+            self._event(s, job.job_id, "launch_failed", why[:1000])
+            if failures >= self.settings.max_launch_failures:
+                self._end_job(s, job, JobState.FAILED, None,
+                              f"could not be launched ({failures} tries); last error: {why[:500]}", run)
+                return
+            job.state = (JobState.SUBMITTED if run.kind == "profiling" and not job.profiled
+                         else JobState.QUEUED).value
         self.report.requeued.append(run.job_id)
 
     # ---------------------------------------------------------------------------- reconcile
@@ -407,9 +416,14 @@ class SchedulingRound:
             if job is None or JobState(job.state) in TERMINAL_STATES:
                 return
             if still is not None and not stopped:
-                # a wide job: the first node to end takes the others down with it
+                # a wide job: other nodes still run. Success waits for them; a failure fails the
+                # job now and takes the other nodes down with it.
+                if status.state == "EXITED" and status.exit_code == 0:
+                    return
                 s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == "running")
                           .values(stop_reason="peer_ended"))
+                self._end_job(s, job, JobState.FAILED, status.exit_code,
+                              f"node {run.host} (rank {run.node_rank}): {outcome}", run)
                 return
             if stopped or run.stop_reason == "peer_ended":
                 reason = run.stop_reason
@@ -427,7 +441,9 @@ class SchedulingRound:
 
     def _end_job(self, s: Any, job: JobRow, state: JobState, exit_code: int | None, why: str, run: RunRow) -> None:
         now = self.clock()
-        in_window = run.kind == "profiling" or (run.profiling_until is not None and now <= run.profiling_until + 1)
+        ran = run.started_at is not None
+        in_window = ran and (run.kind == "profiling" or (run.profiling_until is not None
+                                                           and now <= run.profiling_until + 1))
         job.state, job.end_time, job.exit_code, job.end_reason = state.value, now, exit_code, why
         job.ended_in_profiling = in_window and state is not JobState.CANCELLED
         job.pending_reason, job.queue_position = None, None
