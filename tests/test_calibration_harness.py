@@ -60,6 +60,7 @@ def _run_dirs(tmp_path: Path) -> set[str]:
     return {p.name for p in (tmp_path / "runs").iterdir() if p.is_dir() and "-env-" not in p.name}
 
 
+@pytest.mark.filterwarnings("ignore:The least populated class:UserWarning")
 def test_full_calibration_writes_an_artifact_format_catalog_the_packing_tree_trains_on(
         sshd_hosts, tmp_path: Path, artifact: Path) -> None:
     out = tmp_path / "catalog"

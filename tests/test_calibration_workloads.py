@@ -106,3 +106,24 @@ def test_workload_specs_parse_and_pairs_include_self_pairs() -> None:
     assert len(pairs) == 6 and (configs[0], configs[0]) in pairs
     with pytest.raises(ValueError, match="unknown workload"):
         parse_configs(["bert:32"])
+
+
+def test_calibrate_command_line_validates_and_explains_a_host_without_gpu(tmp_path: Path, capsys) -> None:
+    import argparse
+
+    from lucid_core.calibration.cli import add_parser, main
+
+    parser = argparse.ArgumentParser(prog="lucid")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["calibrate", "--host", "gpu1", "--workloads", "resnet18:32", "neumf", "--out", "x"])
+    assert args.seconds == 60.0 and args.gpus == "0" and args.workloads == ["resnet18:32", "neumf"]
+
+    assert main(["--host", "local", "--gpus", "0,1", "--workloads", "ppo", "--out", str(tmp_path)]) == 2
+    assert main(["--host", "local", "--workloads", "bert:32", "--out", str(tmp_path)]) == 2
+    assert "unknown workload 'bert'" in capsys.readouterr().err
+    _torch()
+    code = main(["--host", "local", "--workloads", "ppo:32", "--out", str(tmp_path / "cat"),
+                 "--workdir", str(tmp_path / "runs"), "--no-progress"])
+    assert code == 1
+    assert "--gpu-memory-mb" in capsys.readouterr().err  # no nvidia-smi here: says what to pass
+    assert not (tmp_path / "cat" / "environment.json").exists()  # nothing half-written before the memory check

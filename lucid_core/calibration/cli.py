@@ -67,8 +67,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run_calibrate(args: argparse.Namespace) -> int:
     from lucid_core.calibration.compare import compare_labels, comparison_markdown
     from lucid_core.calibration.emulation import EmulatedProfiles
-    from lucid_core.calibration.harness import CalibrationSettings, CalibrationTarget, Calibrator
-    from lucid_core.runtime.executor import HostAddress
+    from lucid_core.calibration.harness import CalibrationSettings, CalibrationTarget, Calibrator, TrialFailed
+    from lucid_core.runtime.executor import HostAddress, HostCommandFailed, HostUnreachable
 
     gpus = [g for g in str(args.gpus).split(",") if g.strip()]
     if len(gpus) != 1 or not gpus[0].strip().isdigit():
@@ -114,6 +114,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
                             progress=None if args.no_progress else sys.stderr)
     try:
         report = calibrator.run(configs)
+    except (TrialFailed, HostUnreachable, HostCommandFailed) as exc:
+        print(f"calibration stopped: {exc}", file=sys.stderr)
+        return 1
     finally:
         executor.close()
     print(f"measured {len(report.measured)} runs, {len(report.skipped)} already in the journal, "

@@ -216,7 +216,7 @@ class Calibrator:
                 raise TrialFailed(f"{run_id} did not finish within its time budget; stopped")
             self.sleep(self.settings.poll_interval_s)
 
-    def run_trial(self, trial: Trial, attempt: int) -> list[WorkloadResult] | None:
+    def run_trial(self, trial: Trial, attempt: int) -> list[WorkloadResult]:
         """Launch (or rejoin) the trial's run, wait for it, and return each process's result."""
         host, s = self.target.host, self.settings
         run_id = self.run_id(trial, attempt)
@@ -268,7 +268,7 @@ class Calibrator:
         overlap = overlap_fraction([ra, rb])
         if overlap < self.settings.min_overlap:
             raise TrialFailed(f"{run_id}: the two processes measured together only {overlap:.0%} of the window "
-                              f"(need {self.settings.min_overlap:.0%}); raise the startup time")
+                              f"(need {self.settings.min_overlap:.0%}); lengthen the window or the hold")
         profile = self._profile(run_id, [ra, rb])
         solo_a, solo_b = self.journal.solos[a.key], self.journal.solos[b.key]
         return PairRecord(first=a, second=b, speed_first=ra.iters_per_s / solo_a.iters_per_s,
