@@ -95,5 +95,6 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                   "exit_code": r.exit_code, "outcome": r.outcome} for r in runs],
         "decisions": [{"time": d.time, "kind": d.kind, "reason": d.reason, "status": d.status} for d in decisions],
         "events": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
+        "models": getattr(policy, "model_sources", {}),
     }
     return out

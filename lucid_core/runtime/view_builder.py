@@ -40,10 +40,11 @@ class Snapshot:
     state: dict[str, Any]
     history: list[tuple[JobRow, float]] = field(default_factory=list)  # finished jobs, run time
     submissions: list[tuple[float, int]] = field(default_factory=list)  # (time, gpus), recent, sorted
+    models: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # kind -> (version, path, created)
 
 
-def load_snapshot(store: Store, now: float, history_window_s: float = 6 * 600.0) -> Snapshot:
-    from lucid_core.runtime.schema import SchedulerStateRow
+def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.0) -> Snapshot:
+    from lucid_core.runtime.schema import ModelVersionRow, SchedulerStateRow
 
     active = [s.value for s in JobState if s not in TERMINAL_STATES]
     with store.session() as s:
@@ -66,7 +67,9 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 6 * 600.0)
         subs = s.execute(select(JobRow.submit_time, JobRow.gpus)
                          .where(JobRow.submit_time >= now - history_window_s)
                          .order_by(JobRow.submit_time)).all()
-    return Snapshot(hosts, counts, jobs, runs, profiles, state, history, [(t, g) for t, g in subs])
+        models = {m.kind: (m.version, m.path, m.created_at) for m in s.scalars(
+            select(ModelVersionRow).where(ModelVersionRow.active.is_(True)).order_by(ModelVersionRow.created_at))}
+    return Snapshot(hosts, counts, jobs, runs, profiles, state, history, [(t, g) for t, g in subs], models)
 
 
 def job_of(row: JobRow) -> Job:
@@ -102,17 +105,70 @@ class ReplayForecaster:
         return self.inner.forecast(now)
 
 
+def load_model(path: str, *, needs: tuple[str, ...]) -> Any | None:
+    """A promoted model artifact (joblib), or the predictor it wraps, if it offers `needs`; else None."""
+    import joblib
+
+    try:
+        obj = joblib.load(path)
+    except Exception:  # a missing or unreadable artifact must not stop scheduling
+        return None
+    for candidate in (obj, getattr(obj, "predictor_", None), getattr(obj, "model_", None)):
+        if candidate is not None and all(callable(getattr(candidate, n, None)) for n in needs):
+            return candidate
+    return None
+
+
+def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, Any, dict[str, str]]:
+    """(duration model, packing model or None, forecaster, kind -> source) for this round.
+
+    Promoted versions in `model_versions` (written by the Update Engine) win; the duration model
+    then also learns the jobs that ended after it was trained. Without one, the fallbacks are
+    refitted from the store's history.
+    """
+    sources: dict[str, str] = {}
+    duration = None
+    if "duration" in snapshot.models:
+        version, path, created = snapshot.models["duration"]
+        duration = load_model(path, needs=("predict_duration", "observe"))
+        if duration is not None:
+            sources["duration"] = f"promoted version {version}"
+            for row, seconds in snapshot.history:
+                if (row.end_time or 0.0) > created:
+                    duration.observe(job_of(row), seconds)
+    if duration is None:
+        duration = HistoryDurationPredictor()
+        if snapshot.history:
+            duration.fit([job_of(j) for j, _ in snapshot.history], [d for _, d in snapshot.history])
+        sources["duration"] = f"history of {len(snapshot.history)} finished job(s)"
+    packing = None
+    if "packing" in snapshot.models:
+        version, path, _ = snapshot.models["packing"]
+        packing = load_model(path, needs=("classify",))
+        if packing is not None:
+            sources["packing"] = f"promoted version {version}"
+    forecaster = None
+    if "throughput_forecaster" in snapshot.models:
+        version, path, _ = snapshot.models["throughput_forecaster"]
+        forecaster = load_model(path, needs=("observe_submission", "forecast"))
+        if forecaster is not None:
+            sources["throughput"] = f"promoted version {version}"
+    if forecaster is None:
+        forecaster = RecentSlotsForecaster(config.forecast.slot_s)
+        sources["throughput"] = "mean of recent slots"
+    for t, gpus in snapshot.submissions:
+        forecaster.observe_submission(t, gpus)
+    return duration, packing, ReplayForecaster(forecaster), sources
+
+
 def default_policy(config: LucidConfig, snapshot: Snapshot) -> SchedulingPolicy:
-    """LucidPolicy with history-fitted fallback models (the model registry replaces them when present)."""
+    """LucidPolicy with the promoted models, or history-fitted fallbacks when none is promoted."""
     from lucid_core.policy.lucid import LucidPolicy
 
-    duration = HistoryDurationPredictor()
-    if snapshot.history:
-        duration.fit([job_of(j) for j, _ in snapshot.history], [d for _, d in snapshot.history])
-    inner = RecentSlotsForecaster(config.forecast.slot_s)
-    for t, gpus in snapshot.submissions:
-        inner.observe_submission(t, gpus)
-    return LucidPolicy(config, duration_model=duration, forecaster=ReplayForecaster(inner))
+    duration, packing, forecaster, sources = policy_models(config, snapshot)
+    policy = LucidPolicy(config, duration_model=duration, packing_model=packing, forecaster=forecaster)
+    policy.model_sources = sources  # type: ignore[attr-defined]
+    return policy
 
 
 PolicyFactory = Callable[[LucidConfig, Snapshot], SchedulingPolicy]

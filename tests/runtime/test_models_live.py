@@ -1,0 +1,42 @@
+"""The round consults the models the Update Engine promoted (model_versions), else refits fallbacks."""
+
+from __future__ import annotations
+
+import time
+
+import joblib
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import Job
+from lucid_core.policy.models import HistoryDurationPredictor
+from lucid_core.runtime.schema import ModelVersionRow
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.view_builder import default_policy, load_snapshot
+
+
+class Wrapped:
+    """Like the Update Engine's candidates: the live predictor sits in `predictor_`."""
+
+    def __init__(self, predictor):
+        self.predictor_ = predictor
+
+
+def test_promoted_duration_model_is_used_and_fallback_otherwise(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    probe = Job(job_id="x", user="ann", vc="a", gpus=1, submit_time=0.0)
+    fallback = default_policy(LucidConfig(), load_snapshot(store, time.time()))
+    assert fallback.model_sources["duration"] == "history of 0 finished job(s)"
+    assert fallback.duration_model.predict_duration([probe]) == [3600.0]
+    history = [Job(job_id=f"h{i}", user="ann", vc="a", gpus=1, submit_time=0.0) for i in range(5)]
+    trained = HistoryDurationPredictor().fit(history, [120.0] * 5)
+    path = tmp_path / "duration.joblib"
+    joblib.dump(Wrapped(trained), path)
+    with store.session() as s:
+        s.add(ModelVersionRow(kind="duration", version="v7", path=str(path), created_at=time.time(), active=True))
+        s.add(ModelVersionRow(kind="packing", version="broken", path=str(tmp_path / "missing.joblib"),
+                              created_at=time.time(), active=True))
+    policy = default_policy(LucidConfig(), load_snapshot(store, time.time()))
+    assert policy.model_sources["duration"] == "promoted version v7"
+    assert "packing" not in policy.model_sources  # an unreadable artifact falls back, it does not crash
+    assert abs(policy.duration_model.predict_duration([probe])[0] - 120.0) < 1e-6
+    store.dispose()
