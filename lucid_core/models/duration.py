@@ -156,7 +156,7 @@ class DurationModel:
             cols["name_bucket"] = np.array([f"b{b}" for b in buckets])
         cols["gpus"] = frame["gpus"].astype(float).to_numpy()
         cols["hour"] = at.hour.to_numpy() + at.minute.to_numpy() / 60.0
-        cols["day_of_week"] = at.dayofweek.to_numpy().astype(float)
+        cols["day_of_week"] = at.day_of_week.to_numpy().astype(float)
         for c in self.profile_columns_:
             cols[c] = frame[c].astype(float).to_numpy()
         for k, c in enumerate(HISTORY_COLUMNS):
@@ -185,7 +185,8 @@ class DurationModel:
         self.feature_names_ = list(X.columns)
         exclude = [("gpus", c) for c in self.feature_names_ if c != "gpus"] if self.monotone_gpus else None
         self.ebm_ = _ebm(interactions=self.interactions, outer_bags=self.outer_bags, max_rounds=self.max_rounds,
-                         feature_types=self._feature_types(X), exclude=exclude, n_jobs=self.n_jobs,
+                         feature_types=self._feature_types(X), exclude=exclude,
+                         n_jobs=1 if self.outer_bags == 1 else self.n_jobs,  # one bag: worker processes only cost
                          random_state=self.random_state)
         self.ebm_.fit(X, y_log)
         if self.monotone_gpus:
@@ -277,6 +278,9 @@ def hgb_baseline(X_train: pd.DataFrame, y_train: np.ndarray, X_test: pd.DataFram
     both = pd.concat([X_train, X_test])
     for c in cats:
         both[c] = both[c].astype("category")
+    from threadpoolctl import threadpool_limits
+
     hgb = HistGradientBoostingRegressor(categorical_features="from_dtype", random_state=random_state)
-    hgb.fit(both.iloc[: len(X_train)], y_train)
-    return hgb.predict(both.iloc[len(X_train):])
+    with threadpool_limits(1 if len(X_train) < 20_000 else None):  # OpenMP threads only slow small fits down
+        hgb.fit(both.iloc[: len(X_train)], y_train)
+        return hgb.predict(both.iloc[len(X_train):])

@@ -32,7 +32,7 @@ def slot_features(counts: pd.Series) -> pd.DataFrame:
     past = counts.astype(float).shift(1)  # the newest value a forecast for slot t may use
     cols: dict[str, np.ndarray] = {
         "hour": idx.hour.to_numpy() + idx.minute.to_numpy() / 60.0,
-        "day_of_week": idx.dayofweek.to_numpy(),
+        "day_of_week": idx.day_of_week.to_numpy(),
         "month": idx.month.to_numpy(),
     }
     for lag in LAGS:
@@ -88,7 +88,7 @@ class ThroughputModel:
         X = slot_features(counts).iloc[1:]
         y = np.log1p(counts.astype(float).iloc[1:].to_numpy())
         self.ebm_ = _ebm(interactions=self.interactions, outer_bags=self.outer_bags, max_rounds=self.max_rounds,
-                         n_jobs=self.n_jobs, random_state=self.random_state)
+                         n_jobs=1 if self.outer_bags == 1 else self.n_jobs, random_state=self.random_state)
         self.ebm_.fit(X, y)
         self.feature_names_ = list(X.columns)
         self.train_window_ = (str(counts.index[0]), str(counts.index[-1]))

@@ -1,0 +1,50 @@
+"""`lucid models ...` end to end on small inputs: train, register, promote, eval, list, compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from lucid_core.models.cli import add_parser
+from lucid_core.models.datasets import shared_data_dir
+from lucid_core.models.synthetic import synthetic_job_log
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lucid")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_train_duration_register_eval_compare(tmp_path, capsys):
+    log = tmp_path / "jobs.csv"
+    synthetic_job_log(1500, n_users=12, days=10, seed=5).drop(columns=["submit_time"]).to_csv(log, index=False)
+    reg = str(tmp_path / "reg")
+    common = ["models", "train-duration", "--trace", str(log), "--test-start", "2024-01-08", "--test-end",
+              "2024-01-11", "--rounds", "100", "--bags", "1", "--registry", reg]
+    assert run([*common, "--promote"]) == 0
+    out = capsys.readouterr().out
+    assert "| EBM |" in out and "| history fallback alone |" in out and "registered duration v1" in out
+    assert run([*common, "--monotone-gpus"]) == 0
+    capsys.readouterr()
+    assert run(["models", "list", "--registry", reg]) == 0
+    listing = capsys.readouterr().out
+    assert "| duration | 1 | yes |" in listing and "| duration | 2 |" in listing
+    assert run(["models", "compare", "duration", "1", "2", "--registry", reg]) == 0
+    assert "| r2 |" in capsys.readouterr().out
+    assert run(["models", "eval", "duration", "--registry", reg, "--data", str(log), "--from", "2024-01-08"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["jobs"] > 0 and scores["r2"] > scores["fallback_r2"]
+
+
+def test_train_packing_writes_readable_tree(tmp_path, capsys):
+    catalog = shared_data_dir() / "lucid_artifact"
+    if not (catalog / "single_data.csv").exists():
+        pytest.skip(f"reference catalog not found at {catalog}")
+    out = tmp_path / "tree.json"
+    assert run(["models", "train-packing", "--catalog", str(catalog), "--out", str(out), "--no-register"]) == 0
+    assert "CV accuracy" in capsys.readouterr().out
+    assert json.loads(out.read_text())["nodes"][0]["feature"] == "gpu_util"
