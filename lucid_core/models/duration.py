@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 import time as _time
 from collections import defaultdict, deque
 from collections.abc import Sequence
@@ -62,7 +63,7 @@ class DurationHistory:
         nan = math.nan
         return [
             sum(u) / len(u) if u else nan,
-            float(np.median(u)) if u else nan,
+            statistics.median(u) if u else nan,
             u[-1] if u else nan,
             float(self.user_count.get(user, 0)),
             sum(ug) / len(ug) if ug else nan,
@@ -213,7 +214,8 @@ class DurationModel:
         history = np.empty((len(jobs), len(HISTORY_COLUMNS)))
         for i, job in enumerate(jobs):
             history[i, :-1] = self.history_.features(job.user, int(buckets[i]), job.gpus)
-            history[i, -1] = math.log1p(self.fallback_.predict_one(replace(job, known_min_duration=0.0))[0])
+            unconditional = job if job.known_min_duration == 0 else replace(job, known_min_duration=0.0)
+            history[i, -1] = math.log1p(self.fallback_.predict_one(unconditional)[0])
         frame = pd.DataFrame({"vc": [j.vc for j in jobs], "user": [j.user for j in jobs],
                               "gpus": [j.gpus for j in jobs], "submit_time": [j.submit_time for j in jobs]})
         for c in self.profile_columns_:
