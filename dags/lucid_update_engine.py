@@ -80,6 +80,15 @@ def lucid_update_engine():
         return promote_or_keep(store_url(), evaluation)
 
     @task
+    def publish_model_pages(decision: dict) -> list[str]:
+        """Shape-function plots of the promoted models and the packing tree, for the plugin's model page."""
+        from lucid_airflow.tuning import reports_root
+
+        from lucid_core.update import publish_model_pages
+
+        return publish_model_pages(reports_root() / "models")
+
+    @task
     def check_drift(decision: dict, params=None, run_id=None) -> dict:
         """Error ratio and input PSI of the promoted models; kept as drift history."""
         from lucid_airflow.tuning import reports_root
@@ -111,7 +120,9 @@ def lucid_update_engine():
         notifier.notify(get_current_context())
         return recipients
 
-    alert(check_drift(promote_or_keep(train_and_evaluate(validate(extract())))))
+    decision = promote_or_keep(train_and_evaluate(validate(extract())))
+    publish_model_pages(decision)
+    alert(check_drift(decision))
 
 
 lucid_update_engine()

@@ -2,15 +2,14 @@
 promote or keep, and measure drift of the models that served the recent past.
 
 Steps exchange small JSON-safe dicts (Airflow passes them as XCom); frames and models live in files.
-Model versions are rows of the store's `model_versions` table (one active per kind) pointing to
-joblib artifacts under LUCID_HOME/models, with the reference error and input sample that later
-drift checks compare against.
+Artifacts go to the model registry (LUCID_HOME/models/registry, one promoted version per model);
+the store's `model_versions` table records each promoted version with the reference errors and
+input sample that later drift checks compare against.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ import numpy as np
 import pandas as pd
 
 from lucid_core.alerts import check_drift
-from lucid_core.domain import Job
 
 JOB_COLUMNS = ["job_id", "user", "vc", "name", "gpus", "submit_time", "start_time", "end_time", "duration", "state",
                "gpu_util", "mem_util", "gpu_mem_mb", "amp"]
@@ -131,12 +129,6 @@ def validate_batch(batch: Batch, max_quarantine_share: float = 0.05) -> dict[str
 # ---------------------------------------------------------------- models
 
 
-def _jobs_of(frame: pd.DataFrame) -> list[Job]:
-    return [Job(job_id=str(r.job_id), user=str(r.user), vc=str(r.vc), gpus=int(r.gpus),
-                submit_time=float(r.submit_time), name=str(r.name) if isinstance(r.name, str) else "")
-            for r in frame.itertuples(index=False)]
-
-
 def duration_inputs(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     """The inputs whose distribution the drift check watches."""
     hours = (frame["submit_time"].to_numpy(dtype=float) % 86400.0) / 3600.0
@@ -144,56 +136,72 @@ def duration_inputs(frame: pd.DataFrame) -> dict[str, np.ndarray]:
             "gpu_util": frame["gpu_util"].fillna(-1).to_numpy(dtype=float)}
 
 
-class DurationCandidate:
-    """The duration model the live policy consults, fitted on finished jobs (history of the same
-    user and GPU demand, then user, then GPU demand); errors are absolute log1p-seconds."""
+def throughput_inputs(slots: pd.DataFrame) -> dict[str, np.ndarray]:
+    return {"submit_gpu_job": slots["submit_gpu_job"].to_numpy(dtype=float)}
 
-    def __init__(self, min_samples: int = 3) -> None:
-        self.min_samples = min_samples
+
+class DurationCandidate:
+    """The duration EBM (`lucid_core.models.duration.DurationModel`); errors in absolute log1p-seconds.
+
+    Recent jobs are scored leak-free: the log is replayed in time order so each job's history
+    features hold only jobs that ended before it was submitted."""
+
+    def __init__(self, model=None, outer_bags: int = 2, max_rounds: int = 1000) -> None:
+        self.model = model
+        self.outer_bags = outer_bags
+        self.max_rounds = max_rounds
 
     def fit(self, frame: pd.DataFrame) -> DurationCandidate:
-        from lucid_core.policy.models import HistoryDurationPredictor
+        from lucid_core.models.duration import DurationModel
 
-        self.predictor_ = HistoryDurationPredictor(min_samples=self.min_samples).fit(
-            _jobs_of(frame), frame["duration"].astype(float).tolist())
-        self.rows_ = len(frame)
+        self.model = DurationModel(outer_bags=self.outer_bags, max_rounds=self.max_rounds, n_jobs=1).fit(frame)
         return self
 
-    def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        return np.asarray(self.predictor_.predict_duration(_jobs_of(frame)), dtype=float)
-
-    def errors(self, frame: pd.DataFrame) -> np.ndarray:
-        return np.abs(np.log1p(self.predict(frame)) - np.log1p(frame["duration"].to_numpy(dtype=float)))
+    def errors(self, frame: pd.DataFrame, recent: np.ndarray) -> np.ndarray:
+        design = self.model.replay(frame)
+        predicted = self.model.predict_log(design[recent])
+        return np.abs(predicted - np.log1p(frame["duration"].to_numpy(dtype=float)[recent]))
 
 
 class ThroughputCandidate:
-    """The throughput EBM on jobs per slot; errors are absolute jobs per slot."""
+    """The throughput EBM (`lucid_core.models.throughput.ThroughputModel`) on GPU jobs per slot;
+    errors in absolute jobs per slot, each slot forecast from the slots before it."""
 
-    def __init__(self, outer_bags: int = 2, max_rounds: int = 600) -> None:
+    def __init__(self, model=None, outer_bags: int = 2, max_rounds: int = 600) -> None:
+        self.model = model
         self.outer_bags = outer_bags
         self.max_rounds = max_rounds
+
+    @staticmethod
+    def series(slots: pd.DataFrame) -> pd.Series:
+        index = pd.to_datetime(slots["time"].to_numpy(dtype=float), unit="s")
+        return pd.Series(slots["submit_gpu_job"].to_numpy(dtype=float), index=index)
 
     def fit(self, slots: pd.DataFrame) -> ThroughputCandidate:
         from lucid_core.models.throughput import ThroughputModel
 
-        self.model_ = ThroughputModel(outer_bags=self.outer_bags, max_rounds=self.max_rounds, n_jobs=1).fit(
-            self._series(slots))
+        self.model = ThroughputModel(outer_bags=self.outer_bags, max_rounds=self.max_rounds, n_jobs=1).fit(
+            self.series(slots))
         return self
 
-    @staticmethod
-    def _series(slots: pd.DataFrame) -> pd.Series:
-        index = pd.to_datetime(slots["time"].to_numpy(dtype=float), unit="s")
-        return pd.Series(slots["submit_gpu_job"].to_numpy(dtype=float), index=index)
-
-    def errors(self, slots: pd.DataFrame) -> np.ndarray:
-        series = self._series(slots)
-        return np.abs(self.model_.predict(series) - series.to_numpy())
+    def errors(self, slots: pd.DataFrame, recent: np.ndarray) -> np.ndarray:
+        series = self.series(slots)
+        return np.abs(self.model.predict(series)[recent] - series.to_numpy()[recent])
 
 
-def _split_recent(frame: pd.DataFrame, order: str, recent_share: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    frame = frame.sort_values(order, kind="stable").reset_index(drop=True)
+#: registry name -> (clean frame of the validation report, time column, candidate class, drift inputs)
+MODEL_PLANS = {
+    "duration": ("job_log", "end_time", DurationCandidate, duration_inputs),
+    "throughput": ("throughput", "time", ThroughputCandidate, throughput_inputs),
+}
+
+
+def _recent_mask(frame: pd.DataFrame, recent_share: float) -> np.ndarray:
+    """The most recent `recent_share` of rows (frame sorted by time), at least one and not all."""
     cut = max(1, min(len(frame) - 1, round(len(frame) * (1.0 - recent_share))))
-    return frame.iloc[:cut], frame.iloc[cut:]
+    mask = np.zeros(len(frame), dtype=bool)
+    mask[cut:] = True
+    return mask
 
 
 def _sample(values: np.ndarray) -> list[float]:
@@ -203,76 +211,84 @@ def _sample(values: np.ndarray) -> list[float]:
     return np.quantile(values, np.linspace(0, 1, REFERENCE_SAMPLE)).tolist()
 
 
-def models_dir() -> Path:
+def registry_root() -> Path:
+    """LUCID_HOME/models/registry: the model registry the Update Engine promotes into."""
     from lucid_core.runtime.store import lucid_home
 
-    return lucid_home() / "models"
+    return lucid_home() / "models" / "registry"
 
 
-def _active_version(store_url: str, kind: str) -> dict[str, Any] | None:
+def _reference(store_url: str, kind: str, version: int) -> dict[str, Any]:
+    """Drift reference (errors and inputs at promotion) kept in the store's model_versions row."""
     import sqlalchemy as sa
 
     engine = sa.create_engine(store_url)
     try:
         with engine.connect() as connection:
             row = connection.execute(sa.text(
-                "SELECT version, path, metrics FROM model_versions WHERE kind = :kind AND active = :yes "
-                "ORDER BY created_at DESC LIMIT 1"), {"kind": kind, "yes": True}).first()
+                "SELECT metrics FROM model_versions WHERE kind = :kind AND version = :version "
+                "ORDER BY created_at DESC LIMIT 1"), {"kind": kind, "version": str(version)}).first()
     finally:
         engine.dispose()
     if row is None:
-        return None
-    metrics = row.metrics if isinstance(row.metrics, dict) else json.loads(row.metrics or "{}")
-    return {"version": row.version, "path": row.path, "metrics": metrics}
+        return {}
+    return row.metrics if isinstance(row.metrics, dict) else json.loads(row.metrics or "{}")
 
 
 def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: float, run_id: str | None) -> dict:
-    """Fit each candidate on the older part of its clean frame and score it and the promoted one on the rest."""
-    import joblib
+    """Fit each candidate on the older part of its clean frame; score it and the promoted one on the rest."""
+    from lucid_core.models.datasets import frame_sha256
+    from lucid_core.models.registry import ModelRegistry
 
-    version = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + (run_id or "manual")[-12:].replace(":", "")
-    out = models_dir()
-    evaluation: dict[str, Any] = {"version": version, "models": {}}
-    plans = (("duration", "job_log", "end_time", DurationCandidate, duration_inputs),
-             ("throughput", "throughput", "time", ThroughputCandidate,
-              lambda f: {"submit_gpu_job": f["submit_gpu_job"].to_numpy(dtype=float)}))
-    for kind, suite, order, factory, inputs in plans:
+    registry = ModelRegistry(registry_root())
+    evaluation: dict[str, Any] = {"run_id": run_id, "models": {}}
+    for kind, (suite, order, candidate_class, inputs) in MODEL_PLANS.items():
         frame = pd.read_csv(checked[suite]["clean_path"], dtype={"job_id": str, "user": str, "vc": str, "name": str})
-        if len(frame) < 4:
+        if len(frame) < 8:
             evaluation["models"][kind] = {"skipped": f"only {len(frame)} clean rows"}
             continue
-        older, recent = _split_recent(frame, order, recent_share)
+        frame = frame.sort_values(order, kind="stable").reset_index(drop=True)
+        recent = _recent_mask(frame, recent_share)
+        older = frame[~recent].reset_index(drop=True)
         started = time.perf_counter()
-        candidate = factory().fit(older)
+        candidate = candidate_class().fit(older)
         fit_s = time.perf_counter() - started
-        candidate_errors = candidate.errors(recent)
-        path = out / kind / f"{version}.joblib"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        joblib.dump(candidate, path)
+        candidate_errors = candidate.errors(frame, recent)
+        window = (str(older[order].min()), str(older[order].max()))
+        version = registry.register(kind, candidate.model, kind=kind, training_window=window,
+                                    data_hash=frame_sha256(older),
+                                    metrics={"recent_mae": float(candidate_errors.mean()), "fit_seconds": fit_s,
+                                             "train_rows": len(older), "recent_rows": int(recent.sum())})
         entry: dict[str, Any] = {
-            "candidate_path": str(path), "candidate_mae": float(candidate_errors.mean()), "fit_seconds": fit_s,
-            "train_rows": len(older), "recent_rows": len(recent),
+            "candidate_version": version.version, "candidate_mae": float(candidate_errors.mean()),
+            "candidate_errors": _sample(candidate_errors), "fit_seconds": fit_s, "train_rows": len(older),
+            "recent_rows": int(recent.sum()), "training_window": list(window),
             "reference_inputs": {k: _sample(v) for k, v in inputs(older).items()},
-            "recent_inputs": {k: _sample(v) for k, v in inputs(recent).items()},
+            "recent_inputs": {k: _sample(v) for k, v in inputs(frame[recent]).items()},
         }
-        promoted = _active_version(store_url, kind)
+        promoted = registry.promoted_version(kind)
         if promoted is not None:
-            previous = joblib.load(promoted["path"])
-            previous_errors = previous.errors(recent)
-            entry.update(promoted_version=promoted["version"], promoted_mae=float(previous_errors.mean()),
-                         promoted_reference_mae=float(promoted["metrics"].get("reference_mae", math.nan)),
-                         promoted_reference_inputs=promoted["metrics"].get("reference_inputs", {}),
+            previous = candidate_class(model=registry.load(kind, promoted))
+            previous_errors = previous.errors(frame, recent)
+            reference = _reference(store_url, kind, promoted)
+            entry.update(promoted_version=promoted, promoted_mae=float(previous_errors.mean()),
                          promoted_recent_errors=_sample(previous_errors),
-                         promoted_reference_errors=promoted["metrics"].get("reference_errors", []))
-        entry["candidate_errors"] = _sample(candidate_errors)
+                         promoted_reference_errors=reference.get("reference_errors", []),
+                         promoted_reference_inputs=reference.get("reference_inputs", {}))
         evaluation["models"][kind] = entry
     return evaluation
 
 
 def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float = 1.0) -> dict[str, Any]:
-    """Promote each candidate whose recent error is at most `tolerance` x the promoted model's; else keep."""
+    """Promote each candidate whose recent error is at most `tolerance` x the promoted model's; else keep.
+
+    The registry's PROMOTED pointer moves; the store's model_versions gets the version with its drift
+    reference (the candidate's recent errors and training inputs) and becomes the active row."""
     import sqlalchemy as sa
 
+    from lucid_core.models.registry import ModelRegistry
+
+    registry = ModelRegistry(registry_root())
     engine = sa.create_engine(store_url)
     decisions: dict[str, Any] = {}
     try:
@@ -283,26 +299,56 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
                     continue
                 promoted_mae = entry.get("promoted_mae")
                 better = promoted_mae is None or entry["candidate_mae"] <= tolerance * promoted_mae
+                version = entry["candidate_version"]
                 if better:
+                    registry.promote(kind, version)
                     connection.execute(sa.text("UPDATE model_versions SET active = :no WHERE kind = :kind"),
                                        {"no": False, "kind": kind})
                     metrics = {"reference_mae": entry["candidate_mae"], "reference_errors": entry["candidate_errors"],
                                "reference_inputs": entry["reference_inputs"], "train_rows": entry["train_rows"],
-                               "recent_rows": entry["recent_rows"], "fit_seconds": entry["fit_seconds"]}
+                               "recent_rows": entry["recent_rows"], "fit_seconds": entry["fit_seconds"],
+                               "training_window": entry["training_window"]}
                     connection.execute(sa.text(
                         "INSERT INTO model_versions (kind, version, path, created_at, metrics, active, note) "
                         "VALUES (:kind, :version, :path, :created, :metrics, :yes, :note)"),
-                        {"kind": kind, "version": evaluation["version"], "path": entry["candidate_path"],
+                        {"kind": kind, "version": str(version), "path": str(registry_root() / kind / f"v{version:04d}"),
                          "created": time.time(), "metrics": json.dumps(metrics), "yes": True,
-                         "note": "promoted by the Update Engine"})
+                         "note": f"promoted by the Update Engine ({evaluation.get('run_id') or 'manual'})"})
                     why = ("no promoted model yet" if promoted_mae is None else
                            f"candidate MAE {entry['candidate_mae']:.4g} <= promoted {promoted_mae:.4g}")
                 else:
-                    why = f"candidate MAE {entry['candidate_mae']:.4g} > promoted {promoted_mae:.4g}"
-                decisions[kind] = {"action": "promote" if better else "keep", "why": why}
+                    why = f"candidate MAE {entry['candidate_mae']:.4g} > promoted {promoted_mae:.4g}: kept"
+                decisions[kind] = {"action": "promote" if better else "keep", "version": version, "why": why}
     finally:
         engine.dispose()
     return {"decisions": decisions, "evaluation": evaluation}
+
+
+def publish_model_pages(directory: str | Path) -> list[str]:
+    """Shape-function plots of the promoted EBMs and the packing tree as text, for the plugin's model page."""
+    from lucid_core.models.explain import plot_shape_functions
+    from lucid_core.models.registry import ModelRegistry
+
+    out = Path(directory)
+    written: list[str] = []
+    registry = ModelRegistry(registry_root())
+    for kind in MODEL_PLANS:
+        version = registry.promoted_version(kind)
+        if version is None:
+            continue
+        model = registry.load(kind, version)
+        target = out / kind / f"v{version:04d}"
+        if not target.is_dir():
+            written += [str(p) for p in plot_shape_functions(model.ebm_, target, prefix=kind)]
+    tree_text = out / "packing" / "tree.txt"
+    if not tree_text.exists():
+        from lucid_core.models.packing import PackingTree, default_tree_path
+
+        if default_tree_path().is_file():
+            tree_text.parent.mkdir(parents=True, exist_ok=True)
+            tree_text.write_text(PackingTree.load_json(default_tree_path()).export_text(), encoding="utf-8")
+            written.append(str(tree_text))
+    return written
 
 
 def drift_reports(decision: dict[str, Any], mae_ratio: float, psi: float) -> list[dict[str, Any]]:

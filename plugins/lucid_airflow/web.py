@@ -255,15 +255,65 @@ def _inside(root: Path, relative: str) -> Path:
 
 
 def _explanation(url: str, job_id: str) -> str:
-    """The runtime's explanation of a job, when the runtime offers one."""
+    """The runtime's explanation of a job (the same models the round uses), as lines a person reads."""
     try:
-        from lucid_core.runtime import explain as runtime_explain
-    except ImportError:
-        return "The runtime's explanation module is not installed."
-    try:
-        return str(runtime_explain.explain_job(url, job_id))
+        from lucid_core.config import load_config
+        from lucid_core.runtime.explain import explain
+        from lucid_core.runtime.store import Store
+
+        store = Store(url, migrate=False)
+        try:
+            data = explain(store, job_id, load_config(_live_config()), time.time())
+        finally:
+            store.dispose()
     except Exception as exc:  # an explanation failing must not take the page down
         return f"Explanation unavailable: {type(exc).__name__}: {exc}"
+    return explanation_text(data)
+
+
+def _live_config() -> str | None:
+    import os
+
+    path = os.environ.get("LUCID_CONFIG")
+    return path if path and Path(path).is_file() else None
+
+
+def explanation_text(data: dict[str, Any]) -> str:
+    """Priority, its duration terms, packing class and tree path, partner and pending reason."""
+    lines = []
+    priority = data.get("priority") or {}
+    if priority.get("value_gpu_s") is not None:
+        lines.append(f"Priority {priority['value_gpu_s']:.0f} GPU-s = {priority['gpus']} GPU(s) x predicted "
+                     f"{priority['predicted_duration_s']:.0f} s ({priority.get('formula', '')})")
+    else:
+        lines.append("No duration predicted yet (not profiled or not yet considered by a round).")
+    duration = priority.get("duration") or {}
+    if duration:
+        lines.append(f"Duration model: {duration.get('model')}")
+        terms = duration.get("terms") or []
+        if isinstance(terms, list):
+            for term in terms[:12]:
+                lines.append(f"  {term[0]}: {term[1]}" if isinstance(term, list | tuple) and len(term) == 2
+                             else f"  {term}")
+        else:
+            lines.append(f"  {terms}")
+        if duration.get("error"):
+            lines.append(f"  ({duration['error']})")
+    profile = data.get("profile")
+    if profile:
+        lines.append(f"Profile: GPU util {profile['gpu_util']:.1f}%, memory util {profile['mem_util']:.1f}%, "
+                     f"{profile['gpu_mem_mb']:.0f} MB" + (" (emulated)" if profile.get("emulated") else ""))
+    packing = data.get("packing") or {}
+    if packing.get("class"):
+        lines.append(f"Packing class: {packing['class']}")
+        lines += [f"  {step}" for step in packing.get("path") or []]
+    partner = data.get("partner")
+    if partner:
+        lines.append(f"Shares GPUs with {partner['job_id']}: {partner.get('why') or ''}")
+    pending = data.get("pending")
+    if pending:
+        lines.append(f"Waiting (position {pending.get('position')}): {pending.get('reason')}")
+    return "\n".join(lines)
 
 
 def _runtime_api(url: str):

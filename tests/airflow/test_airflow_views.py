@@ -1,0 +1,77 @@
+"""The plugin's pages render what the store and the reports hold (auth is tested end to end elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from lucid_af_support import SAMPLE_TRACE
+
+
+def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+    from lucid_airflow import round_steps
+    from lucid_airflow.web import create_lucid_app
+
+    from lucid_core.alerts import check_drift
+    from lucid_core.runtime.inventory import HostSpec, add_host
+    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.sim.traces import read_trace
+    from lucid_core.tuner import TunerSettings, run_configuration, write_report
+    from lucid_core.update import save_drift_history
+
+    url = f"sqlite:///{lucid_home / 'lucid.db'}"
+    config = tmp_path / "lucid.toml"
+    config.write_text('[profiler]\nenabled = false\n[binder]\nsharing = "on"\n')
+    monkeypatch.setenv("LUCID_CONFIG", str(config))
+    store = Store(url)
+    add_host(store, HostSpec("main0", executor="local", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "main0")))
+    ids = [submit(store, JobRequest("sleep 4", gpus=1, user=f"u{k}", vc="default", name=f"sweep-{k}"))
+           for k in range(4)]
+    for _ in range(2):  # first round places, the second pairs / records reasons for the rest
+        decided = round_steps.profile_bind_and_place(url, round_steps.reconcile(url))
+        round_steps.carry_out(url, decided)
+        time.sleep(0.5)
+
+    reports = lucid_home / "reports"
+    records = read_trace(SAMPLE_TRACE, "generic").records
+    settings = TunerSettings(main_nodes=2)
+    results = [run_configuration(records, {"profiler.tprof_s": t}, settings, index=i)
+               for i, t in enumerate((100, 300))]
+    write_report(results, settings, reports / "tuner" / "manual_run")
+    drift = check_drift("duration", [0.5] * 20, [1.5] * 20, {"gpus": [1.0] * 40}, {"gpus": [8.0] * 40})
+    save_drift_history(reports / "drift", "manual__1", [drift.to_dict() | {"body": drift.body}], "ops@example.org")
+
+    client = TestClient(create_lucid_app(lambda: url, lambda: reports, protect=False))
+    queue = client.get("/queue")
+    assert queue.status_code == 200 and '<table id="queue">' in queue.text
+    waiting = [i for i in ids if i in queue.text]
+    assert waiting, "some jobs wait behind the one GPU"
+    assert "sweep-" in queue.text
+
+    running = client.get("/running")
+    assert running.status_code == 200 and "gpumap-main0" in running.text
+    assert "GPU 0" in running.text and any(i in running.text for i in ids)
+
+    detail = client.get(f"/jobs/{ids[0]}")
+    assert detail.status_code == 200 and "Why it is where it is" in detail.text
+    assert "Priority" in detail.text or "No duration predicted" in detail.text
+    assert "Explanation unavailable" not in detail.text, detail.text[-2000:]
+    assert client.get("/jobs/nope").status_code == 404
+
+    listing = client.get("/tuner")
+    assert "manual_run" in listing.text
+    report = client.get("/tuner/manual_run")
+    assert report.status_code == 200 and "System Tuner" in report.text and "tprof_s" in report.text
+    plot = client.get("/files/tuner/manual_run/objective.png")
+    assert plot.status_code == 200 and plot.content[:4] == b"\x89PNG"
+    assert client.get("/files/tuner/../../lucid.db").status_code == 404
+
+    history = client.get("/drift")
+    assert "ALERT" in history.text and "3.000" in history.text and "ops@example.org" in history.text
+    assert client.get("/models").status_code == 200
+    api = client.get("/api/queue")
+    assert api.status_code == 200 and isinstance(api.json(), list | dict), api.text
+    assert json.dumps(api.json())
