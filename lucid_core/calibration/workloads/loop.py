@@ -46,6 +46,7 @@ def measure(name: str, batch_size: int, amp: bool, device_name: str, timing: Loo
         raise ValueError(f"workload {name!r} has no AMP variant")
     device = resolve_device(device_name)
     torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = True  # as most training scripts do; the warm-up absorbs the autotuning
     step = info.builder()(batch_size=batch_size, device=device, amp=amp)
     iters, start, end = run_timed(step, synchronizer(device), timing, emit)
     elapsed = max(end - start, 1e-9)
