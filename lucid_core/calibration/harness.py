@@ -309,6 +309,10 @@ class Calibrator:
         """Measure every configuration alone, then every pair that fits; rewrite the catalog after each."""
         report = CalibrationReport()
         report.environment = self.probe_environment()
+        if self.emulation is None and report.environment.get("nvml_error"):
+            raise TrialFailed(f"host {self.target.host.name} has no working NVML for telemetry "
+                              f"({report.environment['nvml_error']}); on a host without an NVIDIA GPU use "
+                              "--emulate and --gpu-memory-mb")
         capacity = self.gpu_memory_mb()
         report.environment["gpu_memory_mb"] = capacity
         write_environment(self.out_dir, report.environment)
