@@ -159,6 +159,13 @@ def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid
     assert duration and duration[-1]["mae_ratio"] > 1.25
     assert any(s["feature"] == "gpus" and s["psi"] > 0.2 for s in duration[-1]["shifts"])
     assert f"{duration[-1]['mae_ratio']:.3f}" in text
+    shapes = list((lucid_home / "reports" / "models" / "duration").glob("v*/*.png"))
+    assert shapes, "shape-function plots of the promoted duration model are published"
+    assert (lucid_home / "reports" / "models" / "packing" / "tree.txt").read_text().strip()
+    from lucid_core.models.registry import ModelRegistry
+
+    registry = ModelRegistry(lucid_home / "models" / "registry")
+    assert registry.promoted_version("duration") is not None and registry.versions("duration") == [1, 2]
     assert time.time() - now < 600
 
 
