@@ -30,6 +30,10 @@ fi
 stamp=.venv/.lucid-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
+  # the calibration workloads need torch; take the CPU build (pinned with its local version so
+  # pip never falls back to the multi-GB CUDA build); without it those tests skip and say why
+  .venv/bin/python -m pip install -q "torch==2.13.0+cpu" \
+    || echo "setup: CPU torch 2.13.0 not available here; calibration workload tests will skip" >&2
   .venv/bin/python -m pip install -q -e ".[airflow,dev]"
   touch "$stamp"
 fi
