@@ -65,11 +65,11 @@ class DurationHistory:
             sum(u) / len(u) if u else nan,
             statistics.median(u) if u else nan,
             u[-1] if u else nan,
-            float(self.user_count.get(user, 0)),
+            float(len(u)) if u else 0.0,  # how many recent jobs back the means (capped: a raw count is a clock)
             sum(ug) / len(ug) if ug else nan,
             sum(b) / len(b) if b else nan,
             b[-1] if b else nan,
-            float(self.bucket_count.get(bucket, 0)) if bucket != NO_NAME else 0.0,
+            float(len(b)) if b else 0.0,
             sum(self.overall) / len(self.overall) if self.overall else nan,
         ]
 
@@ -89,7 +89,12 @@ def _ebm(**params: Any) -> Any:
 
 
 class DurationModel:
-    """EBM on log1p(seconds); implements DurationPredictor (predict_duration / observe)."""
+    """EBM on log1p(seconds); implements DurationPredictor (predict_duration / observe).
+
+    `condition_on_s` > 0 makes it a model of jobs already known to outlive that long (Lucid predicts
+    after the profiling window): it trains only on such jobs and its history-estimate feature is the
+    fallback's mean over history jobs that outlived it too. Set it to the profiler's Tprof for Lucid.
+    """
 
     def __init__(self, interactions: int = 5, outer_bags: int = 2, max_rounds: int = 1000,
                  monotone_gpus: bool = False, max_train_rows: int | None = None, fallback_refresh_s: float = 86400.0,
@@ -137,11 +142,16 @@ class DurationModel:
                 end, j = heapq.heappop(pending)
                 self._learn(jobs[j], int(buckets[j]), float(durations[j]), end)
             history[i, :-1] = self.history_.features(job.user, int(buckets[i]), job.gpus)
-            history[i, -1] = math.log1p(self.fallback_.predict_one(job)[0])
+            history[i, -1] = math.log1p(self.fallback_.predict_one(self._floored(job))[0])
             heapq.heappush(pending, (float(ends[i]), int(i)))
         self._pending_ = [(end, j, jobs[j], int(buckets[j]), float(durations[j])) for end, j in pending]
         heapq.heapify(self._pending_)
         return self._design(frame, buckets, history)
+
+    def _floored(self, job: Job) -> Job:
+        """The job as the history estimate sees it: known to outlive `condition_on_s`, nothing more."""
+        floor = self.condition_on_s
+        return job if job.known_min_duration == floor else replace(job, known_min_duration=floor)
 
     def _learn(self, job: Job, bucket: int, duration: float, end: float) -> None:
         job.end_time = end
@@ -214,8 +224,7 @@ class DurationModel:
         history = np.empty((len(jobs), len(HISTORY_COLUMNS)))
         for i, job in enumerate(jobs):
             history[i, :-1] = self.history_.features(job.user, int(buckets[i]), job.gpus)
-            unconditional = job if job.known_min_duration == 0 else replace(job, known_min_duration=0.0)
-            history[i, -1] = math.log1p(self.fallback_.predict_one(unconditional)[0])
+            history[i, -1] = math.log1p(self.fallback_.predict_one(self._floored(job))[0])
         frame = pd.DataFrame({"vc": [j.vc for j in jobs], "user": [j.user for j in jobs],
                               "gpus": [j.gpus for j in jobs], "submit_time": [j.submit_time for j in jobs]})
         for c in self.profile_columns_:
