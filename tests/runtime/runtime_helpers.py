@@ -15,7 +15,7 @@ from lucid_core.runtime.schema import JobRow, RunRow
 from lucid_core.runtime.ssh_executor import ssh_executor
 from lucid_core.runtime.store import Store
 
-FAST = {"profiler.tprof_s": 2, "profiler.in_place": False, "binder.sharing": "on",
+FAST = {"profiler.tprof_s": 1, "profiler.in_place": False, "binder.sharing": "on",
         "forecast.mode_check_interval_s": 1}
 SETTINGS = RoundSettings(stop_grace_s=1.0, telemetry_interval_s=0.25, launch_grace_s=30, lease_ttl_s=5,
                          holder="test-round")
@@ -43,7 +43,7 @@ def one_round(store: Store, cluster, config: LucidConfig, **kwargs) -> RoundRepo
 
 
 def rounds_until(store: Store, cluster, config: LucidConfig, done: Callable[[dict[str, JobRow]], bool],
-                 timeout_s: float = 30.0, pause_s: float = 0.3, **kwargs) -> dict[str, JobRow]:
+                 timeout_s: float = 30.0, pause_s: float = 0.2, **kwargs) -> dict[str, JobRow]:
     deadline = time.monotonic() + timeout_s
     while True:
         one_round(store, cluster, config, **kwargs)

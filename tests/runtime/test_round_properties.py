@@ -93,7 +93,7 @@ def test_every_job_ends_in_exactly_one_terminal_state_under_churn(tmp_path):
     for i in range(14):
         kind = rng.choice(["ok", "fail", "long", "cancel"])
         command = {"ok": f"sleep {rng.uniform(0, 0.4):.2f}", "fail": f"exit {rng.randint(1, 9)}",
-                   "long": "sleep 2.6", "cancel": "sleep 60"}[kind]
+                   "long": "sleep 1.8", "cancel": "sleep 60"}[kind]
         jobs.append((submit(store, JobRequest(command, rng.choice([1, 1, 2]), f"u{i % 3}", "vc-a")), kind))
     deadline = time.monotonic() + 60
     cancelled = set()
