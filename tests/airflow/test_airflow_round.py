@@ -23,7 +23,7 @@ def test_round_dag_profiles_places_and_finishes_jobs(airflow_db, lucid_home, tmp
     db = lucid_home / "lucid.db"
     monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))
     config = tmp_path / "lucid.toml"
-    config.write_text("[profiler]\ntprof_s = 2.0\n[forecast]\nmode_check_interval_s = 5.0\n")
+    config.write_text("[profiler]\ntprof_s = 2.0\nin_place = false\n[forecast]\nmode_check_interval_s = 5.0\n")
     monkeypatch.setenv("LUCID_CONFIG", str(config))
     store = Store(f"sqlite:///{db}")
     for name, pool in (("prof0", "profiling"), ("main0", "main")):
