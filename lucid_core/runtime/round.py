@@ -171,6 +171,14 @@ class SchedulingRound:
                 ended_at=self.clock(), decide_ms=self.report.decide_ms, decisions=len(self.report.decisions),
                 error="; ".join(self.report.errors)[:2000] or None))
 
+    def load_hosts(self) -> None:
+        """Read the host inventory (the steps below need it; `run` calls it first)."""
+        self._load_hosts()
+
+    def finish(self, started: float) -> None:
+        """Write the round's summary row (for drivers that run the steps one by one)."""
+        self._finish_round(started)
+
     def _load_hosts(self) -> None:
         with self.store.session() as s:
             self._hosts = {h.name: h for h in s.scalars(select(HostRow))}
@@ -347,14 +355,29 @@ class SchedulingRound:
                 if status is None:
                     continue
                 if status.state == "RUNNING":
-                    if run.profiling_until is not None and run.profiling_until <= now and run.node_rank == 0:
-                        self._collect_profile(run)
+                    pass  # profiles of windows that ended are collected below
                 elif status.state == "NOPID":
                     if now - run.planned_at > self.settings.launch_grace_s:
                         self._launch_failed(run, "wrapper never started on the host")
                 else:
                     self._settle(run, status)
         self._cancel_requested()
+        self.collect_due_profiles(now)
+
+    def collect_due_profiles(self, now: float) -> None:
+        """Read telemetry of every running window that ended by `now` and has no profile yet.
+
+        Run again right before deciding, with the decision's clock, so that the policy never sees a
+        window closed whose profile was not collected (also when reconcile and decide run apart).
+        """
+        with self.store.session() as s:
+            due = list(s.scalars(
+                select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
+                .where(RunRow.state == "running", RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
+                       RunRow.profiling_until <= now, RunRow.stop_reason.is_(None), JobRow.profiled.is_(False))))
+        for run in due:
+            if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable:
+                self._collect_profile(run)
 
     def _collect_profile(self, run: RunRow) -> None:
         """Read the window's telemetry from the host and record the job's profile (once)."""
@@ -491,6 +514,9 @@ class SchedulingRound:
         so every window the policy sees expired has had its telemetry collected.
         """
         now = self.now
+        if not self._hosts:
+            self._load_hosts()
+        self.collect_due_profiles(now)
         snapshot = load_snapshot(self.store, now)
         t0 = time.perf_counter()
         built = build_view(snapshot, self.config, now, self.policy_factory)
