@@ -86,8 +86,10 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
         'mkdir -p "$W" || { echo "ERROR cannot create work directory $W"; exit 3; }',
         'if ! mkdir "$D" 2>/dev/null; then echo "EXISTS $(cat "$D/pid" 2>/dev/null)"; exit 0; fi',
         'cd "$D"',
-        f"printf '%s\\n' {shlex.quote(command)} > command.sh",
-        f"printf '%s' {shlex.quote(wrapper_script(env))} > run.sh",
+        f"printf '%s\\n' {shlex.quote(command)} > command.sh && "
+        f"printf '%s' {shlex.quote(wrapper_script(env))} > run.sh || "
+        # a cut-short command.sh (disk full) would run a prefix of the command: run nothing instead
+        '{ echo "ERROR cannot write the run files in $D (disk full or read-only?)"; cd /; rm -rf "$D"; exit 4; }',
         "setsid sh ./run.sh < /dev/null > /dev/null 2>&1 &",
         "pid=$!",
         "echo $pid > pid",
