@@ -105,6 +105,12 @@ def _acquire(rnd) -> bool:
     return lease.acquire(rnd.store, rnd.settings.holder, rnd.settings.lease_ttl_s, rnd.clock())
 
 
+def _release(rnd) -> None:
+    from lucid_core.runtime import lease
+
+    lease.release(rnd.store, rnd.settings.holder)
+
+
 def _summary(rnd, step: str, **extra: Any) -> dict[str, Any]:
     report = rnd.report
     return {"step": step, "holder": rnd.settings.holder, "launched": list(report.launched),
@@ -119,9 +125,13 @@ def reconcile(url: str) -> dict[str, Any]:
         try:
             if not _acquire(rnd):
                 return _summary(rnd, "reconcile", acquired=False)
-            rnd._load_hosts()
-            rnd.carry_out_pending()
-            rnd.reconcile()
+            try:
+                rnd.load_hosts()
+                rnd.carry_out_pending()
+                rnd.reconcile()
+            except Exception:
+                _release(rnd)  # a failed step must not block the next round for the lease's TTL
+                raise
             return _summary(rnd, "reconcile", acquired=True)
         finally:
             rnd.executor.close()
@@ -145,8 +155,12 @@ def profile_bind_and_place(url: str, reconciled: dict[str, Any]) -> dict[str, An
                 s.add(row)
                 s.flush()
                 rnd.report.round_id = row.id
-            decisions = rnd.decide()
-            rnd._finish_round(started)
+            try:
+                decisions = rnd.decide()
+            except Exception:
+                _release(rnd)
+                raise
+            rnd.finish(started)
             return {"step": "decide", "acquired": True, "decide_ms": rnd.report.decide_ms,
                     "decisions": [{"kind": type(d).__name__, "job": getattr(d, "job_id", None), "reason": d.reason}
                                   for d in decisions]}
@@ -159,17 +173,15 @@ def carry_out(url: str, decided: dict[str, Any]) -> dict[str, Any]:
     """Launch and stop what was recorded; give the lease back."""
     if not decided.get("acquired"):
         return {"step": "carry_out", "acquired": False}
-    from lucid_core.runtime import lease
-
     with tempfile.TemporaryDirectory(prefix="lucid-ssh-") as tmp:
         rnd = _round(url, Path(tmp))
         try:
             if not _acquire(rnd):
                 return {"step": "carry_out", "acquired": False}
-            rnd._load_hosts()
+            rnd.load_hosts()
             rnd.carry_out_pending()
             return _summary(rnd, "carry_out", acquired=True, decisions=len(decided.get("decisions", [])))
         finally:
-            lease.release(rnd.store, rnd.settings.holder)
+            _release(rnd)
             rnd.executor.close()
             rnd.store.dispose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from lucid_af_support import REPO
 
@@ -54,3 +55,82 @@ def test_round_dag_profiles_places_and_finishes_jobs(airflow_db, lucid_home, tmp
     assert {"StartProfiling", "Place"} <= kinds or {"start_profiling", "place"} <= kinds, kinds
     assert all(reasons), "every decision carries a reason"
     assert rounds >= 3
+
+
+def _ssh_connection_env(monkeypatch, cluster, name: str, host_key: str | None = None) -> None:
+    """The host's credentials as an Airflow SSH connection (what a secrets backend would hold)."""
+    host = cluster.hosts[name]
+    public = (host_key or Path(str(host.host_key) + ".pub").read_text()).split()
+    monkeypatch.setenv(f"AIRFLOW_CONN_LUCID_HOST_{name.upper()}", json.dumps({
+        "conn_type": "ssh", "host": "127.0.0.1", "port": host.port, "login": cluster.user,
+        "extra": {"private_key": cluster.client_key.read_text(), "host_key": f"{public[0]} {public[1]}"}}))
+
+
+def _ssh_store(tmp_path, lucid_home, monkeypatch, cluster):
+    from lucid_core.runtime.inventory import HostSpec, add_host
+    from lucid_core.runtime.store import Store
+
+    db = lucid_home / "lucid.db"
+    monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    monkeypatch.setenv("LUCID_KNOWN_HOSTS", str(empty))  # only the connections' host keys are trusted
+    config = tmp_path / "lucid.toml"
+    config.write_text("[profiler]\ntprof_s = 2.0\nin_place = false\n")
+    monkeypatch.setenv("LUCID_CONFIG", str(config))
+    store = Store(f"sqlite:///{db}")
+    for name, pool in (("prof0", "profiling"), ("main0", "main")):
+        # the row's address, port and key are wrong on purpose: the Airflow connection must win
+        add_host(store, HostSpec(name, address="192.0.2.1", port=1, pool=pool, executor="ssh",
+                                 telemetry="emulated", workdir=str(tmp_path / f"af_runs_{name}"), gpus=2))
+    return store
+
+
+def test_round_dag_reaches_ssh_hosts_through_airflow_connections(airflow_db, lucid_home, tmp_path, monkeypatch,
+                                                                 sshd_hosts):
+    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.submission import JobRequest, submit
+
+    store = _ssh_store(tmp_path, lucid_home, monkeypatch, sshd_hosts)
+    for name in ("prof0", "main0"):
+        _ssh_connection_env(monkeypatch, sshd_hosts, name)
+    job = submit(store, JobRequest("sleep 4", gpus=1, user="ann", vc="default", name="train"))
+    dag = _dag()
+    deadline = time.monotonic() + 90
+    while True:
+        run = dag.test()
+        assert str(getattr(run.state, "value", run.state)) == "success"
+        with store.session() as s:
+            row = s.get(JobRow, job)
+            state, ended_in_profiling = row.state, row.ended_in_profiling
+        if state in {"COMPLETED", "FAILED"}:
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(1.0)
+    assert state == "COMPLETED" and not ended_in_profiling
+    assert any((tmp_path / "af_runs_main0").iterdir()), "the job ran on main0 through SSH"
+
+
+def test_round_dag_refuses_a_host_whose_key_does_not_match_its_connection(airflow_db, lucid_home, tmp_path,
+                                                                          monkeypatch, sshd_hosts):
+    from lucid_core.runtime.schema import HostRow, JobRow
+    from lucid_core.runtime.submission import JobRequest, submit
+
+    store = _ssh_store(tmp_path, lucid_home, monkeypatch, sshd_hosts)
+    other = Path(str(sshd_hosts.hosts["main1"].host_key) + ".pub").read_text()
+    _ssh_connection_env(monkeypatch, sshd_hosts, "prof0", host_key=other)  # someone else's key
+    _ssh_connection_env(monkeypatch, sshd_hosts, "main0")
+    job = submit(store, JobRequest("sleep 1", gpus=1, user="ann", vc="default", name="train"))
+    run = _dag().test()  # one round: the profiling launch on prof0 must be refused
+    assert str(getattr(run.state, "value", run.state)) == "success"
+    with store.session() as s:
+        prof = s.get(HostRow, "prof0")
+        row = s.get(JobRow, job)
+        reachable, error, state = prof.reachable, prof.last_error or "", row.state
+    from lucid_core.runtime.schema import JobEventRow
+
+    with store.session() as s:
+        events = [(e.kind, e.message) for e in s.query(JobEventRow).filter(JobEventRow.job_id == job)]
+    assert not reachable and "host key" in error.lower(), (error, state, events)
+    assert state != "COMPLETED" and not any(kind == "launched" for kind, _ in events), events
+    assert not (tmp_path / "af_runs_prof0").exists() or not any((tmp_path / "af_runs_prof0").iterdir())
