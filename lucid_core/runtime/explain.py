@@ -72,6 +72,13 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
     active = [r for r in runs if r.state in ("planned", "running")]
     if active and active[0].partner:
         partner = active[0].partner
+        if partner_reason is None:  # it started alone and the partner joined it: the partner's decision says why
+            with store.session() as s:
+                joined = s.scalars(select(DecisionRow).where(DecisionRow.job_id == partner,
+                                                             DecisionRow.kind == "Place")
+                                   .order_by(DecisionRow.id.desc())).first()
+            if joined is not None and joined.payload.get("partner") == job_id:
+                partner_reason = joined.reason
     out: dict[str, Any] = {
         "job_id": job_id, "state": row.state, "name": row.name, "user": row.user, "vc": row.vc, "gpus": row.gpus,
         "submit_time": row.submit_time, "start_time": row.start_time, "end_time": row.end_time,

@@ -31,7 +31,7 @@ from lucid_core.policy.decisions import (
     Unpair,
 )
 from lucid_core.runtime import lease
-from lucid_core.runtime.executor import HostExecutor, HostUnreachable, LaunchSpec, RunStatus
+from lucid_core.runtime.executor import HostCommandFailed, HostExecutor, HostUnreachable, LaunchSpec, RunStatus
 from lucid_core.runtime.host_scripts import TelemetryLaunch
 from lucid_core.runtime.inventory import host_address
 from lucid_core.runtime.pending import pending_reasons
@@ -73,6 +73,8 @@ class RoundSettings:
     telemetry_interval_s: float = 1.0
     telemetry_margin_s: float = 5.0
     max_launch_failures: int = 3  # a job whose launch the hosts refuse this often fails
+    # workload catalog (Lucid artifact format) behind emulated telemetry; None: the synthetic one
+    catalog_dir: str | None = None
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
@@ -300,7 +302,9 @@ class SchedulingRound:
         if self._emulated_profile is None:
             from lucid_core.sim.workloads import WorkloadCatalog
 
-            self._emulated_profile = emulated_profile_from_catalog(WorkloadCatalog.synthetic())
+            catalog = (WorkloadCatalog.from_artifact(self.settings.catalog_dir) if self.settings.catalog_dir
+                       else WorkloadCatalog.synthetic())
+            self._emulated_profile = emulated_profile_from_catalog(catalog)
         return self._emulated_profile(job)
 
     def _abandon(self, run: RunRow, why: str) -> None:
@@ -347,8 +351,9 @@ class SchedulingRound:
             except HostUnreachable as exc:
                 self._host_failed(name, exc)
                 continue
-            except ValueError:
-                statuses = {}
+            except HostCommandFailed as exc:  # garbled answer: judge this host's runs next round
+                self.report.errors.append(str(exc))
+                continue
             self._host_seen(name)
             for run in host_runs:
                 status = statuses.get(run.run_id)

@@ -278,7 +278,14 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
                 policy.on_profiled(view, job, job.profile)
             else:
                 requeue(policy, view, job)
-        # PROFILING/RUNNING jobs without an active run are repaired by the round before this
+        else:  # PROFILING/RUNNING without an active run: its run ended unnoticed; let it wait again
+            job.state = JobState.QUEUED if job.profile is not None or job.known_min_duration else JobState.SUBMITTED
+            if job.state is JobState.SUBMITTED:
+                policy.on_submit(view, job)
+            elif job.profile is not None:
+                policy.on_profiled(view, job, job.profile)
+            else:
+                requeue(policy, view, job)
     forecaster = getattr(policy, "forecaster", None)
     if isinstance(forecaster, ReplayForecaster):
         forecaster.muted = False

@@ -89,6 +89,12 @@ def test_two_tiny_jobs_share_one_gpu(sshd_hosts, tmp_path):
         main_b = next(r for r in runs_of(store, b) if r.kind == "main")
         assert (main_a.host, main_a.gpu_indices) == (main_b.host, main_b.gpu_indices) == ("main0", [0])
         assert {main_a.partner, main_b.partner} == {a, b}
+        from lucid_core.runtime.explain import explain
+
+        for me, other in ((a, b), (b, a)):
+            info = explain(store, me, fast_config(), time.time())
+            assert info["partner"]["job_id"] == other and info["partner"]["why"]
+            assert info["packing"]["class"] == "TINY"
         assert pid_alive(main_a.pid) and pid_alive(main_b.pid)
     finally:
         cancel(store, a)

@@ -117,3 +117,15 @@ def test_every_job_ends_in_exactly_one_terminal_state_under_churn(tmp_path):
         assert rows[job_id].state == expected, (job_id, kind, rows[job_id].state, rows[job_id].end_reason)
         assert all(r.state == "ended" for r in runs_of(store, job_id))
     store.dispose()
+
+
+def test_a_job_marked_running_without_any_run_is_queued_again_not_stranded(tmp_path):
+    from lucid_core.runtime.schema import JobRow
+
+    store = _store(tmp_path, [("m0", "main", 1)])
+    job = submit(store, JobRequest("true", 1, "u", "vc-a"))
+    with store.session() as s:
+        s.get(JobRow, job).state = "RUNNING"  # as if its run's rows were lost
+    jobs = _until(store, fast_config(**{"profiler.enabled": False}), lambda j: j[job].state in TERMINAL)
+    assert jobs[job].state == "COMPLETED" and len(runs_of(store, job)) == 1
+    store.dispose()
