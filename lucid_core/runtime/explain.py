@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sqlalchemy import select
@@ -16,6 +17,14 @@ from lucid_core.runtime.view_builder import PolicyFactory, default_policy, job_o
 
 def _duration_terms(model: Any, job: Any) -> dict[str, Any]:
     """Per-term contributions when the model can give them, else what decided the prediction."""
+    if callable(getattr(model, "features_of", None)) and callable(getattr(model, "explain", None)):
+        try:  # the GA2M: contributions in log1p-seconds, expm1(intercept + sum) is its estimate
+            exp = model.explain(model.features_of([job]))[0]
+            return {"model": type(model).__name__, "space": "log1p seconds", "intercept": exp.intercept,
+                    "estimate_s": math.expm1(exp.prediction), "terms": [[k, v] for k, v in exp.top(len(
+                        exp.contributions))]}
+        except Exception as exc:  # an explanation must never break `explain`
+            return {"model": type(model).__name__, "error": str(exc)}
     for name in ("explain_one", "explain"):
         fn = getattr(model, name, None)
         if callable(fn):

@@ -40,3 +40,22 @@ def test_promoted_duration_model_is_used_and_fallback_otherwise(tmp_path):
     assert "packing" not in policy.model_sources  # an unreadable artifact falls back, it does not crash
     assert abs(policy.duration_model.predict_duration([probe])[0] - 120.0) < 1e-6
     store.dispose()
+
+
+def test_explain_decomposes_a_ga2m_duration_into_term_contributions():
+    import math
+
+    from lucid_core.models.duration import DurationModel
+    from lucid_core.models.synthetic import synthetic_job_log
+    from lucid_core.runtime.explain import _duration_terms
+
+    log = synthetic_job_log(1500, n_users=10, days=5, seed=1)
+    model = DurationModel(interactions=2, outer_bags=1, max_rounds=100, n_jobs=1).fit(log)
+    row = log.iloc[-1]
+    job = Job(job_id="x", user=row.user, vc=row.vc, gpus=int(row.gpus), submit_time=float(row.submit_time),
+              name=row["name"])
+    out = _duration_terms(model, job)
+    total = out["intercept"] + sum(v for _, v in out["terms"])
+    assert math.isclose(math.expm1(total), out["estimate_s"], rel_tol=1e-6)
+    assert math.isclose(out["estimate_s"], model.predict_duration([job])[0], rel_tol=1e-6)
+    assert {"gpus", "vc"} <= {name for name, _ in out["terms"]}
