@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from fault_injection import RestartingRound, add_local_hosts
 from lucid_invariants import TERMINAL, check_invariants, ledger_command
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id
 
-from lucid_core.runtime.inventory import HostSpec, add_host
 from lucid_core.runtime.local_executor import local_executor
 from lucid_core.runtime.round import SchedulingRound
 from lucid_core.runtime.store import Store
@@ -28,12 +28,6 @@ KILL_STEPS = ["after_repair", "after_reconcile", "during_decide", "during_record
               "after_launch", "after_execute"]
 DB_RESTART_STEPS = ["after_repair", "after_reconcile", "during_record", "after_record", "after_launch",
                     "after_execute"]
-
-
-def add_local_hosts(store: Store, root: Path) -> None:
-    for name, pool in (("p0", "profiling"), ("m0", "main"), ("m1", "main")):
-        add_host(store, HostSpec(name, executor="local", pool=pool, vc="vc-a", telemetry="emulated", gpus=2,
-                                 workdir=str(root / name)))
 
 
 def job_mix(i: int) -> tuple[str, int]:
@@ -82,30 +76,6 @@ def test_round_killed_at_every_step_boundary_repairs_without_running_twice(tmp_p
     for job_id, i in jobs:
         assert states[job_id] == expected_state(i), (job_id, i, jobs_by_id(store)[job_id].end_reason)
     store.dispose()
-
-
-class RestartingRound(SchedulingRound):
-    """A round whose state database restarts (every connection cut) at one step."""
-
-    def __init__(self, *args, server, restart_at: str, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.server, self.restart_at, self.restarted = server, restart_at, False
-
-    def _restart(self) -> None:
-        if not self.restarted:
-            self.restarted = True
-            self.server.restart()
-
-    def _crash(self, step: str) -> None:
-        if step == self.restart_at:
-            self._restart()
-
-    def _record(self, s, decision, view, now):
-        result = super()._record(s, decision, view, now)
-        if self.restart_at == "during_record":
-            s.flush()  # the decision's rows are in an open transaction on a live connection ...
-            self._restart()  # ... which dies under it before the commit
-        return result
 
 
 @pytest.mark.postgres
