@@ -257,7 +257,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="packing,throughput,duration,names,jct")
     parser.add_argument("--figures", help="write PNGs (tree, shape functions) under this directory")
-    parser.add_argument("--nodes", default="72,54")
+    parser.add_argument("--nodes", default="72,54,40")
     args = parser.parse_args()
     figures = Path(args.figures) if args.figures else None
     if figures:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lucid_core.domain import Job
+from lucid_core.domain import Job, Profile
 from lucid_core.models.duration import DurationModel, score_log
 from lucid_core.models.monotone import is_monotone
 from lucid_core.models.registry import ModelRegistry
@@ -107,3 +107,31 @@ def test_online_protocol_cold_start_and_round_trip(tmp_path, fitted, log):
     n_before = model.history_.user_count["nobody"]
     model.observe(stranger, 1234.0)
     assert model.history_.user_count["nobody"] == n_before + 1
+
+
+def test_online_history_features_equal_the_offline_replay(log):
+    """Fed by observe() in end order after warm_history, the live features are the training ones."""
+    import heapq
+
+    part = log.head(1500)
+    model = DurationModel(condition_on_s=200.0, **FAST)
+    X = model.prepare(part)
+    start = float(part["submit_time"].iloc[1000])
+    model.warm_history(part, until=start)
+    later = part[part["submit_time"] >= start]
+    ends = [(r.submit_time + r.duration, i, r) for i, r in enumerate(later.itertuples())]
+    heapq.heapify(ends)
+    numeric = [c for c in X.columns if c not in ("vc", "user", "name_bucket")]
+    for r in later.itertuples():
+        while ends and ends[0][0] <= r.submit_time:
+            end, _, done = heapq.heappop(ends)
+            job = Job(done.job_id, user=done.user, vc=done.vc, gpus=int(done.gpus), submit_time=done.submit_time,
+                      name=done.name)
+            job.end_time = end
+            model.observe(job, done.duration)
+        job = Job(r.job_id, user=r.user, vc=r.vc, gpus=int(r.gpus), submit_time=r.submit_time, name=r.name,
+                  profile=Profile(r.gpu_util, r.mem_util, r.gpu_mem_mb))
+        live = model.features_of([job])
+        offline = X.loc[r.Index, numeric].to_numpy(dtype=float)
+        np.testing.assert_allclose(live[numeric].to_numpy(dtype=float)[0], offline, rtol=1e-9, atol=1e-9)
+        assert live["name_bucket"].iloc[0] == X.loc[r.Index, "name_bucket"]

@@ -98,7 +98,8 @@ class DurationModel:
 
     def __init__(self, interactions: int = 5, outer_bags: int = 2, max_rounds: int = 1000,
                  monotone_gpus: bool = False, max_train_rows: int | None = None, fallback_refresh_s: float = 86400.0,
-                 condition_on_s: float = 0.0, n_jobs: int = 2, random_state: int = 0) -> None:
+                 condition_on_s: float = 0.0, weight_by_gpus: bool = False, n_jobs: int = 2,
+                 random_state: int = 0) -> None:
         self.interactions = interactions
         self.outer_bags = outer_bags
         self.max_train_rows = max_train_rows
@@ -106,6 +107,7 @@ class DurationModel:
         self.monotone_gpus = monotone_gpus
         self.fallback_refresh_s = fallback_refresh_s
         self.condition_on_s = condition_on_s
+        self.weight_by_gpus = weight_by_gpus
         self.n_jobs = n_jobs
         self.random_state = random_state
 
@@ -199,7 +201,8 @@ class DurationModel:
                          feature_types=self._feature_types(X), exclude=exclude,
                          n_jobs=1 if self.outer_bags == 1 else self.n_jobs,  # one bag: worker processes only cost
                          random_state=self.random_state)
-        self.ebm_.fit(X, y_log)
+        # Lucid ranks by GPUs x duration: weighting rows by GPU demand makes errors cost what they cost there
+        self.ebm_.fit(X, y_log, sample_weight=X["gpus"].to_numpy() if self.weight_by_gpus else None)
         if self.monotone_gpus:
             monotonize_term(self.ebm_, "gpus", increasing=True)
         self.train_rows_ = len(X)
@@ -245,6 +248,8 @@ class DurationModel:
         return out
 
     def observe(self, job: Job, duration: float) -> None:
+        if job.end_time is not None:
+            self._drain(job.end_time)  # earlier ends of the training log first: history stays in end order
         bucket = int(self.bucketer_.transform([job.name])[0])
         self.history_.add(job.user, bucket, job.gpus, duration)
         self.fallback_.observe(job, duration)
@@ -256,11 +261,10 @@ class DurationModel:
             self._learn(job, bucket, duration, end)
 
     def warm_history(self, frame: pd.DataFrame, until: float) -> DurationModel:
-        """Reset the online state to the jobs of `frame` that ended by `until` (e.g. a simulation's start)."""
-        ends = frame["end_time"] if "end_time" in frame else frame["submit_time"] + frame["duration"]
-        done = frame[ends <= until]
-        self.replay(done)
-        self._drain(math.inf)
+        """Reset the online state to the jobs of `frame` submitted before `until` (e.g. a simulation's
+        start): those that ended by then are history, the others join it when their end passes."""
+        self.replay(frame[frame["submit_time"] < until])
+        self._drain(until)
         return self
 
 
