@@ -181,8 +181,14 @@ def read_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
     """The last `max_bytes` of a file in the run directory (empty when absent)."""
     if name not in {"stdout.log", "stderr.log", "telemetry.jsonl", "telemetry.err", "command.sh"}:
         raise ValueError(f"not a run file: {name!r}")
-    path = f'"$W"/{shlex.quote(check_run_id(run_id))}/{shlex.quote(name)}'
-    return f"W={quote_path(workdir)}\n[ -f {path} ] && tail -c {int(max_bytes)} {path}\nexit 0\n"
+    run = shlex.quote(check_run_id(run_id))
+    # the job owns its run directory and may swap a file (or the directory) for a symlink: read only
+    # what still resolves inside <workdir>/<run_id>/
+    return (f"W={quote_path(workdir)}\n"
+            'd=$(cd "$W" 2>/dev/null && pwd -P) || exit 0\n'
+            f'f=$(readlink -f -- "$d"/{run}/{shlex.quote(name)} 2>/dev/null) || exit 0\n'
+            f'case "$f" in "$d"/{run}/*) [ -f "$f" ] && tail -c {int(max_bytes)} -- "$f" ;; esac\n'
+            "exit 0\n")
 
 
 def discover_gpus_script() -> str:
