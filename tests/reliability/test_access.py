@@ -1,0 +1,196 @@
+"""Access: every route of the runtime API and of the plugin refuses unauthenticated and wrong-role
+requests; log and file downloads cannot leave the job's run directory (or the reports directory)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from fastapi import Header, HTTPException, Request
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from lucid_core.runtime.api import create_app
+from lucid_core.runtime.executor import HostAddress, LaunchSpec
+from lucid_core.runtime.host_scripts import check_run_id, read_script
+from lucid_core.runtime.inventory import HostSpec, add_host
+from lucid_core.runtime.local_executor import local_executor
+from lucid_core.runtime.schema import JobEventRow, JobRow, RunRow
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.submission import JobRequest, submit
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENS = {"admin-token": "admin", "viewer-token": "viewer"}
+READ_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+
+def role_auth(request: Request, authorization: str = Header(default="")) -> str:
+    """A bearer-token dependency with two roles: viewers read, admins also write."""
+    scheme, _, token = authorization.partition(" ")
+    role = TOKENS.get(token) if scheme.lower() == "bearer" else None
+    if role is None:
+        raise HTTPException(401, "not authenticated", headers={"WWW-Authenticate": "Bearer"})
+    if role != "admin" and request.method not in READ_METHODS:
+        raise HTTPException(403, "your role may not change anything")
+    return role
+
+
+def _counts(store: Store) -> tuple[int, int, int]:
+    with store.session() as s:
+        return tuple(s.scalar(select(func.count()).select_from(t)) for t in (JobRow, JobEventRow, RunRow))
+
+
+def test_every_runtime_api_route_refuses_unauthenticated_and_wrong_role_requests(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1, workdir=str(tmp_path / "m0")))
+    job = submit(store, JobRequest("true", 1, "u", "vc-a"))
+    app = create_app(store.url, store=store, auth=role_auth)
+    client = TestClient(app)
+    routes = [(method, route.path) for route in app.routes if isinstance(route, APIRoute)
+              for method in route.methods if route.path not in {"/openapi.json", "/docs", "/redoc"}]
+    assert {("POST", "/jobs"), ("POST", "/jobs/{job_id}/cancel"), ("GET", "/queue")} <= set(routes)
+    body = {"command": "touch /tmp/never", "gpus": 1, "user": "u", "vc": "vc-a"}
+    before = _counts(store)
+    for method, path in routes:
+        url = path.replace("{job_id}", job)
+        for headers in ({}, {"Authorization": "Bearer forged"}, {"Authorization": "Basic admin-token"}):
+            reply = client.request(method, url, headers=headers, json=body)
+            assert reply.status_code == 401, (method, url, headers, reply.status_code)
+        viewer = client.request(method, url, headers={"Authorization": "Bearer viewer-token"}, json=body)
+        assert viewer.status_code == (200 if method in READ_METHODS else 403), (method, url, viewer.text)
+    assert _counts(store) == before  # nothing written by any refused request
+    with store.session() as s:
+        assert not s.get(JobRow, job).cancel_requested
+    admin = client.post("/jobs", headers={"Authorization": "Bearer admin-token"}, json=body)
+    assert admin.status_code == 201  # the same request with the right role goes through
+    store.dispose()
+
+
+@pytest.mark.airflow
+def test_every_plugin_route_refuses_unauthenticated_requests(tmp_path):
+    """Each view, file route and the mounted API answer 401 without an Airflow token (Airflow in a child)."""
+    pytest.importorskip("airflow")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO / 'plugins')!r})
+        from fastapi.testclient import TestClient
+        from starlette.routing import Mount
+        from lucid_airflow.web import create_lucid_app
+        from pathlib import Path
+        app = create_lucid_app(lambda: "sqlite:///{tmp_path / 'lucid.db'}", lambda: Path("{tmp_path}"))
+        client = TestClient(app)
+        paths = []
+        for route in app.routes:
+            path = route.path.replace("{{job_id}}", "j000001").replace("{{name}}", "x").replace("{{area}}", "tuner")
+            path = path.replace("{{path:path}}", "x/a.png")
+            methods = ["GET"] if isinstance(route, Mount) else sorted(getattr(route, "methods", None) or ["GET"])
+            if isinstance(route, Mount):
+                paths += [("GET", path + "/queue"), ("POST", path + "/jobs"), ("POST", path + "/jobs/j000001/cancel")]
+            else:
+                paths += [(m, path) for m in methods]
+        bad = [(m, p, client.request(m, p).status_code) for m, p in paths]
+        print(len(paths), [b for b in bad if b[2] != 401])
+    """)
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, refused_not = done.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(count) >= 10 and refused_not == "[]", done.stdout
+
+
+# ------------------------------------------------------------------------------------------ traversal
+def test_plugin_file_routes_stay_inside_the_reports_directory(tmp_path):
+    sys.path.insert(0, str(REPO / "plugins"))
+    from lucid_airflow.web import create_lucid_app
+
+    reports = tmp_path / "reports"
+    (reports / "tuner" / "run1").mkdir(parents=True)
+    (reports / "tuner" / "run1" / "ok.png").write_bytes(b"PNG-ok")
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"TOP-SECRET")
+    (reports / "tuner" / "run1" / "link.png").symlink_to(secret)
+    (reports / "tuner" / "escape").symlink_to(tmp_path, target_is_directory=True)
+    client = TestClient(create_lucid_app(lambda: f"sqlite:///{tmp_path / 'l.db'}", lambda: reports, protect=False))
+    assert client.get("/files/tuner/run1/ok.png").content == b"PNG-ok"
+    for path in ["/files/tuner/../../secret.png", "/files/tuner/..%2F..%2Fsecret.png",
+                 "/files/tuner/%2e%2e/%2e%2e/secret.png", "/files/tuner/run1/link.png",
+                 "/files/tuner/escape/secret.png",
+                 f"/files/tuner/{secret}", f"/files/tuner//{secret}",
+                 "/files/tuner/run1/..%5c..%5c..%5csecret.png", "/tuner/..%2F..%2F", "/files/etc/passwd"]:
+        reply = client.get(path)
+        assert b"TOP-SECRET" not in reply.content and reply.status_code in (404, 400), (path, reply.status_code)
+
+
+def test_log_reads_refuse_names_and_ids_that_leave_the_run_directory():
+    from lucid_core.runtime.queries import logs
+
+    for name in ["../stdout.log", "/etc/passwd", "stdout.log/../../x", "pid", ""]:
+        with pytest.raises(ValueError):
+            read_script("/w", "r1", name, 100)
+    for run_id in ["..", "../r1", "r1/../../x", "/etc", ".hidden", "a b", "~probe", "x" * 97]:
+        with pytest.raises(ValueError):
+            check_run_id(run_id)
+    with pytest.raises(ValueError, match="stdout or stderr"):
+        logs(None, None, "j1", "../../etc/passwd")  # refused before the store is even asked
+
+
+def _finished_job_with(tmp_path: Path, body: str) -> tuple[Store, str]:
+    """A real job on a local host whose command `body` runs in its run directory, then ends."""
+    from runtime_helpers import SETTINGS, fast_config
+
+    from lucid_core.runtime.round import SchedulingRound
+
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "runs")))
+    job = submit(store, JobRequest(f"echo own output; {body}", 1, "mallory", "vc-a"))
+    config = fast_config(**{"profiler.enabled": False})
+    deadline = time.monotonic() + 20
+    while True:
+        SchedulingRound(store, local_executor(), config, SETTINGS).run()
+        with store.session() as s:
+            if s.get(JobRow, job).state in ("COMPLETED", "FAILED"):
+                return store, job
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_a_job_cannot_make_its_log_download_read_outside_its_run_directory(tmp_path):
+    """The job swaps its stdout.log for a symlink to a host file; `lucid logs` must not follow it."""
+    from lucid_core.runtime.queries import logs
+
+    secret = tmp_path / "outside" / "stdout.log"
+    secret.parent.mkdir()
+    secret.write_text("TOP-SECRET host file\n")
+    store, job = _finished_job_with(tmp_path, f"rm -f stdout.log; ln -s {secret} stdout.log")
+    assert "TOP-SECRET" not in logs(store, local_executor(), job, "stdout")
+    store.dispose()
+
+
+@pytest.mark.parametrize("escape", ["symlinked file", "symlinked run directory", "file of another run"])
+def test_reading_a_run_file_through_the_executor_is_confined(tmp_path, escape):
+    """Whatever the job does to its run directory, a read returns only files inside it."""
+    executor = local_executor()
+    host = HostAddress("h", executor="local", workdir=str(tmp_path / "w"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "stdout.log").write_text("TOP-SECRET")
+    executor.launch(host, LaunchSpec("other", "echo TOP-SECRET of another job"))
+    body = {"symlinked file": f"rm -f stdout.log; ln -s {outside / 'stdout.log'} stdout.log",
+            "symlinked run directory": f'cd ..; mv r1 r1.moved; ln -s {outside} r1',
+            "file of another run": "rm -f stdout.log; ln -s ../other/stdout.log stdout.log"}[escape]
+    executor.launch(host, LaunchSpec("r1", f"echo mine; {body}"))
+    deadline = time.monotonic() + 10
+    while executor.poll(host, ["r1"])["r1"].state == "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert "TOP-SECRET" not in executor.read(host, "r1", "stdout.log")
+    assert "TOP-SECRET" in executor.read(host, "other", "stdout.log")  # a plain run file still reads
