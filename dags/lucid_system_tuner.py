@@ -33,7 +33,7 @@ def _numbers(default: list, description: str, **items) -> Param:
         "trace_format": Param("auto", enum=["auto", "philly", "helios", "generic"]),
         "window_start": Param("", type="string", description="Trace window start (YYYY-MM-DD), file only"),
         "window_end": Param("", type="string", description="Trace window end, exclusive (YYYY-MM-DD), file only"),
-        "window_days": Param(7, type="integer", minimum=1, maximum=365, description="Store history to replay"),
+        "window_days": Param(7, type="integer", minimum=1, maximum=3650, description="Store history to replay"),
         "main_nodes": Param(8, type="integer", minimum=1, maximum=10000, description="8-GPU nodes simulated"),
         "tprof_s": _numbers([100, 200, 300], "Tprof: profiling window (s)", minimum=1),
         "nprof_gpus": _numbers([8], "Nprof: widest job profiled on the pool (GPUs)", minimum=0),

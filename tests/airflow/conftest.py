@@ -23,7 +23,6 @@ os.environ.update({
     "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
     "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_HOME / 'airflow' / 'airflow.db'}",
-    "LUCID_HOME": str(_HOME / "lucid"),
     "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
 })
 os.environ.setdefault("PYTHONPATH", str(REPO))

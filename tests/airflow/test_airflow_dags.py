@@ -103,6 +103,18 @@ def _store_connection(home: Path, monkeypatch) -> str:
     return f"sqlite:///{path}"
 
 
+def test_tuner_replays_the_stores_finished_jobs_when_no_trace_is_given(airflow_db, lucid_home, monkeypatch):
+    url = _store_connection(lucid_home, monkeypatch)
+    seeded = seed_finished_jobs(url)
+    dag = _dagbag().dags["lucid_system_tuner"]
+    run = dag.test(run_conf={"trace_path": "", "window_days": 3650, "main_nodes": 2, "tprof_s": [200],
+                             "sharing": ["auto", "off"]})
+    assert _state(run) == "success", _ti_states(run)
+    summary = json.loads(next((lucid_home / "reports" / "tuner").glob("*/report.json")).read_text())
+    assert summary["configurations"] == 2
+    assert all(r["metrics"]["jobs"] == seeded for r in summary["ranked"])
+
+
 class _Inbox:
     def __init__(self) -> None:
         self.messages: list = []

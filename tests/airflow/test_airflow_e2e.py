@@ -183,6 +183,18 @@ def test_tuner_triggered_over_rest_writes_a_report_the_plugin_shows(airflow_stac
     assert name in listing.text
 
 
+def test_plugin_is_loaded_with_its_app_and_nav_entries(airflow_stack):
+    import httpx
+
+    base, token, _, _ = airflow_stack
+    plugins = httpx.get(f"{base}/api/v2/plugins", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+    lucid = next(p for p in plugins["plugins"] if p["name"] == "lucid")
+    assert [app["url_prefix"] for app in lucid["fastapi_apps"]] == ["/lucid"]
+    hrefs = {view["href"] for view in lucid["external_views"]}
+    assert {"/lucid/queue", "/lucid/running", "/lucid/models", "/lucid/tuner", "/lucid/drift"} <= hrefs
+    assert all(view["destination"] == "nav" for view in lucid["external_views"])
+
+
 def test_plugin_refuses_unauthenticated_and_forged_requests(airflow_stack):
     import httpx
 
