@@ -320,3 +320,50 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     return json.dumps(str(value))
+
+
+def _values(text: str, cast) -> list[Any]:
+    return [cast(v.strip()) for v in text.split(",") if v.strip()]
+
+
+def add_parser(subparsers) -> Any:
+    """`lucid tune`: the System Tuner sweep without Airflow (the DAG runs the same code, one task each)."""
+    parser = subparsers.add_parser("tune", help="simulate a grid of scheduler settings on a trace and rank them")
+    parser.add_argument("--trace", required=True, help="trace file (philly, helios or generic CSV)")
+    parser.add_argument("--format", default="auto")
+    parser.add_argument("--start", default=None, help="window start, e.g. 2017-10-01")
+    parser.add_argument("--end", default=None, help="window end (exclusive)")
+    parser.add_argument("--nodes", type=int, default=8, help="8-GPU main nodes simulated")
+    parser.add_argument("--tprof", default="100,200,300", help="Tprof values (s), comma-separated")
+    parser.add_argument("--nprof", default="8", help="Nprof values (GPUs)")
+    parser.add_argument("--cprof", default="2", help="Cprof values (profiling pool nodes)")
+    parser.add_argument("--tiny", default="0.95", help="Tiny thresholds")
+    parser.add_argument("--medium", default="0.85", help="Medium thresholds")
+    parser.add_argument("--sharing", default="auto,off", help="sharing modes: auto, on, off")
+    parser.add_argument("--cadence", default="daily", help="update cadences: daily, weekly, never")
+    parser.add_argument("--objective", default="avg_jct", choices=sorted(OBJECTIVES))
+    parser.add_argument("--out", default="out/tuner", help="report folder")
+    parser.set_defaults(func=_run_cli)
+    return parser
+
+
+def _run_cli(args) -> int:
+    from lucid_core.sim.traces import read_trace
+
+    grid = {"tprof_s": _values(args.tprof, float), "nprof_gpus": _values(args.nprof, int),
+            "cprof_nodes": _values(args.cprof, int), "tiny_threshold": _values(args.tiny, float),
+            "medium_threshold": _values(args.medium, float), "sharing": _values(args.sharing, str),
+            "update_cadence": _values(args.cadence, str)}
+    configs = expand_grid(grid)
+    if not configs:
+        raise ValueError("the grid has no valid configuration (is every Medium threshold above every Tiny one?)")
+    records = read_trace(args.trace, args.format, args.start, args.end).records
+    settings = TunerSettings(main_nodes=args.nodes, objective=args.objective)
+    results = []
+    for index, overrides in enumerate(configs):
+        results.append(run_configuration(records, overrides, settings, index=index))
+        print(f"[{index + 1}/{len(configs)}] {overrides}: "
+              + (results[-1].error or f"avg JCT {results[-1].metrics['avg_jct_s'] / 3600:.3f} h"), flush=True)
+    summary = write_report(results, settings, args.out, context={"trace": str(args.trace)})
+    print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
+    return 0 if summary["best"] else 1

@@ -81,3 +81,21 @@ def test_store_url_from_airflow_connections():
     assert sqlalchemy_url(pg) == "postgresql+psycopg2://u:p@127.0.0.1:5432/lucid"
     explicit = Connection(conn_id="c", conn_type="generic", extra='{"sqlalchemy_url": "sqlite:///y.db"}')
     assert sqlalchemy_url(explicit) == "sqlite:///y.db"
+
+
+def test_tune_cli_writes_a_ranked_report(tmp_path, capsys):
+    import argparse
+    import json
+
+    from lucid_af_support import SAMPLE_TRACE
+
+    from lucid_core import tuner
+
+    parser = argparse.ArgumentParser()
+    tuner.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["tune", "--trace", str(SAMPLE_TRACE), "--nodes", "2", "--tprof", "100,300",
+                              "--sharing", "auto,off", "--out", str(tmp_path / "r")])
+    assert args.func(args) == 0
+    summary = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert summary["configurations"] == 4 and summary["failed"] == 0
+    assert "| rank |" in capsys.readouterr().out
