@@ -251,7 +251,8 @@ def _rows(handle, parse, problems: list[RowProblem], columns: list[str]) -> Iter
         except StopIteration:
             return
         except csv.Error as error:  # e.g. a field larger than the csv module allows
-            problems.append(RowProblem(reader.line_num + 1, "*", "", f"malformed CSV: {error}"))
+            # DictReader.line_num lags on errors; the underlying reader has counted the bad line
+            problems.append(RowProblem(reader.reader.line_num + 1, "*", "", f"malformed CSV: {error}"))
             yield _BAD_ROW
             continue
         line = reader.line_num + 1  # the header line was read before the reader started
