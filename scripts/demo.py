@@ -65,7 +65,7 @@ def _sample_jobs(count: int, seed: int):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--home", default=str(REPO / ".lucid-demo"), help="where Airflow and Lucid keep state")
+    parser.add_argument("--home", default=str(REPO / "out" / "demo-airflow"), help="where Airflow and Lucid keep state")
     parser.add_argument("--jobs", type=int, default=18)
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
