@@ -177,7 +177,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
-        text = p.read_text(encoding="utf-8")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {p} is not UTF-8 text: {exc}") from exc
         try:
             if p.suffix in {".yaml", ".yml"}:
                 import yaml
