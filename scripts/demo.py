@@ -72,9 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-running", action="store_true", help="leave Airflow up at the end (Ctrl-C stops)")
     args = parser.parse_args(argv)
     home = Path(args.home).resolve()
-    if home.exists():
-        shutil.rmtree(home)
+    marker = home / ".lucid-demo-home"
+    if home.exists() and any(home.iterdir()):
+        if not marker.exists():
+            print(f"[demo] {home} exists and was not made by this demo: choose another --home")
+            return 2
+        shutil.rmtree(home)  # a previous demo's state: start fresh
     (home / "lucid").mkdir(parents=True)
+    marker.write_text("state of scripts/demo.py; removed by its next run\n")
     env = _env(home, args.port)
     os.environ.update({k: env[k] for k in ("LUCID_HOME", "LUCID_CONFIG")})
     # Seconds-long jobs need a seconds-long profiling window; sharing "on" because a two-minute demo never
