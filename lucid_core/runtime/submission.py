@@ -74,6 +74,20 @@ def vc_capacity(store: Store) -> dict[str, int]:
     return {vc: int(n) for vc, n in rows}
 
 
+UNSTORABLE = "must be UTF-8 encodable text without NUL characters"
+
+
+def _storable(text: str) -> bool:
+    """True when a store (SQLite or PostgreSQL) and a host shell can take the text as given."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]:
     """Field -> problem for everything wrong with the request (empty when it is fine)."""
     errors: dict[str, str] = {}
@@ -84,6 +98,8 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
         errors["command"] = f"is {len(command)} characters; at most {MAX_COMMAND}"
     elif "\x00" in command:
         errors["command"] = "must not contain NUL characters"
+    elif not _storable(command):
+        errors["command"] = UNSTORABLE
     gpus = request.gpus
     if isinstance(gpus, bool) or not isinstance(gpus, int):
         errors["gpus"] = f"must be a whole number, got {gpus!r}"
@@ -97,6 +113,8 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
             errors[name] = "must not be empty"
         elif len(value) > limit:
             errors[name] = f"is {len(value)} characters; at most {limit}"
+        elif not _storable(value):
+            errors[name] = UNSTORABLE
     if "vc" not in errors:
         if request.vc not in capacity:
             known = ", ".join(sorted(capacity)) or "none: add main hosts first"
@@ -116,9 +134,10 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
             errors[f"env.{key}"] = "is not a valid environment variable name"
         elif key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIX):
             errors[f"env.{key}"] = "is set by the scheduler and may not be given"
-        elif not isinstance(value, str) or len(value) > MAX_ENV_VALUE or "\x00" in value:
+        elif not isinstance(value, str) or len(value) > MAX_ENV_VALUE or not _storable(value):
             errors[f"env.{key}"] = f"value must be text of at most {MAX_ENV_VALUE} characters"
-    if request.workload is not None and (not isinstance(request.workload, str) or len(request.workload) > 256):
+    if request.workload is not None and (not isinstance(request.workload, str) or len(request.workload) > 256
+                                         or not _storable(request.workload)):
         errors["workload"] = "must be a catalog key of at most 256 characters"
     return errors
 
