@@ -126,6 +126,12 @@ class HostExecutor:
         pid = int(last[1]) if len(last) > 1 and last[1].isdigit() else None
         return LaunchResult(pid, already_launched=last[0] == "EXISTS")
 
+    def probe(self, host: HostAddress) -> None:
+        """Check that the host answers (raises HostUnreachable or HostCommandFailed otherwise)."""
+        result = self._run(host, "echo LUCID_OK\n")
+        if "LUCID_OK" not in result.stdout:
+            raise HostCommandFailed(f"host {host.name}: probe answered {result.stdout[-200:]!r}")
+
     def poll(self, host: HostAddress, run_ids: Sequence[str]) -> dict[str, RunStatus]:
         if not run_ids:
             return {}

@@ -73,6 +73,7 @@ class RoundSettings:
     telemetry_interval_s: float = 1.0
     telemetry_margin_s: float = 5.0
     max_launch_failures: int = 3  # a job whose launch the hosts refuse this often fails
+    host_cooldown_s: float = 300.0  # a host that refused a launch gets no new work this long
     # workload catalog (Lucid artifact format) behind emulated telemetry; None: the synthetic one
     catalog_dir: str | None = None
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
@@ -194,6 +195,13 @@ class SchedulingRound:
         with self.store.session() as s:
             s.execute(_update(HostRow).where(HostRow.name == name).values(reachable=False, last_error=str(exc)[:1000]))
 
+    def _cool_down(self, name: str, why: str) -> None:
+        """A host that refused a launch (disk full, broken environment) gets no new work for a while."""
+        until = self.clock() + self.settings.host_cooldown_s
+        with self.store.session() as s:
+            s.execute(_update(HostRow).where(HostRow.name == name).values(
+                cooldown_until=until, last_error=f"launch refused: {why}"[:1000]))
+
     def _host_seen(self, name: str) -> None:
         with self.store.session() as s:
             s.execute(_update(HostRow).where(HostRow.name == name).values(
@@ -235,6 +243,7 @@ class SchedulingRound:
                 continue
             except Exception as exc:
                 self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
+                self._cool_down(run.host, str(exc))
                 self._launch_failed(run, str(exc))
                 continue
             self._crash("after_launch")  # the host runs it, the store does not know yet
@@ -347,7 +356,11 @@ class SchedulingRound:
             if not host_runs and host.reachable:
                 continue
             try:
-                statuses = self.executor.poll(host_address(host), [r.run_id for r in host_runs] or ["~probe"])
+                if host_runs:
+                    statuses = self.executor.poll(host_address(host), [r.run_id for r in host_runs])
+                else:  # idle and unreachable last time: does it answer now?
+                    self.executor.probe(host_address(host))
+                    statuses = {}
             except HostUnreachable as exc:
                 self._host_failed(name, exc)
                 continue

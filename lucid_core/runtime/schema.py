@@ -83,6 +83,8 @@ class HostRow(Base):
     last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     added_at: Mapped[float] = mapped_column(Float)
+    # no new work before this time (the host refused a launch); running jobs are not affected
+    cooldown_until: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class GpuRow(Base):

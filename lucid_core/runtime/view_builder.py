@@ -211,7 +211,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         view.pool(pool).add_node(host.name, count, host.gpu_memory_mb, borrowed=host.name in borrowed)
         if host.name in borrowed:
             view.borrowed_nodes.append(host.name)
-        if host.reachable and not host.draining:
+        if host.reachable and not host.draining and (host.cooldown_until is None or host.cooldown_until <= now):
             available.add(host.name)
 
     runs_by_job: dict[str, list[RunRow]] = {}

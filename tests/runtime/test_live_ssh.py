@@ -196,3 +196,24 @@ def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
     assert run.state == "planned" and not host.reachable and "known_hosts" in (host.last_error or "")
     assert jobs_by_id(store)[job].state == JobState.PROFILING.value
     store.dispose()
+
+
+def test_an_idle_unreachable_host_is_probed_and_stays_out_until_it_answers(live):
+    from lucid_core.runtime.schema import HostRow
+
+    store, cluster, _ = live
+    host = cluster.hosts["main1"]
+    host.stop()
+    try:
+        with store.session() as s:
+            s.get(HostRow, "main1").reachable = False
+        report = one_round(store, cluster, fast_config())
+        with store.session() as s:
+            assert not s.get(HostRow, "main1").reachable
+        assert "main1" in report.unreachable
+    finally:
+        host.start()
+    report = one_round(store, cluster, fast_config())
+    with store.session() as s:
+        assert s.get(HostRow, "main1").reachable
+    assert report.unreachable == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, runs_of
 from sqlalchemy import select
@@ -27,10 +28,10 @@ def _store(tmp_path, hosts):
     return store
 
 
-def _until(store, config, done, timeout_s=20.0):
+def _until(store, config, done, timeout_s=20.0, settings=SETTINGS):
     deadline = time.monotonic() + timeout_s
     while True:
-        SchedulingRound(store, local_executor(), config, SETTINGS).run()
+        SchedulingRound(store, local_executor(), config, settings).run()
         jobs = jobs_by_id(store)
         if done(jobs):
             return jobs
@@ -79,9 +80,35 @@ def test_a_job_whose_launch_is_refused_fails_after_bounded_tries(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1, workdir=str(blocker / "runs")))
     job = submit(store, JobRequest("true", 1, "u", "vc-a"))
-    jobs = _until(store, fast_config(**{"profiler.enabled": False}), lambda j: j[job].state in TERMINAL)
+    impatient = replace(SETTINGS, host_cooldown_s=0.1)
+    jobs = _until(store, fast_config(**{"profiler.enabled": False}), lambda j: j[job].state in TERMINAL,
+                  settings=impatient)
     assert jobs[job].state == "FAILED" and "could not be launched (3 tries)" in jobs[job].end_reason
     assert not jobs[job].ended_in_profiling
+    store.dispose()
+
+
+def test_a_host_that_refuses_a_launch_cools_down_and_the_job_runs_elsewhere(tmp_path):
+    from lucid_core.runtime.schema import HostRow
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the work directory should be")
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("a-broken", executor="local", vc="vc-a", gpus=1, workdir=str(blocker / "runs")))
+    add_host(store, HostSpec("b-healthy", executor="local", vc="vc-a", gpus=1, workdir=str(tmp_path / "ok")))
+    drain_host(store, "b-healthy")  # first only the broken host is offered
+    job = submit(store, JobRequest("true", 1, "u", "vc-a"))
+    config = fast_config(**{"profiler.enabled": False})
+    SchedulingRound(store, local_executor(), config, SETTINGS).run()
+    with store.session() as s:
+        broken = s.get(HostRow, "a-broken")
+    assert broken.cooldown_until > time.time() + 60 and "launch refused" in broken.last_error
+    assert jobs_by_id(store)[job].state == "QUEUED"
+    drain_host(store, "b-healthy", draining=False)
+    jobs = _until(store, config, lambda j: j[job].state in TERMINAL)
+    assert jobs[job].state == "COMPLETED"
+    assert [(r.host, r.outcome.split(":")[0]) for r in runs_of(store, job)] == [
+        ("a-broken", "launch failed"), ("b-healthy", "exited with code 0")]
     store.dispose()
 
 

@@ -19,12 +19,12 @@ def _hosts(store):
 
 def test_open_migrates_to_head_and_reopening_is_a_no_op(store_url):
     first = Store(store_url)
-    assert first.revision() == "0001"
+    assert first.revision() == "0002"
     tables = set(sa.inspect(first.engine).get_table_names())
     assert {"jobs", "job_events", "hosts", "gpus", "runs", "profiles", "profile_samples", "decisions",
             "leases", "model_versions", "scheduler_state", "rounds"} <= tables
     second = Store(store_url)
-    assert second.revision() == "0001"
+    assert second.revision() == "0002"
     first.dispose()
     second.dispose()
 
@@ -89,3 +89,27 @@ def test_inventory_add_list_drain_remove(store):
     assert {h["name"] for h in list_hosts(store)} == {"m0", "p0"}
     with pytest.raises(InventoryError, match="no host"):
         remove_host(store, "m1")
+
+
+def test_upgrade_from_the_first_schema_keeps_the_data(tmp_path):
+    from alembic import command
+
+    from lucid_core.runtime.store import _alembic_config
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = Store(url, migrate=False)
+    with old.engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0001")
+        conn.execute(sa.text("INSERT INTO hosts (name, address, port, user, vc, pool, executor, telemetry, workdir, "
+                             "python, gpu_memory_mb, draining, reachable, added_at) VALUES ('h', '127.0.0.1', 22, "
+                             "'', 'vc-a', 'main', 'local', 'nvml', '/tmp', 'python3', 1.0, 0, 1, 0.0)"))
+    old.dispose()
+    new = Store(url)
+    assert new.revision() == "0002"
+    hosts = list_hosts(new)
+    assert [h["name"] for h in hosts] == ["h"]
+    with new.session() as s:
+        from lucid_core.runtime.schema import HostRow
+
+        assert s.get(HostRow, "h").cooldown_until is None
+    new.dispose()
