@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
 from lucid_core.runtime.executor import HostAddress, LaunchResult, LaunchSpec, RunStatus
