@@ -104,13 +104,7 @@ def _kill_run(run: RunRow) -> None:
         os.killpg(run.pid, signal.SIGKILL)
 
 
-PROBE_BUG = ("round.py reconcile probes an idle unreachable host with run id '~probe', which check_run_id "
-             "rejects (ValueError) before any connection; the except branch then marks the host reachable "
-             "without contacting it, so the policy places work on a dead host")
-
-
-@pytest.mark.parametrize("requeue", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=PROBE_BUG))],
-                         ids=["fail", "requeue"])
+@pytest.mark.parametrize("requeue", [False, True], ids=["fail", "requeue"])
 def test_host_that_never_returns_loses_its_jobs_after_the_timeout(live, requeue):
     store, cluster, root = live
     ledger = root / "ledger"
@@ -181,7 +175,6 @@ def test_a_partitioned_host_that_returns_has_its_lost_run_stopped(live):
     check_invariants(store, [job])
 
 
-@pytest.mark.xfail(strict=True, reason=PROBE_BUG)
 def test_an_idle_unreachable_host_stays_unreachable_until_it_answers(live):
     store, cluster, _ = live
     cluster.hosts["main1"].stop()
