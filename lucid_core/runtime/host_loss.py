@@ -97,14 +97,16 @@ def reap_lost(store: Store, executor: HostExecutor, now: float, grace_s: float =
     with store.session() as s:
         runs = list(s.scalars(select(RunRow).where(RunRow.state == LOST_RUN_STATE)))
         hosts = {h.name: h for h in s.scalars(select(HostRow))}
+    still_gone: set[str] = set()
     for run in runs:
         host = hosts.get(run.host)
-        if host is None:
+        if host is None or run.host in still_gone:
             continue
         try:
             status = executor.stop(host_address(host), run.run_id, "lost", grace_s)
         except HostUnreachable:
-            continue  # still gone: keep it lost (its GPUs stay held) and try again next time
+            still_gone.add(run.host)  # keep its runs lost (the GPUs stay held); try again next time
+            continue
         with store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))
             if row is not None and row.state == LOST_RUN_STATE:
