@@ -74,6 +74,9 @@ class RoundSettings:
     telemetry_margin_s: float = 5.0
     max_launch_failures: int = 3  # a job whose launch the hosts refuse this often fails
     host_cooldown_s: float = 300.0  # a host that refused a launch gets no new work this long
+    # give up on a host silent this long: its runs are lost, their jobs fail (or requeue_lost); None: wait
+    host_lost_after_s: float | None = None
+    requeue_lost: bool = False
     # workload catalog (Lucid artifact format) behind emulated telemetry; None: the synthetic one
     catalog_dir: str | None = None
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
@@ -147,6 +150,7 @@ class SchedulingRound:
             self.carry_out_pending()
             self._crash("after_repair")
             self.reconcile()
+            self.give_up_lost_hosts()
             self._crash("after_reconcile")
             self.decide()
             self._crash("after_record")
@@ -381,6 +385,23 @@ class SchedulingRound:
                     self._settle(run, status)
         self._cancel_requested()
         self.collect_due_profiles(now)
+
+    def give_up_lost_hosts(self) -> None:
+        """With `host_lost_after_s` set: end the runs of hosts silent that long (fail or requeue their jobs),
+        and stop what is left of such runs on hosts that answer again before new work lands there."""
+        from lucid_core.runtime.host_loss import LOST_RUN_STATE, mark_lost, reap_lost
+
+        if self.settings.host_lost_after_s is None:
+            return
+        loss = mark_lost(self.store, self.now, self.settings.host_lost_after_s, requeue=self.settings.requeue_lost)
+        for job_id in loss.failed:
+            self.report.ended[job_id] = JobState.FAILED.value
+        self.report.requeued.extend(loss.requeued)
+        with self.store.session() as s:
+            back = s.scalar(select(RunRow.run_id).join(HostRow, HostRow.name == RunRow.host).where(
+                RunRow.state == LOST_RUN_STATE, HostRow.reachable.is_(True)).limit(1))
+        if back is not None:
+            reap_lost(self.store, self.executor, self.now, grace_s=self.settings.stop_grace_s)
 
     def collect_due_profiles(self, now: float) -> None:
         """Read telemetry of every running window that ended by `now` and has no profile yet.

@@ -217,3 +217,26 @@ def test_an_idle_unreachable_host_is_probed_and_stays_out_until_it_answers(live)
     with store.session() as s:
         assert s.get(HostRow, "main1").reachable
     assert report.unreachable == []
+
+
+def test_a_host_gone_too_long_loses_its_job_which_is_reaped_when_it_returns(live):
+    store, cluster, _ = live
+    settings = RoundSettings(stop_grace_s=1, telemetry_interval_s=0.25, lease_ttl_s=5, holder="test-round",
+                             host_lost_after_s=0.5)
+    job = submit(store, JobRequest("sleep 60", 1, "ivy", "vc-a"))
+    rounds_until(store, cluster, fast_config(), lambda j: j[job].state == "PROFILING", settings=settings)
+    run = runs_of(store, job)[-1]
+    host = cluster.hosts[run.host]
+    host.stop()
+    try:
+        one_round(store, cluster, fast_config(), settings=settings)  # first seen down
+        time.sleep(0.6)
+        report = one_round(store, cluster, fast_config(), settings=settings)
+        row = jobs_by_id(store)[job]
+        assert row.state == "FAILED" and "unreachable" in row.end_reason and report.ended == {job: "FAILED"}
+        assert pid_alive(run.pid)  # nobody could stop it while its host was away
+    finally:
+        host.start()
+    one_round(store, cluster, fast_config(), settings=settings)
+    assert [r.state for r in runs_of(store, job)] == ["ended"]
+    assert not pid_alive(run.pid)  # reaped once the host answered
