@@ -31,7 +31,7 @@ def test_round_dag_profiles_places_and_finishes_jobs(airflow_db, lucid_home, tmp
         add_host(store, HostSpec(name, pool=pool, executor="local", telemetry="emulated",
                                  workdir=str(tmp_path / name), gpus=2))
     quick = submit(store, JobRequest("exit 0", gpus=1, user="ann", vc="default", name="debug"))
-    long_a = submit(store, JobRequest("sleep 6", gpus=1, user="bob", vc="default", name="train-a"))
+    long_a = submit(store, JobRequest("sleep 12", gpus=1, user="bob", vc="default", name="train-a"))
     failing = submit(store, JobRequest("sleep 3; exit 3", gpus=1, user="cy", vc="default", name="train-b"))
     dag = _dag()
     deadline = time.monotonic() + 120
@@ -94,7 +94,7 @@ def test_round_dag_reaches_ssh_hosts_through_airflow_connections(airflow_db, luc
     store = _ssh_store(tmp_path, lucid_home, monkeypatch, sshd_hosts)
     for name in ("prof0", "main0"):
         _ssh_connection_env(monkeypatch, sshd_hosts, name)
-    job = submit(store, JobRequest("sleep 4", gpus=1, user="ann", vc="default", name="train"))
+    job = submit(store, JobRequest("sleep 12", gpus=1, user="ann", vc="default", name="train"))
     dag = _dag()
     deadline = time.monotonic() + 90
     while True:
