@@ -149,10 +149,11 @@ def test_host_whose_sshd_dies_mid_job_loses_nothing(live):
 @pytest.mark.parametrize("step", ["after_record", "after_launch"])
 def test_crash_between_decision_and_launch_is_repaired_without_running_twice(live, step):
     store, cluster, root = live
+    slow_window = fast_config(**{"profiler.tprof_s": 60})  # the window must not close during the test
     job = submit(store, JobRequest("sleep 30", 1, "gina", "vc-a"))
     settings = RoundSettings(stop_grace_s=1, telemetry_interval_s=0.25, lease_ttl_s=30, holder="crashing")
     with pytest.raises(InjectedCrash):
-        one_round(store, cluster, fast_config(), settings=settings, crash_at=step)
+        one_round(store, cluster, slow_window, settings=settings, crash_at=step)
     with store.session() as s:
         pending = s.scalars(select(DecisionRow).where(DecisionRow.status == "pending")).all()
         planned = s.scalars(select(RunRow).where(RunRow.job_id == job)).all()
@@ -160,10 +161,10 @@ def test_crash_between_decision_and_launch_is_repaired_without_running_twice(liv
     assert [r.state for r in planned] == ["planned"]
     run_dir = root / "hosts" / planned[0].host / planned[0].run_id
     assert run_dir.exists() == (step == "after_launch")
-    assert one_round(store, cluster, fast_config()).acquired is False  # the dead round's lease still holds
+    assert one_round(store, cluster, slow_window).acquired is False  # the dead round's lease still holds
     with store.session() as s:  # let the dead round's lease lapse (its TTL is tested elsewhere)
         s.execute(update(LeaseRow).values(expires_at=time.time() - 1))
-    report = one_round(store, cluster, fast_config())
+    report = one_round(store, cluster, slow_window)
     assert report.acquired
     runs = runs_of(store, job)
     assert len(runs) == 1 and runs[0].state == "running" and pid_alive(runs[0].pid)
