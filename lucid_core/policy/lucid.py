@@ -37,7 +37,7 @@ class LucidPolicy:
     # --- hooks ----------------------------------------------------------------------------
     def on_submit(self, view: ClusterView, job: Job) -> None:
         self.forecaster.observe_submission(view.now, job.gpus)
-        if self.profiler.wants_profiling(view, job):
+        if self.profiler.wants_profiling(view, job) and view.profiling.total_gpus > 0:
             view.enqueue_profiling(job)
         else:
             self.orchestrator.enqueue(view, job)
@@ -70,7 +70,8 @@ class LucidPolicy:
             decisions.extend(self.profiler.autoscale(view, forecast))
         self.orchestrator.predict_pending(view)
         # the main queue first: profiled jobs waiting there have been waiting longest
-        decisions.extend(place_queue(view, self._partner))
+        online = view.tprof_s if self.config.profiler.enabled else None
+        decisions.extend(place_queue(view, self._partner, online_window_s=online))
         decisions.extend(self.profiler.start_windows(view))
         return decisions
 

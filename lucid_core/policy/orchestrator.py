@@ -20,11 +20,13 @@ PartnerFinder = Callable[[ClusterView, Job], "tuple[str, str] | None"]
 
 
 def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
-                strict_order: bool = False) -> list[Decision]:
+                strict_order: bool = False, online_window_s: float | None = None) -> list[Decision]:
     """Scan the main queue in key order and place what fits.
 
     `find_partner(view, job)` returns (partner id, reason) for a job with no exclusive fit.
     `strict_order` stops at the first job that cannot start (FIFO without backfilling).
+    `online_window_s`: a job placed without a profile is profiled during the first seconds of
+    its run (jobs wider than Nprof, or no profiling pool).
     """
     decisions: list[Decision] = []
     parts = view.queue.parts()
@@ -43,8 +45,13 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
         if job.gpus < smallest_unfit:
             gpus = main.place_compact(job.gpus)
             if gpus is not None:
-                view.start(job_id, Pool.MAIN, gpus)
-                decisions.append(Place(job_id, gpus, _exclusive_reason(view, job, key)))
+                online = online_window_s is not None and job.profile is None
+                view.start(job_id, Pool.MAIN, gpus,
+                           profiling_until=view.now + online_window_s if online else None)  # type: ignore[operator]
+                reason = _exclusive_reason(view, job, key)
+                if online:
+                    reason += f"; profiled online during its first {online_window_s:g} s"
+                decisions.append(Place(job_id, gpus, reason, profile_in_place=online))
                 placed = True
             else:
                 smallest_unfit = job.gpus

@@ -66,10 +66,10 @@ def read_vc_config(path: str | Path) -> dict[str, int]:
     return out
 
 
-def vc_pool_nodes(config_pool: int, vc_nodes: int) -> int:
-    """A VC carves out a profiling pool only when it has 10 nodes per pool node; smaller ones profile
-    in place on their own nodes."""
-    return min(config_pool, vc_nodes // 10)
+def vc_pool_nodes(config_pool: int, nodes: int) -> int:
+    """Profiling pool carved out of a cluster (or VC): one node per 10, at least one from 3 nodes
+    up, at most the configured size; a smaller cluster profiles jobs online on their own nodes."""
+    return 0 if nodes < 3 else min(config_pool, max(1, nodes // 10))
 
 
 def history_jobs(history: Sequence[TraceRecord]) -> tuple[list[Job], list[float]]:
@@ -110,9 +110,7 @@ def run_policy(name: str, exp: Experiment, *, check_invariants: bool = False, ke
         return _run_per_vc(name, exp, check_invariants=check_invariants, keep_log=keep_log,
                            packing_model=packing_model)
     policy, config = build_policy(name, exp, duration_model, packing_model)
-    pool = config.profiler.pool_nodes if getattr(policy, "profiles", False) else 0
-    if pool >= exp.nodes:
-        raise ValueError(f"profiling pool of {pool} nodes leaves no main cluster out of {exp.nodes}")
+    pool = vc_pool_nodes(config.profiler.pool_nodes, exp.nodes) if getattr(policy, "profiles", False) else 0
     workloads = exp.catalog.assign(exp.records, seed=exp.seed)
     result = simulate(exp.records, policy, config, main_nodes=exp.nodes - pool, profiling_nodes=pool,
                       workloads=workloads, speeds=exp.catalog.colocated_speeds,
@@ -153,9 +151,7 @@ def _run_per_vc(name: str, exp: Experiment, **kwargs) -> tuple[SimResult, dict]:
         records = [r for r in exp.records if r.vc == vc]
         if not records:
             continue
-        pool = vc_pool_nodes(exp.config.profiler.pool_nodes, nodes)
-        sub = replace(exp, records=records, nodes=nodes, vc_nodes=None,
-                      config=exp.config.with_overrides({"profiler.pool_nodes": pool}))
+        sub = replace(exp, records=records, nodes=nodes, vc_nodes=None)
         result, metrics = run_policy(name, sub, **kwargs)
         results.append(result)
         pool_gpus += int(metrics["profiling_pool_gpus"])
