@@ -113,3 +113,25 @@ def test_upgrade_from_the_first_schema_keeps_the_data(tmp_path):
 
         assert s.get(HostRow, "h").cooldown_until is None
     new.dispose()
+
+
+def test_racing_holders_never_both_win_the_lease(store):
+    import threading
+
+    results: list[list[bool]] = []
+    for contest in range(15):
+        now = 1000.0 * (contest + 1)  # each contest starts after the previous lease lapsed
+        barrier = threading.Barrier(3)
+        won = [False, False, False]
+
+        def take(i: int, now: float = now, barrier: threading.Barrier = barrier, won: list = won) -> None:
+            barrier.wait()
+            won[i] = lease.acquire(store, f"holder-{i}", ttl_s=100, now=now)
+
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results.append(won)
+    assert all(sum(won) == 1 for won in results), results
