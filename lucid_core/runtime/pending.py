@@ -7,7 +7,8 @@ from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.view import ClusterView
 
 
-def pending_reasons(view: ClusterView, policy: SchedulingPolicy) -> dict[str, tuple[int, str]]:
+def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
+                    sharing_reason: str | None = None) -> dict[str, tuple[int, str]]:
     """job id -> (position in its queue, 1-based; what keeps it waiting)."""
     out: dict[str, tuple[int, str]] = {}
     prof_order = sorted(view.profiling_queue, key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
@@ -36,7 +37,7 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy) -> dict[str, tu
             parts.append(f"no compact fit for {job.gpus} GPU(s): the largest free block on one main node is "
                          f"{block} ({view.main.free_gpus()} of {view.main.total_gpus} GPUs free)")
         if mode is SharingMode.OFF:
-            parts.append("sharing is off (the load forecast says GPUs stay available)")
+            parts.append(f"sharing is off ({sharing_reason or 'the load forecast says GPUs stay available'})")
         elif job.share_class is None:
             parts.append("not profiled yet, so it may not share a GPU")
         elif job.no_share:

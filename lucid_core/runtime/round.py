@@ -562,7 +562,11 @@ class SchedulingRound:
         decisions = built.policy.schedule(built.view)
         self.report.decide_ms = (time.perf_counter() - t0) * 1000
         view = built.view
-        reasons = pending_reasons(view, built.policy)
+        sharing_reason = snapshot.state.get("sharing_reason")
+        for decision in decisions:
+            if isinstance(decision, SetSharingMode):
+                sharing_reason = decision.reason
+        reasons = pending_reasons(view, built.policy, sharing_reason)
         with self.store.session() as s:
             for decision in decisions:
                 self._record(s, decision, view, now)
@@ -591,7 +595,7 @@ class SchedulingRound:
                 s.execute(update(JobRow), batch)
             state = {"sharing_mode": view.sharing_mode.value, "tprof_s": view.tprof_s,
                      "nprof_gpus": view.nprof_gpus, "borrowed_nodes": list(view.borrowed_nodes),
-                     "last_mode_check": view.last_mode_check}
+                     "last_mode_check": view.last_mode_check, "sharing_reason": sharing_reason}
             from lucid_core.runtime.schema import SchedulerStateRow
 
             for key, value in state.items():

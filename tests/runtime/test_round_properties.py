@@ -156,3 +156,18 @@ def test_a_job_marked_running_without_any_run_is_queued_again_not_stranded(tmp_p
     jobs = _until(store, fast_config(**{"profiler.enabled": False}), lambda j: j[job].state in TERMINAL)
     assert jobs[job].state == "COMPLETED" and len(runs_of(store, job)) == 1
     store.dispose()
+
+
+def test_a_waiting_job_says_why_sharing_is_off(tmp_path):
+    store = _store(tmp_path, [("m0", "main", 1)])
+    config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off"})
+    first = submit(store, JobRequest("sleep 30", 1, "u", "vc-a"))
+    second = submit(store, JobRequest("sleep 30", 1, "u", "vc-a"))
+    jobs = _until(store, config, lambda j: j[first].state == "RUNNING")
+    reason = jobs[second].pending_reason
+    assert "no compact fit for 1 GPU(s)" in reason
+    assert "sharing is off (sharing disabled in the configuration)" in reason
+    cancel(store, first)
+    cancel(store, second)
+    _until(store, config, lambda j: all(r.state in TERMINAL for r in j.values()))
+    store.dispose()
