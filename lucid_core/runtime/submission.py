@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 
 from lucid_core.domain import TERMINAL_STATES, JobState
@@ -23,6 +23,7 @@ MAX_ENV_VARS = 64
 MAX_ENV_VALUE = 4096
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
 RESERVED_ENV_PREFIX = "LUCID_"
+SEQ_LOCK_KEY = 0x6C756369_6A6F6273  # PostgreSQL advisory lock held while a job id is allocated
 
 
 class SubmissionError(ValueError):
@@ -151,6 +152,8 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
     for _ in range(20):
         try:
             with store.session() as s:
+                if store.dialect == "postgresql":  # serialize id allocation: no retry storm under bursts
+                    s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SEQ_LOCK_KEY})
                 seq = (s.scalar(select(func.max(JobRow.seq))) or 0) + 1
                 job_id = f"j{seq:06d}"
                 s.add(JobRow(
