@@ -299,3 +299,33 @@ def test_a_trace_with_huge_and_absurd_values_keeps_the_sane_rows(tmp_path):
     assert all(p.column in {"duration", "gpus", "submit_time", "*"} for p in trace.problems)
     json.dumps([str(p) for p in trace.problems])  # every problem prints
     assert Path(trace.source) == path
+
+
+# ------------------------------------------------------------------------------------------ concurrency
+@pytest.mark.postgres
+def test_concurrent_submissions_on_postgresql_all_get_distinct_ids(pg_url):
+    """A burst of submitters must not exhaust the job-id retries (seen as HTTP 500 in bench_load.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
+        conn.execute(sa.text("CREATE SCHEMA public"))
+    engine.dispose()
+    store = Store(pg_url)
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=4, workdir="/tmp/unused"))
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(lambda i: _try_submit(store, i), range(640)))
+    failures = [o for o in outcomes if not o.startswith("j")]
+    assert not failures, f"{len(failures)} of 640 concurrent submissions failed, e.g. {failures[0]}"
+    assert len(set(outcomes)) == 640 and counts(store)[0] == 640
+    store.dispose()
+
+
+def _try_submit(store: Store, i: int) -> str:
+    try:
+        return submit(store, JobRequest(f"echo {i}", 1, "u", "vc-a"))
+    except Exception as exc:  # what the HTTP layer would turn into a 500
+        return f"{type(exc).__name__}: {exc}"
