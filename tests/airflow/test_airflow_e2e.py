@@ -30,6 +30,21 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _call(method: str, url: str, **kwargs):
+    """One API call, retried on timeouts: the API server answers slowly when CI's cores are busy."""
+    import httpx
+
+    kwargs.setdefault("timeout", 60)
+    for attempt in range(3):
+        try:
+            return httpx.request(method, url, **kwargs)
+        except (httpx.TimeoutException, httpx.ConnectError):
+            if attempt == 2:
+                raise
+            time.sleep(2)
+    raise AssertionError("unreachable")
+
+
 def _postgres_or_skip():
     psycopg2 = pytest.importorskip("psycopg2")
     try:
@@ -87,7 +102,7 @@ def airflow_stack(tmp_path_factory):
                                       stderr=subprocess.STDOUT, start_new_session=True))
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         token = None
         while time.monotonic() < deadline:
             try:
@@ -132,62 +147,56 @@ def _seed_queue(url: str) -> None:
     assert decided["decisions"], decided
 
 
-def _wait_for_dag(base: str, headers: dict, dag_id: str, timeout: float = 120) -> None:
-    import httpx
-
+def _wait_for_dag(base: str, headers: dict, dag_id: str, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if httpx.get(f"{base}/api/v2/dags/{dag_id}", headers=headers, timeout=10).status_code == 200:
+        if _call("GET", f"{base}/api/v2/dags/{dag_id}", headers=headers).status_code == 200:
             return
         time.sleep(2)
     raise AssertionError(f"{dag_id} never appeared in the API")
 
 
 def test_tuner_triggered_over_rest_writes_a_report_the_plugin_shows(airflow_stack):
-    import httpx
 
     base, token, _, root = airflow_stack
     headers = {"Authorization": f"Bearer {token}"}
     _wait_for_dag(base, headers, "lucid_system_tuner")
-    unpaused = httpx.patch(f"{base}/api/v2/dags/lucid_system_tuner", headers=headers, json={"is_paused": False},
-                           timeout=10)
+    unpaused = _call("PATCH", f"{base}/api/v2/dags/lucid_system_tuner", headers=headers, json={"is_paused": False})
     assert unpaused.status_code == 200, unpaused.text
     conf = {"trace_path": str(SAMPLE_TRACE), "trace_format": "generic", "main_nodes": 2,
             "tprof_s": [100, 300], "sharing": ["auto", "off"], "objective": "p999_queue_delay"}
-    reply = httpx.post(f"{base}/api/v2/dags/lucid_system_tuner/dagRuns", headers=headers, timeout=30,
-                       json={"logical_date": None, "conf": conf})
+    reply = _call("POST", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns", headers=headers,
+                  json={"logical_date": None, "conf": conf})
     assert reply.status_code in (200, 201), reply.text
     run_id = reply.json()["dag_run_id"]
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 480
     state = ""
     while time.monotonic() < deadline:
-        state = httpx.get(f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}", headers=headers,
-                          timeout=10).json()["state"]
+        state = _call("GET", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}", headers=headers).json()["state"]
         if state in ("success", "failed"):
             break
         time.sleep(3)
     assert state == "success", (root / "logs" / "scheduler.log").read_text()[-4000:]
-    mapped = httpx.get(f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}/taskInstances",
-                       headers=headers, params={"task_id": "simulate_configuration"}, timeout=10).json()
+    mapped = _call("GET", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}/taskInstances",
+                       headers=headers, params={"task_id": "simulate_configuration"}).json()
     assert sum(1 for ti in mapped["task_instances"] if ti["task_id"] == "simulate_configuration") == 4
-    xcom = httpx.get(f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}/taskInstances/write_report/"
-                     "xcomEntries/return_value", headers=headers, timeout=10)
+    xcom = _call("GET", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}/taskInstances/write_report/"
+                     "xcomEntries/return_value", headers=headers)
     assert xcom.status_code == 200, xcom.text
     summary = xcom.json()["value"]
     summary = json.loads(summary) if isinstance(summary, str) else summary
     assert summary["configurations"] == 4 and summary["objective"] == "p999_queue_delay"
     name = Path(summary["directory"]).name
-    page = httpx.get(f"{base}/lucid/tuner/{name}", headers=headers, timeout=30)
+    page = _call("GET", f"{base}/lucid/tuner/{name}", headers=headers)
     assert page.status_code == 200 and "System Tuner" in page.text and "objective.png" in page.text
-    listing = httpx.get(f"{base}/lucid/tuner", headers=headers, timeout=30)
+    listing = _call("GET", f"{base}/lucid/tuner", headers=headers)
     assert name in listing.text
 
 
 def test_plugin_is_loaded_with_its_app_and_nav_entries(airflow_stack):
-    import httpx
 
     base, token, _, _ = airflow_stack
-    plugins = httpx.get(f"{base}/api/v2/plugins", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+    plugins = _call("GET", f"{base}/api/v2/plugins", headers={"Authorization": f"Bearer {token}"}).json()
     lucid = next(p for p in plugins["plugins"] if p["name"] == "lucid")
     assert [app["url_prefix"] for app in lucid["fastapi_apps"]] == ["/lucid"]
     hrefs = {view["href"] for view in lucid["external_views"]}
@@ -196,18 +205,17 @@ def test_plugin_is_loaded_with_its_app_and_nav_entries(airflow_stack):
 
 
 def test_plugin_refuses_unauthenticated_and_forged_requests(airflow_stack):
-    import httpx
 
     base, token, _, _ = airflow_stack
     for path in ("/lucid/queue", "/lucid/tuner", "/lucid/api/jobs", "/lucid/files/tuner/x/objective.png"):
-        assert httpx.get(base + path, timeout=30).status_code == 401, path
+        assert _call("GET", base + path).status_code == 401, path
     forged = {"Authorization": "Bearer " + token[:-4] + "abcd"}
-    assert httpx.get(base + "/lucid/queue", headers=forged, timeout=30).status_code in (401, 403)
-    assert httpx.get(base + "/lucid/queue", cookies={"_token": token}, timeout=30).status_code == 200
-    viewer = httpx.post(f"{base}/auth/token", json={"username": "viewer", "password": "viewer-secret"}, timeout=10)
+    assert _call("GET", base + "/lucid/queue", headers=forged).status_code in (401, 403)
+    assert _call("GET", base + "/lucid/queue", cookies={"_token": token}).status_code == 200
+    viewer = _call("POST", f"{base}/auth/token", json={"username": "viewer", "password": "viewer-secret"})
     viewer_headers = {"Authorization": "Bearer " + viewer.json()["access_token"]}
-    assert httpx.get(base + "/lucid/queue", headers=viewer_headers, timeout=30).status_code == 200
-    refused = httpx.post(base + "/lucid/api/jobs", headers=viewer_headers, json={}, timeout=30)
+    assert _call("GET", base + "/lucid/queue", headers=viewer_headers).status_code == 200
+    refused = _call("POST", base + "/lucid/api/jobs", headers=viewer_headers, json={})
     assert refused.status_code == 403, refused.text
 
 
@@ -220,7 +228,7 @@ class _AuthProxy(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         import httpx
 
-        reply = httpx.get(self.target + self.path, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        reply = httpx.get(self.target + self.path, headers={"Authorization": f"Bearer {self.token}"}, timeout=120)
         self.send_response(reply.status_code)
         self.send_header("Content-Type", reply.headers.get("content-type", "text/html"))
         self.end_headers()
@@ -241,8 +249,8 @@ def test_queue_view_renders_in_headless_chromium(airflow_stack, tmp_path):
     flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--window-size=1200,700", f"--user-data-dir={tmp_path / 'profile'}"]
     try:
-        dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=90)
-        subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, timeout=90)
+        dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
+        subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, timeout=180)
     finally:
         server.shutdown()
     assert '<table id="queue">' in dom.stdout, dom.stdout[:2000] + dom.stderr[-2000:]
