@@ -202,8 +202,14 @@ def bench_names() -> None:
           "the rest joined to the nearest exemplar by normalized Levenshtein distance).\n")
 
 
-def bench_jct(nodes_list: Sequence[int]) -> None:
+def _config(aging: float | None):
     from lucid_core.config import load_config
+
+    config = load_config(None)
+    return config if aging is None else config.with_overrides({"orchestrator.aging": aging})
+
+
+def bench_jct(nodes_list: Sequence[int], aging: float | None = None) -> None:
     from lucid_core.models.duration import DurationModel
     from lucid_core.sim.experiment import load_experiment, run_policy
     from lucid_core.sim.workloads import WorkloadCatalog
@@ -224,14 +230,15 @@ def bench_jct(nodes_list: Sequence[int]) -> None:
                 "EBM (trained on jobs before Oct 1 only)": trained(before),
                 "EBM on >200 s jobs (all but the test week)": trained(~test, 200.0)}
     fit_s = time.perf_counter() - started
-    print(f"## Effect on Lucid's JCT (Philly {TEST_START}..2017-10-07, simulator)\n")
+    print(f"## Effect on Lucid's JCT (Philly {TEST_START}..2017-10-07, simulator, "
+          f"orchestrator.aging={_config(aging).orchestrator.aging:g})\n")
     print(f"Each EBM's online history restarts from the jobs that ended before {TEST_START} and grows with the jobs "
           f"that end during the simulation (`observe`). Fitting the three EBMs took {fit_s:.0f} s.\n")
     print("| nodes | duration model in Lucid | avg JCT h | avg queue h | P99.9 queue h | sim s |")
     print("|---|---|---|---|---|---|")
     for nodes in nodes_list:
         exp, _ = load_experiment(PHILLY, "philly", TEST_START, TEST_END, nodes=nodes, catalog=catalog,
-                                 config=load_config(None))
+                                 config=_config(aging))
         history = pd.DataFrame({
             "job_id": [r.job_id for r in exp.history], "submit_time": [r.submit_time for r in exp.history],
             "duration": [r.duration for r in exp.history], "gpus": [r.gpus for r in exp.history],
@@ -316,6 +323,7 @@ def main() -> int:
     parser.add_argument("--figures", help="write PNGs (tree, shape functions) under this directory")
     parser.add_argument("--nodes", default="72,54,40")
     parser.add_argument("--synthetic-nodes", default="48,40")
+    parser.add_argument("--aging", type=float, help="override orchestrator.aging for the Philly JCT section")
     args = parser.parse_args()
     figures = Path(args.figures) if args.figures else None
     if figures:
@@ -330,7 +338,7 @@ def main() -> int:
     if "names" in sections:
         bench_names()
     if "jct" in sections:
-        bench_jct([int(n) for n in args.nodes.split(",")])
+        bench_jct([int(n) for n in args.nodes.split(",")], args.aging)
     if "jct-synthetic" in sections:
         bench_jct_synthetic([int(n) for n in args.synthetic_nodes.split(",")])
     return 0
