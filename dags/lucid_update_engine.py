@@ -45,9 +45,14 @@ def lucid_update_engine():
 
         from lucid_core.update import extract_batch
 
-        return extract_batch(store_url(), reports_root() / "update" / safe_name(run_id), params["mode"],
-                             logical_date.timestamp() if logical_date else None,
-                             params["finetune_days"], params["full_days"]).to_dict()
+        batch = extract_batch(store_url(), reports_root() / "update" / safe_name(run_id), params["mode"],
+                              logical_date.timestamp() if logical_date else None,
+                              params["finetune_days"], params["full_days"])
+        if batch.job_rows == 0:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(f"no finished job in the {batch.mode} window: nothing to learn from yet")
+        return batch.to_dict()
 
     @task
     def validate(batch: dict, params=None) -> dict:

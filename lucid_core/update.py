@@ -164,8 +164,9 @@ class DurationCandidate:
 
 
 class ThroughputCandidate:
-    """The throughput EBM (`lucid_core.models.throughput.ThroughputModel`) on GPU jobs per slot;
-    errors in absolute jobs per slot, each slot forecast from the slots before it."""
+    """The online throughput forecaster the live round consults (`ThroughputForecast`: one EBM for GPU
+    jobs and one for GPUs requested per slot); errors in absolute GPU jobs per slot (the paper's metric),
+    each slot forecast from the slots before it."""
 
     def __init__(self, model=None, outer_bags: int = 2, max_rounds: int = 600) -> None:
         self.model = model
@@ -173,21 +174,28 @@ class ThroughputCandidate:
         self.max_rounds = max_rounds
 
     @staticmethod
-    def series(slots: pd.DataFrame) -> pd.Series:
+    def series(slots: pd.DataFrame, column: str = "submit_gpu_job") -> pd.Series:
         index = pd.to_datetime(slots["time"].to_numpy(dtype=float), unit="s")
-        return pd.Series(slots["submit_gpu_job"].to_numpy(dtype=float), index=index)
+        return pd.Series(slots[column].to_numpy(dtype=float), index=index)
 
     def fit(self, slots: pd.DataFrame) -> ThroughputCandidate:
-        from lucid_core.models.throughput import ThroughputModel
+        from lucid_core.models.throughput import ThroughputForecast, ThroughputModel
 
-        self.model = ThroughputModel(outer_bags=self.outer_bags, max_rounds=self.max_rounds, n_jobs=1).fit(
-            self.series(slots))
+        fitted = {column: ThroughputModel(target=column, outer_bags=self.outer_bags, max_rounds=self.max_rounds,
+                                          n_jobs=1).fit(self.series(slots, column))
+                  for column in ("submit_gpu_job", "submit_gpu_num")}
+        # live times are Unix seconds, so the forecaster's clock starts at the Unix epoch
+        self.model = ThroughputForecast(fitted["submit_gpu_job"], fitted["submit_gpu_num"], epoch="1970-01-01",
+                                        slot_s=SLOT_S)
         return self
 
     def errors(self, slots: pd.DataFrame, recent: np.ndarray) -> np.ndarray:
         series = self.series(slots)
-        return np.abs(self.model.predict(series)[recent] - series.to_numpy()[recent])
+        return np.abs(self.model.jobs_model.predict(series)[recent] - series.to_numpy()[recent])
 
+
+#: registry name -> kind of its rows in the store's model_versions (what the live round loads)
+STORE_KINDS = {"duration": "duration", "throughput": "throughput_forecaster"}
 
 #: registry name -> (clean frame of the validation report, time column, candidate class, drift inputs)
 MODEL_PLANS = {
@@ -216,6 +224,11 @@ def registry_root() -> Path:
     from lucid_core.runtime.store import lucid_home
 
     return lucid_home() / "models" / "registry"
+
+
+def _artifact(name: str, version: int) -> Path:
+    """The registry's joblib file of a version (layout <root>/<name>/vNNNN/model.joblib)."""
+    return registry_root() / name / f"v{version:04d}" / "model.joblib"
 
 
 def _reference(store_url: str, kind: str, version: int) -> dict[str, Any]:
@@ -270,7 +283,7 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
         if promoted is not None:
             previous = candidate_class(model=registry.load(kind, promoted))
             previous_errors = previous.errors(frame, recent)
-            reference = _reference(store_url, kind, promoted)
+            reference = _reference(store_url, STORE_KINDS[kind], promoted)
             entry.update(promoted_version=promoted, promoted_mae=float(previous_errors.mean()),
                          promoted_recent_errors=_sample(previous_errors),
                          promoted_reference_errors=reference.get("reference_errors", []),
@@ -303,7 +316,7 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
                 if better:
                     registry.promote(kind, version)
                     connection.execute(sa.text("UPDATE model_versions SET active = :no WHERE kind = :kind"),
-                                       {"no": False, "kind": kind})
+                                       {"no": False, "kind": STORE_KINDS[kind]})
                     metrics = {"reference_mae": entry["candidate_mae"], "reference_errors": entry["candidate_errors"],
                                "reference_inputs": entry["reference_inputs"], "train_rows": entry["train_rows"],
                                "recent_rows": entry["recent_rows"], "fit_seconds": entry["fit_seconds"],
@@ -311,7 +324,7 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
                     connection.execute(sa.text(
                         "INSERT INTO model_versions (kind, version, path, created_at, metrics, active, note) "
                         "VALUES (:kind, :version, :path, :created, :metrics, :yes, :note)"),
-                        {"kind": kind, "version": str(version), "path": str(registry_root() / kind / f"v{version:04d}"),
+                        {"kind": STORE_KINDS[kind], "version": str(version), "path": str(_artifact(kind, version)),
                          "created": time.time(), "metrics": json.dumps(metrics), "yes": True,
                          "note": f"promoted by the Update Engine ({evaluation.get('run_id') or 'manual'})"})
                     why = ("no promoted model yet" if promoted_mae is None else
@@ -339,7 +352,10 @@ def publish_model_pages(directory: str | Path) -> list[str]:
         model = registry.load(kind, version)
         target = out / kind / f"v{version:04d}"
         if not target.is_dir():
-            written += [str(p) for p in plot_shape_functions(model.ebm_, target, prefix=kind)]
+            ebms = [("", model.ebm_)] if hasattr(model, "ebm_") else [
+                ("jobs_", model.jobs_model.ebm_), ("gpus_", model.gpus_model.ebm_)]
+            for label, ebm in ebms:
+                written += [str(p) for p in plot_shape_functions(ebm, target, prefix=f"{kind}_{label}".rstrip("_"))]
     tree_text = out / "packing" / "tree.txt"
     if not tree_text.exists():
         from lucid_core.models.packing import PackingTree, default_tree_path

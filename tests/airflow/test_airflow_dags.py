@@ -178,7 +178,29 @@ def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid
 
     registry = ModelRegistry(lucid_home / "models" / "registry")
     assert registry.promoted_version("duration") is not None and registry.versions("duration") == [1, 2]
+    # the live round picks the promoted models up from the store
+    from lucid_core.config import LucidConfig
+    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.view_builder import load_snapshot, policy_models
+
+    store = Store(url)
+    duration_model, _, forecaster, sources = policy_models(LucidConfig(), load_snapshot(store, time.time()))
+    store.dispose()
+    assert sources["duration"].startswith("promoted version"), sources
+    assert sources["throughput"].startswith("promoted version"), sources
+    assert type(duration_model).__name__ == "DurationModel"
+    assert forecaster.forecast(time.time()).jobs_per_slot >= 0
     assert time.time() - now < 600
+
+
+def test_update_engine_skips_when_the_store_has_no_finished_job(airflow_db, lucid_home, monkeypatch):
+    url = _store_connection(lucid_home, monkeypatch)
+    from lucid_core.runtime.store import Store
+
+    Store(url).dispose()  # an empty, migrated store
+    run = _dagbag().dags["lucid_update_engine"].test(run_conf={"mode": "finetune"})
+    states = _ti_states(run)
+    assert states["extract"] == ["skipped"] and states["train_and_evaluate"] == ["skipped"], states
 
 
 def test_update_engine_refuses_training_on_a_bad_batch(airflow_db, lucid_home, monkeypatch):
