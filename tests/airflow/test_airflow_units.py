@@ -99,3 +99,43 @@ def test_tune_cli_writes_a_ranked_report(tmp_path, capsys):
     summary = json.loads((tmp_path / "r" / "report.json").read_text())
     assert summary["configurations"] == 4 and summary["failed"] == 0
     assert "| rank |" in capsys.readouterr().out
+
+
+def test_update_engine_steps_on_a_postgresql_store(tmp_path, monkeypatch):
+    """The production store is PostgreSQL: extract, validate, train, promote and drift run there too."""
+    import uuid
+
+    psycopg2 = pytest.importorskip("psycopg2")
+    from lucid_af_support import seed_finished_jobs
+
+    from lucid_core.update import drift_reports, extract_batch, promote_or_keep, train_and_evaluate, validate_batch
+
+    try:
+        admin = psycopg2.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", connect_timeout=3)
+    except psycopg2.OperationalError as exc:
+        pytest.skip(f"PostgreSQL on 127.0.0.1:5432 is not reachable ({exc})")
+    admin.autocommit = True
+    database = f"lucid_af_update_{uuid.uuid4().hex[:8]}"
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{database}"')
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    url = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
+    try:
+        seed_finished_jobs(url)
+        decisions, reports = [], []
+        for step in range(2):
+            if step == 1:
+                seed_finished_jobs(url, scale=20.0, gpus=8, offset_s=3 * 86400.0, prefix="late-")
+            batch = extract_batch(url, tmp_path / f"batch{step}", "full", None, 7, 3650)
+            checked = validate_batch(batch)
+            assert checked["refused"] == "", checked["refused"]
+            decision = promote_or_keep(url, train_and_evaluate(url, checked, 0.2, f"run{step}"))
+            decisions.append(decision["decisions"])
+            reports.append(drift_reports(decision, 1.25, 0.2))
+        assert decisions[0]["duration"]["action"] == "promote" and reports[0] == []
+        duration = next(r for r in reports[1] if r["model"] == "duration")
+        assert duration["drifted"] and duration["mae_ratio"] > 1.25
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()
