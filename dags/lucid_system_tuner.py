@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Asset, Param, dag, task
+
+#: updated each time a sweep's report is written (visible under Assets in the UI)
+TUNER_REPORT = Asset(name="lucid_tuner_report")
 
 OBJECTIVES = ["avg_jct", "avg_queue_delay", "p999_queue_delay", "utilization"]
 
@@ -84,7 +87,7 @@ def lucid_system_tuner():
         result.worker = os.environ.get("LUCID_WORKER_NAME") or socket.gethostname()
         return result.to_dict()
 
-    @task
+    @task(outlets=[TUNER_REPORT])
     def write_report(results: list[dict], params=None, run_id=None) -> dict:
         """Rank the configurations and keep the report where the plugin shows it."""
         from lucid_airflow.tuning import report_directory

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Asset, Param, dag, task
+
+#: updated when the Update Engine decides (promote or keep); the live round loads promoted models
+LUCID_MODELS = Asset(name="lucid_models")
 
 
 @dag(
@@ -75,7 +78,7 @@ def lucid_update_engine():
 
         return train_and_evaluate(store_url(), checked, params["recent_share"], run_id)
 
-    @task
+    @task(outlets=[LUCID_MODELS])
     def promote_or_keep(evaluation: dict) -> dict:
         """Promote a candidate that is no worse than the promoted model on recent data; else keep."""
         from lucid_airflow.connections import store_url

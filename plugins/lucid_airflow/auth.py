@@ -51,7 +51,6 @@ async def authorize(request: Request) -> Response | None:
         allowed = manager.is_authorized_dag(method="PUT", details=DagDetails(id=ROUND_DAG_ID), user=user)
     if not allowed:
         return JSONResponse({"detail": "Forbidden: your Airflow role may not do this in Lucid"}, status_code=403)
-    request.state.lucid_user = user.get_name()
     return None
 
 

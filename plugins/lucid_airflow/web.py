@@ -317,9 +317,10 @@ def explanation_text(data: dict[str, Any]) -> str:
 
 
 def _runtime_api(url: str):
+    from lucid_core.config import load_config
     from lucid_core.runtime.api import create_app
 
-    return create_app(url)
+    return create_app(url, config=load_config(_live_config()))
 
 
 class _LazyApp:
