@@ -232,8 +232,9 @@ def bench_jct(nodes_list: Sequence[int], aging: float | None = None) -> None:
     fit_s = time.perf_counter() - started
     print(f"## Effect on Lucid's JCT (Philly {TEST_START}..2017-10-07, simulator, "
           f"orchestrator.aging={_config(aging).orchestrator.aging:g})\n")
-    print(f"Each EBM's online history restarts from the jobs that ended before {TEST_START} and grows with the jobs "
-          f"that end during the simulation (`observe`). Fitting the three EBMs took {fit_s:.0f} s.\n")
+    print(f"Each EBM's online history restarts from the jobs submitted before {TEST_START} (those still running join "
+          f"it when their trace end passes) and grows with the jobs that end during the simulation (`observe`). "
+          f"Fitting the three EBMs took {fit_s:.0f} s.\n")
     print("| nodes | duration model in Lucid | avg JCT h | avg queue h | P99.9 queue h | sim s |")
     print("|---|---|---|---|---|---|")
     for nodes in nodes_list:
