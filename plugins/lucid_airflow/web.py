@@ -31,7 +31,7 @@ th{background:#e8eef6}
 .gpu{display:inline-block;width:150px;min-height:44px;margin:3px;padding:4px;border:1px solid #888;
  border-radius:4px;font-size:12px;background:#f4f4f4}
 .gpu.busy{background:#d8f0d8}.gpu.shared{background:#fde7b0}
-.muted{color:#777}pre{background:#f6f6f6;padding:8px;overflow:auto}
+.muted{color:#777}pre{background:#f6f6f6;padding:8px;overflow:auto;white-space:pre-wrap}
 img{max-width:720px;border:1px solid #ddd;margin:4px}
 """
 
@@ -160,7 +160,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         fields = ["job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
                   "exit_code", "end_reason", "ended_in_profiling", "gpu_util", "mem_util", "gpu_mem_mb",
                   "share_class", "predicted_duration", "pending_reason"]
-        facts = table(["field", "value"], [[esc(f), esc(str(getattr(job, f)))] for f in fields], "job")
+        facts = table(["field", "value"], [[esc(f), esc(_field_text(f, getattr(job, f)))] for f in fields], "job")
         explanation = _explanation(store_url(), job_id)
         ev = table(["time", "kind", "message"], [[esc(time.strftime("%H:%M:%S", time.localtime(e.time))),
                                                   esc(e.kind), esc(e.message)] for e in events], "events")
@@ -244,6 +244,19 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     app.mount("/api", _LazyApp(lambda: _runtime_api(store_url())))
     return app
+
+
+def _field_text(name: str, value: Any) -> str:
+    """Times as UTC date-times, durations and measurements rounded, the rest as is."""
+    if value is None:
+        return ""
+    if name.endswith("_time") and isinstance(value, int | float):
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
+    if name == "predicted_duration" and isinstance(value, int | float):
+        return f"{value:.0f} s"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
 
 
 def _inside(root: Path, relative: str) -> Path:
