@@ -252,9 +252,12 @@ class SchedulingRound:
                 continue
             self._crash("after_launch")  # the host runs it, the store does not know yet
             now = self.clock()
+            values: dict[str, Any] = {"state": "running", "pid": result.pid, "started_at": now}
+            if run.profiling_until is not None and not result.already_launched:
+                # the window is the job's: it counts from the launch, not from when it was planned
+                values["profiling_until"] = now + (run.profiling_until - run.planned_at)
             with self.store.session() as s:
-                s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
-                    state="running", pid=result.pid, started_at=now))
+                s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(**values))
                 row = s.get(JobRow, run.job_id)
                 if row is not None and run.node_rank == 0:
                     row.start_time = now  # start of the job's current run

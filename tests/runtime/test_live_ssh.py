@@ -40,6 +40,12 @@ def live(sshd_hosts, tmp_path):
         store.dispose()
 
 
+def gated(root, then: str = "true") -> tuple[str, object]:
+    """A command that runs until the test opens its gate (a file), then `then`: no race with round timing."""
+    gate = root / f"gate-{time.monotonic_ns()}"
+    return f"until [ -e {gate} ]; do sleep 0.05; done; {then}", gate
+
+
 def terminal(job_id):
     return lambda jobs: jobs[job_id].state in ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -55,8 +61,9 @@ def test_job_that_ends_inside_profiling_ends_there(live):
 
 
 def test_long_job_is_profiled_then_placed_on_the_main_cluster(live):
-    store, cluster, _ = live
-    job = submit(store, JobRequest("sleep 2.5", 1, "bob", "vc-a", name="train"))
+    store, cluster, root = live
+    command, gate = gated(root)
+    job = submit(store, JobRequest(command, 1, "bob", "vc-a", name="train"))
     jobs = rounds_until(store, cluster, fast_config(), lambda j: j[job].state == "RUNNING", timeout_s=20)
     row = jobs[job]
     assert row.profiled and row.profile_emulated and row.share_class is not None
@@ -70,6 +77,7 @@ def test_long_job_is_profiled_then_placed_on_the_main_cluster(live):
         kinds = [d.kind for d in s.scalars(select(DecisionRow).where(DecisionRow.job_id == job))]
     assert samples and all(sample.emulated for sample in samples)
     assert kinds == ["StartProfiling", "StopProfiling", "Place"]
+    gate.touch()
     jobs = rounds_until(store, cluster, fast_config(), terminal(job))
     assert jobs[job].state == "COMPLETED" and not jobs[job].ended_in_profiling
 
@@ -105,8 +113,11 @@ def test_two_tiny_jobs_share_one_gpu(sshd_hosts, tmp_path):
 
 
 def test_failing_job_reports_its_exit_code(live):
-    store, cluster, _ = live
-    job = submit(store, JobRequest("sleep 2.5; echo oops >&2; exit 3", 1, "dave", "vc-a"))
+    store, cluster, root = live
+    command, gate = gated(root, "echo oops >&2; exit 3")
+    job = submit(store, JobRequest(command, 1, "dave", "vc-a"))
+    rounds_until(store, cluster, fast_config(), lambda j: j[job].state == "RUNNING", timeout_s=20)
+    gate.touch()
     jobs = rounds_until(store, cluster, fast_config(), terminal(job))
     assert jobs[job].state == "FAILED" and jobs[job].exit_code == 3 and not jobs[job].ended_in_profiling
     assert runs_of(store, job)[-1].exit_code == 3
@@ -125,8 +136,9 @@ def test_cancel_stops_a_running_job(live):
 
 
 def test_host_whose_sshd_dies_mid_job_loses_nothing(live):
-    store, cluster, _ = live
-    job = submit(store, JobRequest("sleep 2.5; echo finished", 1, "frank", "vc-a"))
+    store, cluster, root = live
+    command, gate = gated(root, "echo finished")
+    job = submit(store, JobRequest(command, 1, "frank", "vc-a"))
     rounds_until(store, cluster, fast_config(), lambda j: j[job].state == "RUNNING", timeout_s=20)
     run = next(r for r in runs_of(store, job) if r.kind == "main")
     host = cluster.hosts[run.host]
@@ -136,7 +148,10 @@ def test_host_whose_sshd_dies_mid_job_loses_nothing(live):
         assert run.host in report.unreachable
         assert jobs_by_id(store)[job].state == "RUNNING"
         assert pid_alive(run.pid)  # the job itself is untouched by its host's sshd dying
-        time.sleep(3.0)  # the job ends while its host cannot be reached
+        gate.touch()  # the job ends while its host cannot be reached
+        deadline = time.monotonic() + 10
+        while pid_alive(run.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         one_round(store, cluster, fast_config())
         assert jobs_by_id(store)[job].state == "RUNNING"
     finally:
