@@ -48,3 +48,22 @@ def test_train_packing_writes_readable_tree(tmp_path, capsys):
     assert run(["models", "train-packing", "--catalog", str(catalog), "--out", str(out), "--no-register"]) == 0
     assert "CV accuracy" in capsys.readouterr().out
     assert json.loads(out.read_text())["nodes"][0]["feature"] == "gpu_util"
+
+
+def test_train_and_eval_throughput(tmp_path, capsys):
+    series = shared_data_dir() / "venus" / "cluster_throughput_2020-04_2020-08.csv"
+    if not series.exists():
+        pytest.skip(f"Venus series not found at {series}")
+    import pandas as pd
+
+    part = tmp_path / "series.csv"
+    frame = pd.read_csv(series, parse_dates=["time"])
+    frame[(frame["time"] >= "2020-06-01") & (frame["time"] < "2020-07-08")].to_csv(part, index=False)
+    reg = str(tmp_path / "reg")
+    assert run(["models", "train-throughput", "--series", str(part), "--validate-from", "2020-07-01",
+                "--rounds", "100", "--bags", "1", "--interactions", "2", "--registry", reg, "--promote"]) == 0
+    out = capsys.readouterr().out
+    assert "| submit_gpu_job |" in out and "| submit_gpu_num |" in out and "registered submit_gpu_num v1" in out
+    assert run(["models", "eval", "throughput", "--registry", reg, "--data", str(part), "--from", "2020-07-01"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["target"] == "submit_gpu_job" and scores["mae"] < scores["naive_mae"]
