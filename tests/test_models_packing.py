@@ -85,3 +85,21 @@ def test_shipped_default_tree_loads_and_classifies():
     tree = PackingTree.load_json(path)
     assert tree.classify([Profile(5.0, 1.0, 2000.0)]) == [ShareClass.TINY]
     assert tree.classify([Profile(100.0, 85.0, 13000.0)]) == [ShareClass.JUMBO]
+
+
+def test_a_four_configuration_calibration_still_trains():
+    """A short calibration run measures only a few workloads: folds shrink instead of failing."""
+    import warnings
+
+    import pandas as pd
+
+    from lucid_core.models.packing import PackingTree
+
+    X = pd.DataFrame({"gpu_util": [20.0, 30.0, 90.0, 95.0], "mem_util": [5.0, 8.0, 40.0, 50.0],
+                      "gpu_mem_mb": [1500.0, 2000.0, 9000.0, 12000.0], "amp": [0, 0, 0, 1]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tree = PackingTree().fit(X, [0, 0, 2, 2])
+    assert tree.classify([Profile(25, 6, 1800), Profile(92, 45, 10000)]) == [0, 2]
+    single = PackingTree().fit(X.iloc[:1], [0])
+    assert single.classify([Profile(25, 6, 1800)]) == [0] and single.cv_accuracy_ != single.cv_accuracy_

@@ -103,23 +103,37 @@ class PackingTree:
             return catalog.profiles["catalog_label"].to_numpy(dtype=int)
         raise ValueError(f"label_source must be 'speeds' or 'catalog', got {self.label_source!r}")
 
-    def _cv(self) -> StratifiedKFold:
-        return StratifiedKFold(self.cv_folds, shuffle=True, random_state=self.random_state)
+    def _folds(self, y: np.ndarray | None = None) -> int:
+        """`cv_folds`, fewer for a small catalog (a fresh calibration of a few workloads): no more
+        folds than samples, nor than the rarest label has members when that is at least 2."""
+        if y is None:
+            return self.cv_folds
+        counts = np.bincount(y)
+        rarest = int(counts[counts > 0].min())
+        folds = min(self.cv_folds, len(y))
+        return min(folds, rarest) if rarest >= 2 else folds
+
+    def _cv(self, y: np.ndarray | None = None) -> StratifiedKFold:
+        return StratifiedKFold(self._folds(y), shuffle=True, random_state=self.random_state)
 
     def _search(self, X: pd.DataFrame, y: np.ndarray) -> GridSearchCV:
         path = DecisionTreeClassifier(random_state=self.random_state).cost_complexity_pruning_path(X, y)
         alphas = np.unique(np.clip(path.ccp_alphas, 0.0, None))
         search = GridSearchCV(DecisionTreeClassifier(random_state=self.random_state), {"ccp_alpha": alphas},
-                              cv=self._cv(), scoring="accuracy")
+                              cv=self._cv(y), scoring="accuracy")
         return search.fit(X, y)
 
     def fit(self, X: pd.DataFrame, y: Sequence[int]) -> PackingTree:
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
         y = np.asarray(y, dtype=int)
-        search = self._search(X, y)
-        self.ccp_alpha_ = float(search.best_params_["ccp_alpha"])
-        self.cv_accuracy_ = float(search.best_score_)
-        self.estimator_ = search.best_estimator_
+        if self._folds(y) < 2:  # too few configurations to cross-validate: an unpruned tree
+            self.ccp_alpha_, self.cv_accuracy_ = 0.0, float("nan")
+            self.estimator_ = DecisionTreeClassifier(random_state=self.random_state).fit(X, y)
+        else:
+            search = self._search(X, y)
+            self.ccp_alpha_ = float(search.best_params_["ccp_alpha"])
+            self.cv_accuracy_ = float(search.best_score_)
+            self.estimator_ = search.best_estimator_
         self.feature_importances_ = dict(zip(FEATURES, map(float, self.estimator_.feature_importances_), strict=True))
         self.nodes_ = _nodes_from_sklearn(self.estimator_)
         return self
@@ -134,14 +148,16 @@ class PackingTree:
         path = DecisionTreeClassifier(random_state=self.random_state).cost_complexity_pruning_path(X, y)
         inner = GridSearchCV(DecisionTreeClassifier(random_state=self.random_state),
                              {"ccp_alpha": np.unique(np.clip(path.ccp_alphas, 0.0, None))},
-                             cv=StratifiedKFold(self.cv_folds - 1, shuffle=True, random_state=self.random_state + 1))
-        return float(cross_val_score(inner, X, y, cv=self._cv()).mean())
+                             cv=StratifiedKFold(max(2, self._folds(y) - 1), shuffle=True,
+                                                random_state=self.random_state + 1))
+        return float(cross_val_score(inner, X, y, cv=self._cv(y)).mean())
 
     def out_of_fold_labels(self, X: pd.DataFrame, y: Sequence[int]) -> np.ndarray:
         """Each configuration labelled by a tree that never saw it (chosen alpha, same folds)."""
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
         est = DecisionTreeClassifier(ccp_alpha=self.ccp_alpha_, random_state=self.random_state)
-        return cross_val_predict(est, X, np.asarray(y, dtype=int), cv=self._cv())
+        y = np.asarray(y, dtype=int)
+        return cross_val_predict(est, X, y, cv=self._cv(y))
 
     # ---- inference ------------------------------------------------------------------------
     def _leaf(self, row: Sequence[float]) -> tuple[int, list[str]]:
