@@ -188,6 +188,7 @@ def test_reading_a_run_file_through_the_executor_is_confined(tmp_path, escape):
             "file of another run": "rm -f stdout.log; ln -s ../other/stdout.log stdout.log"}[escape]
     executor.launch(host, LaunchSpec("r1", f"echo mine; {body}"))
     deadline = time.monotonic() + 10
+    time.sleep(0.3)  # past the wrapper's exec (the poll checks the pid runs run.sh)
     while executor.poll(host, ["r1"])["r1"].state == "RUNNING":
         assert time.monotonic() < deadline
         time.sleep(0.05)

@@ -46,10 +46,14 @@ def drive(store, config, timeout_s=40.0):
 
 
 def hanging_python(root: Path, hang_after_s: float) -> tuple[Path, Path]:
-    """A `python` for the host that starts the agent and freezes it (SIGSTOP) after `hang_after_s`."""
+    """A `python` for the host whose telemetry agent hangs: never starts sampling (0), or is frozen
+    (SIGSTOP, as a stuck NVML call leaves it) after `hang_after_s` seconds of sampling."""
     pids = root / "hung_agents"
     script = root / f"python_hangs_after_{hang_after_s:g}"
-    script.write_text(f"""#!/bin/sh
+    if hang_after_s == 0:
+        script.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 3600\n")
+    else:
+        script.write_text(f"""#!/bin/sh
 python3 "$@" &
 agent=$!
 echo $agent >> {pids}
@@ -84,8 +88,8 @@ def test_a_hung_telemetry_agent_never_stalls_rounds_or_loses_jobs(tmp_path, hang
     assert slowest < 5.0, f"a round took {slowest:.1f} s with a hung agent"
     with store.session() as s:
         kinds = {e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == jobs[0]))}
-    if hang_after_s == 0.0:  # nothing was sampled: the job is placed without a profile, and says so
-        assert "profile_missing" in kinds and not jobs_by_id(store)[jobs[0]].profiled
+    if hang_after_s == 0.0:  # nothing was sampled on the profiling host: the job moves on, and says so
+        assert "profile_missing" in kinds
 
 
 def tmpfs(path: Path, size: str) -> None:
@@ -138,9 +142,6 @@ def test_a_disk_full_log_write_fails_the_job_cleanly_and_spares_the_rest(tmp_pat
     assert slowest < 5.0
 
 
-@pytest.mark.xfail(strict=True, reason="round.py _launch_failed requeues a refused job and the policy's compact "
-                   "placement picks the same (full) host again until max_launch_failures: no per-host backoff, "
-                   "so one broken host fails jobs a healthy host could run")
 def test_a_job_refused_by_a_full_host_runs_on_a_healthy_one(tmp_path, full_disk):
     (full_disk / "filler").write_bytes(b"x" * (256 * 1024))
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")

@@ -11,15 +11,16 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 from lucid_invariants import TERMINAL, check_invariants, ledger_command
-from runtime_helpers import fast_config, jobs_by_id, one_round, register, runs_of
+from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, pid_alive, register, runs_of
 from sqlalchemy import select
 
-from lucid_core.runtime.host_loss import LOST_RUN_STATE, mark_lost, reap_lost
+from lucid_core.runtime.host_loss import LOST_RUN_STATE
+from lucid_core.runtime.round import RoundSettings
 from lucid_core.runtime.schema import JobEventRow, RunRow
-from lucid_core.runtime.ssh_executor import ssh_executor
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.submission import JobRequest, cancel, submit
 
@@ -43,11 +44,11 @@ def live(sshd_hosts, tmp_path):
         store.dispose()
 
 
-def drive(store, cluster, done, timeout_s=40.0, hook=None, pause_s=0.25):
-    """Rounds until `done(jobs)`; `hook()` runs after each round (a maintenance step, a fault)."""
+def drive(store, cluster, done, timeout_s=40.0, hook=None, pause_s=0.25, settings=SETTINGS):
+    """Rounds until `done(jobs)`; `hook()` runs after each round (a check, a fault)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        report = one_round(store, cluster, fast_config())
+        report = one_round(store, cluster, fast_config(), settings=settings)
         if hook is not None:
             hook()
         jobs = jobs_by_id(store)
@@ -104,33 +105,36 @@ def _kill_run(run: RunRow) -> None:
         os.killpg(run.pid, signal.SIGKILL)
 
 
+def lossy(lost_after_s: float, requeue: bool = False) -> RoundSettings:
+    """The tests' round settings, giving up on hosts silent for `lost_after_s`."""
+    return replace(SETTINGS, host_lost_after_s=lost_after_s, requeue_lost=requeue)
+
+
 @pytest.mark.parametrize("requeue", [False, True], ids=["fail", "requeue"])
 def test_host_that_never_returns_loses_its_jobs_after_the_timeout(live, requeue):
     store, cluster, root = live
     ledger = root / "ledger"
+    settings = lossy(2.0, requeue)
     long_job = submit(store, JobRequest(ledger_command(ledger, "sleep 3"), 1, "u", "vc-a", name="long"))
-    drive(store, cluster, lambda j: bool(running_main(store, [long_job])))
+    drive(store, cluster, lambda j: bool(running_main(store, [long_job])), settings=settings)
     victim = running_main(store, [long_job])[0]
     other = submit(store, JobRequest(ledger_command(ledger, "sleep 0.3"), 1, "u", "vc-a", name="other"))
     cluster.hosts[victim.host].stop()
-    _kill_run(victim)
-    lost_after_s = 2.0
+    _kill_run(victim)  # the machine died with its jobs
     down_at = time.time()
-    sweeps = []
 
-    def sweep():
-        sweeps.append(mark_lost(store, time.time(), lost_after_s, requeue=requeue))
-        if time.time() - down_at < lost_after_s - 0.5:  # well inside the timeout the job is not given up
+    def not_too_early():
+        if time.time() - down_at < settings.host_lost_after_s - 0.5:  # inside the timeout: not given up
             assert jobs_by_id(store)[long_job].state == "RUNNING"
 
-    final = drive(store, cluster, all_ended, hook=sweep, timeout_s=20)
+    final = drive(store, cluster, all_ended, hook=not_too_early, timeout_s=25, settings=settings)
     assert final[other].state == "COMPLETED"
     row = final[long_job]
     with store.session() as s:
         lost_run = s.get(RunRow, (victim.run_id, victim.host))
         kinds = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == long_job))]
     assert lost_run.state == LOST_RUN_STATE and lost_run.outcome.startswith("lost: host")
-    assert lost_run.ended_at - down_at >= lost_after_s
+    assert lost_run.ended_at - down_at >= settings.host_lost_after_s
     assert "lost" in kinds
     if requeue:
         assert row.state == "COMPLETED" and "requeued" in kinds
@@ -139,39 +143,35 @@ def test_host_that_never_returns_loses_its_jobs_after_the_timeout(live, requeue)
     else:
         assert row.state == "FAILED" and row.end_reason.startswith("lost: host") and "requeued" not in kinds
     check_invariants(store, [long_job, other], ledger)
-    # the machine is rebuilt later: its lost run is reaped before the host gets new work
+    # the machine is rebuilt later: the first round that reaches it reaps the lost run
     cluster.hosts[victim.host].start()
-    reaped = reap_lost(store, ssh_executor(str(cluster.known_hosts), connect_timeout_s=2, retries=1), time.time(),
-                       grace_s=1)
-    assert reaped.reaped == [victim.run_id]
+    one_round(store, cluster, fast_config(), settings=settings)
     with store.session() as s:
         assert s.get(RunRow, (victim.run_id, victim.host)).state == "ended"
 
 
 def test_a_partitioned_host_that_returns_has_its_lost_run_stopped(live):
-    """The process outlived the partition: when the host answers again, the lost run is stopped."""
+    """The process outlived the partition: when the host answers again, the round stops the lost run."""
     store, cluster, _root = live
+    settings = lossy(1.0)
     job = submit(store, JobRequest("sleep 60", 1, "u", "vc-a", name="orphan"))
-    drive(store, cluster, lambda j: bool(running_main(store, [job])), timeout_s=20)
+    drive(store, cluster, lambda j: bool(running_main(store, [job])), timeout_s=20, settings=settings)
     victim = running_main(store, [job])[0]
     host = cluster.hosts[victim.host]
     host.stop()
     try:
-        one_round(store, cluster, fast_config())
-        assert mark_lost(store, time.time(), 1.0).lost_runs == []  # first seen down now
+        one_round(store, cluster, fast_config(), settings=settings)  # first seen down
         time.sleep(1.2)
-        report = mark_lost(store, time.time(), 1.0)
-        assert report.failed == [job] and jobs_by_id(store)[job].state == "FAILED"
+        report = one_round(store, cluster, fast_config(), settings=settings)
+        assert report.ended.get(job) == "FAILED" and jobs_by_id(store)[job].state == "FAILED"
         os.kill(victim.pid, 0)  # still alive behind the partition
     finally:
         host.start()
-    reaped = reap_lost(store, ssh_executor(str(cluster.known_hosts), connect_timeout_s=2, retries=1), time.time(),
-                       grace_s=1)
-    assert reaped.reaped == [victim.run_id]
+    one_round(store, cluster, fast_config(), settings=settings)
     time.sleep(0.2)
-    from runtime_helpers import pid_alive
-
     assert not pid_alive(victim.pid)
+    with store.session() as s:
+        assert s.get(RunRow, (victim.run_id, victim.host)).state == "ended"
     check_invariants(store, [job])
 
 

@@ -97,9 +97,10 @@ def test_any_env_value_or_argument_reaches_the_job_verbatim_and_runs_nothing(tmp
     host = HostAddress("h", executor="local", workdir=str(root / "w"))
     executor.launch(host, LaunchSpec("r1", command, {"V": value}))
     deadline = time.monotonic() + 10
-    while executor.poll(host, ["r1"])["r1"].state == "RUNNING":
+    while executor.poll(host, ["r1"])["r1"].state != "EXITED":
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    assert executor.poll(host, ["r1"])["r1"].exit_code == 0
     assert json.loads(out.read_text()) == [value, arg]
     assert not canary.exists()
 
