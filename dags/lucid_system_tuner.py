@@ -48,6 +48,7 @@ def _numbers(default: list, description: str, **items) -> Param:
         "update_cadence": Param(["daily"], type="array",
                                 items={"type": "string", "enum": ["daily", "weekly", "never"]},
                                 description="How often the duration model refreshes"),
+        "aging": _numbers([32], "Priority aging: GPU-seconds of priority a queued job gains per second", minimum=0),
         "objective": Param("avg_jct", enum=OBJECTIVES,
                            description="What the ranking minimizes (utilization: maximizes)"),
         "max_configurations": Param(64, type="integer", minimum=1, maximum=4096),

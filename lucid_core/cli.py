@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     traces.add_parser(sub)
     sample.add_parser(sub)
-    for module in ("lucid_core.models.cli", "lucid_core.runtime.cli", "lucid_core.calibration.cli"):
+    for module in ("lucid_core.models.cli", "lucid_core.runtime.cli", "lucid_core.calibration.cli",
+                   "lucid_core.tuner"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ModuleNotFoundError as exc:  # an optional area not installed in this checkout

@@ -16,8 +16,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from lucid_core.config import ConfigError, LucidConfig
 from lucid_core.sim.records import TraceRecord
 
@@ -30,6 +28,7 @@ GRID_KNOBS: dict[str, str] = {
     "medium_threshold": "binder.medium_threshold",
     "sharing": "binder.sharing",
     "update_cadence": "update.cadence",
+    "aging": "orchestrator.aging",
 }
 
 #: objective -> (metric key, True when larger is better)
@@ -111,47 +110,40 @@ def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 def outcome_metrics(result) -> dict[str, float]:
     """Average/P99.9 JCT and queueing, utilization and profiling figures of one `SimResult`."""
-    outcomes = result.outcomes
-    if not outcomes:
-        raise ValueError("no job outcomes to measure")
-    jct = np.array([o.jct for o in outcomes])
-    queue = np.array([o.queue_delay for o in outcomes])
-    start = min(o.submit_time for o in outcomes)
-    end = max(o.end_time for o in outcomes)
-    makespan = max(end - start, 1e-9)
-    busy_gpu_s = 0.0
-    timeline = [*result.busy_timeline, (end, 0)]
-    for (t0, busy), (t1, _) in itertools.pairwise(timeline):
-        busy_gpu_s += busy * max(0.0, min(t1, end) - max(t0, start))
+    from lucid_core.sim.metrics import compute_metrics
+
+    m = compute_metrics(result.outcomes, result.busy_timeline, result.total_gpus)
     return {
-        "jobs": float(len(outcomes)),
-        "avg_jct_s": float(jct.mean()),
-        "p999_jct_s": float(np.percentile(jct, 99.9)),
-        "avg_queue_delay_s": float(queue.mean()),
-        "p999_queue_delay_s": float(np.percentile(queue, 99.9)),
-        "makespan_s": float(makespan),
-        "gpu_utilization": float(busy_gpu_s / (result.total_gpus * makespan)) if result.total_gpus else 0.0,
-        "ended_in_profiling": float(sum(o.ended_in_profiling for o in outcomes)),
-        "jobs_shared": float(sum(o.shared_seconds > 0 for o in outcomes)),
+        "jobs": float(m["jobs"]),
+        "avg_jct_s": float(m["avg_jct_s"]),
+        "p999_jct_s": float(m["p999_jct_s"]),
+        "avg_queue_delay_s": float(m["avg_queue_s"]),
+        "p999_queue_delay_s": float(m["p999_queue_s"]),
+        "makespan_s": float(m["makespan_s"]),
+        "gpu_utilization": float(m["gpu_utilization"]),
+        "ended_in_profiling": float(m["finished_in_profiling"]),
+        "jobs_shared": float(m["shared_jobs"]),
     }
 
 
 def run_configuration(records: Sequence[TraceRecord], overrides: Mapping[str, Any], settings: TunerSettings,
-                      index: int = 0, base: LucidConfig | None = None, workloads=None) -> ConfigResult:
-    """Simulate Lucid with `overrides` on `records`; errors are recorded, not raised, so a sweep continues."""
-    from lucid_core.policy.lucid import LucidPolicy
+                      index: int = 0, base: LucidConfig | None = None, catalog=None,
+                      history: Sequence[TraceRecord] = ()) -> ConfigResult:
+    """Simulate Lucid with `overrides` on `records` exactly as `lucid simulate` does (profiling pool
+    carved out of the nodes, catalog co-location speeds, predictors trained on `history`); errors are
+    recorded, not raised, so a sweep continues."""
     from lucid_core.policy.models import HistoryDurationPredictor
-    from lucid_core.sim.engine import simulate
+    from lucid_core.sim.experiment import Experiment, history_jobs, run_policy
     from lucid_core.sim.workloads import WorkloadCatalog
 
     outcome = ConfigResult(index, dict(overrides))
     try:
         config = (base or LucidConfig()).with_overrides(dict(overrides))
-        if workloads is None:
-            workloads = WorkloadCatalog.synthetic(settings.seed).assign(records, seed=settings.seed)
-        predictor = HistoryDurationPredictor(refresh_s=CADENCE_REFRESH_S[config.update.cadence])
-        policy = LucidPolicy(config, duration_model=predictor)
-        result = simulate(records, policy, config, main_nodes=settings.main_nodes, workloads=workloads)
+        exp = Experiment(list(records), list(history), catalog or WorkloadCatalog.synthetic(settings.seed),
+                         config, settings.main_nodes, settings.seed)
+        jobs, durations = history_jobs(exp.history)
+        predictor = HistoryDurationPredictor(refresh_s=CADENCE_REFRESH_S[config.update.cadence]).fit(jobs, durations)
+        result, _ = run_policy("lucid", exp, duration_model=predictor)
         outcome.metrics = outcome_metrics(result)
         outcome.wall_seconds = result.wall_seconds
     except (ConfigError, ValueError, RuntimeError) as exc:
@@ -341,6 +333,8 @@ def add_parser(subparsers) -> Any:
     parser.add_argument("--medium", default="0.85", help="Medium thresholds")
     parser.add_argument("--sharing", default="auto,off", help="sharing modes: auto, on, off")
     parser.add_argument("--cadence", default="daily", help="update cadences: daily, weekly, never")
+    parser.add_argument("--aging", default="32", help="priority aging values (GPU-seconds per second waited)")
+    parser.add_argument("--catalog", default=None, help="workload catalog dir (default: synthetic)")
     parser.add_argument("--objective", default="avg_jct", choices=sorted(OBJECTIVES))
     parser.add_argument("--out", default="out/tuner", help="report folder")
     parser.set_defaults(func=_run_cli)
@@ -348,20 +342,24 @@ def add_parser(subparsers) -> Any:
 
 
 def _run_cli(args) -> int:
-    from lucid_core.sim.traces import read_trace
+    from lucid_core.sim.experiment import load_experiment
+    from lucid_core.sim.workloads import WorkloadCatalog
 
     grid = {"tprof_s": _values(args.tprof, float), "nprof_gpus": _values(args.nprof, int),
             "cprof_nodes": _values(args.cprof, int), "tiny_threshold": _values(args.tiny, float),
             "medium_threshold": _values(args.medium, float), "sharing": _values(args.sharing, str),
-            "update_cadence": _values(args.cadence, str)}
+            "update_cadence": _values(args.cadence, str), "aging": _values(args.aging, float)}
     configs = expand_grid(grid)
     if not configs:
         raise ValueError("the grid has no valid configuration (is every Medium threshold above every Tiny one?)")
-    records = read_trace(args.trace, args.format, args.start, args.end).records
     settings = TunerSettings(main_nodes=args.nodes, objective=args.objective)
+    catalog = WorkloadCatalog.from_artifact(args.catalog) if args.catalog else WorkloadCatalog.synthetic(settings.seed)
+    exp, _ = load_experiment(args.trace, args.format, args.start, args.end, nodes=args.nodes, catalog=catalog,
+                             config=LucidConfig(), seed=settings.seed)
     results = []
     for index, overrides in enumerate(configs):
-        results.append(run_configuration(records, overrides, settings, index=index))
+        results.append(run_configuration(exp.records, overrides, settings, index=index, catalog=catalog,
+                                         history=exp.history))
         print(f"[{index + 1}/{len(configs)}] {overrides}: "
               + (results[-1].error or f"avg JCT {results[-1].metrics['avg_jct_s'] / 3600:.3f} h"), flush=True)
     summary = write_report(results, settings, args.out, context={"trace": str(args.trace)})

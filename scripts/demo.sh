@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/lucid simulate --start 2024-03-04T12:00 --nodes 3 --out out/demo "$@"
+# a local Airflow (standalone, SQLite), emulated GPU hosts, a sample workload scheduled to the end
+exec .venv/bin/python scripts/demo.py "$@"
