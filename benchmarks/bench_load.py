@@ -202,7 +202,7 @@ def main() -> None:
         while first < args.queued:
             n = min(args.burst, args.queued - first)
             results, wall = asyncio.run(burst(f"http://127.0.0.1:{port}", first, n, args.concurrency))
-            codes = Counter(code for code, _, _ in results)
+            codes = Counter(code if code != -1 else f"client {job_id}" for code, job_id, _ in results)
             ids = [job_id for code, job_id, _ in results if code == 201]
             assert len(ids) == len(set(ids)), "two submissions got the same job id"
             accepted.update(ids)
