@@ -80,18 +80,17 @@ class AffinityBinder:
         if (capacity < 0 or job.share_class is None or job.no_share
                 or job.gpus > view.config.cluster.gpus_per_node):
             return None
-        best: tuple[int, str] | None = None
-        for partner_id in view.share_candidates.get(job.gpus, ()):
-            alloc = view.allocations[partner_id]
-            if self._rule_failure(view, job, alloc, capacity) is None:
-                score = int(view.jobs[partner_id].share_class or 0)
-                if best is None or score < best[0]:
-                    best = (score, partner_id)
-                    if score == 0:
-                        break
-        if best is None:
+        found: str | None = None
+        for partner_class in range(capacity - int(job.share_class) + 1):  # lightest partners first
+            for partner_id in view.share_candidates_by_class.get((job.gpus, partner_class), ()):
+                if self._rule_failure(view, job, view.allocations[partner_id], capacity) is None:
+                    found = partner_id
+                    break
+            if found is not None:
+                break
+        if found is None:
             return None
-        partner = view.jobs[best[1]]
+        partner = view.jobs[found]
         assert job.share_class is not None and partner.share_class is not None
         reason = (f"no compact exclusive fit for {job.gpus} GPU(s); shares with {partner.job_id} "
                   f"({job.share_class.name.title()} + {partner.share_class.name.title()} = "

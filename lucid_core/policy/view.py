@@ -96,6 +96,8 @@ class ClusterView:
         self.allocations: dict[str, Allocation] = {}
         # running main-cluster jobs that could take a partner, by GPU demand
         self.share_candidates: dict[int, dict[str, None]] = {}
+        # the same, split by share class, so the lightest partner is found without a full scan
+        self.share_candidates_by_class: dict[tuple[int, int], dict[str, None]] = {}
         self.sharing_mode = SharingMode.DEFAULT
         self.tprof_s = config.profiler.tprof_s
         self.nprof_gpus = config.profiler.nprof_gpus
@@ -188,6 +190,7 @@ class ClusterView:
               and job.gpus <= self.config.cluster.gpus_per_node)
         if ok:
             self.share_candidates.setdefault(job.gpus, {})[job_id] = None
+            self.share_candidates_by_class.setdefault((job.gpus, int(job.share_class)), {})[job_id] = None
         else:
             self.drop_share_candidate(job_id)
 
@@ -195,6 +198,8 @@ class ClusterView:
         job = self.jobs.get(job_id)
         if job is not None and job.gpus in self.share_candidates:
             self.share_candidates[job.gpus].pop(job_id, None)
+            for share_class in range(3):
+                self.share_candidates_by_class.get((job.gpus, share_class), {}).pop(job_id, None)
 
     def borrow_node(self, name: str) -> None:
         """Move an idle main node into the profiling pool (a burst)."""
