@@ -105,6 +105,77 @@ def test_every_plugin_route_refuses_unauthenticated_requests(tmp_path):
     assert int(count) >= 10 and refused_not == "[]", done.stdout
 
 
+ROLE_SCRIPT = """
+import json, sys
+sys.path.insert(0, {plugins!r})
+from fastapi.testclient import TestClient
+from airflow.api_fastapi.app import init_auth_manager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from lucid_core.runtime.store import Store
+from lucid_airflow.web import create_lucid_app
+
+Store({url!r}).dispose()  # an empty, migrated store behind the pages
+from airflow import settings
+from airflow.models.revoked_token import RevokedToken
+RevokedToken.__table__.create(settings.engine, checkfirst=True)  # the only metadata table token checks read
+manager = init_auth_manager()
+token = {{role: manager.generate_jwt(SimpleAuthManagerUser(username=role or "nobody", role=role))
+         for role in ("viewer", "op", "admin", None)}}
+client = TestClient(create_lucid_app(lambda: {url!r}, lambda: __import__("pathlib").Path({root!r})))
+reads = ["/", "/queue", "/running", "/models", "/tuner", "/drift", "/api/queue", "/api/hosts"]
+writes = [("POST", "/api/jobs"), ("POST", "/api/jobs/j000001/cancel")]
+body = {{"command": "true", "gpus": 1, "user": "u", "vc": "none"}}
+seen = {{}}
+for role, value in token.items():
+    for how in ("header", "cookie"):
+        kwargs = ({{"headers": {{"Authorization": "Bearer " + value}}}} if how == "header"
+                  else {{"cookies": {{"_token": value}}}})
+        client.cookies.clear()
+        for path in reads:
+            seen[f"{{role}} {{how}} GET {{path}}"] = client.get(path, **kwargs).status_code
+        for method, path in writes:
+            reply = client.request(method, path, json=body, **kwargs)
+            seen[f"{{role}} {{how}} {{method}} {{path}}"] = reply.status_code
+forged = token["admin"][:-6] + ("AAAAAA" if not token["admin"].endswith("AAAAAA") else "BBBBBB")
+for method, path in [("GET", p) for p in reads] + writes:
+    client.cookies.clear()
+    seen[f"forged {{method}} {{path}}"] = client.request(method, path, json=body,
+                                                     headers={{"Authorization": "Bearer " + forged}}).status_code
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.airflow
+def test_every_plugin_route_refuses_forged_tokens_and_roles_without_the_right(tmp_path):
+    """Airflow's simple auth manager in a child: viewers read but never write, no-role users and forged
+    tokens get nothing, on every view and API route, by header or by the UI's cookie."""
+    pytest.importorskip("airflow")
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    script = ROLE_SCRIPT.format(plugins=str(REPO / "plugins"), url=url, root=str(tmp_path))
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+           "AIRFLOW__CORE__AUTH_MANAGER":
+               "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer,op:op,admin:admin",
+           "AIRFLOW__API_AUTH__JWT_SECRET": "reliability-test-secret-" + "x" * 16,
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    for key, code in seen.items():
+        who, *_, method, _path = key.split(" ")
+        if who == "forged" or who == "None":
+            assert code in (401, 403), (key, code)
+        elif method == "GET":
+            assert code == 200, (key, code)
+        elif who == "viewer":
+            assert code == 403, (key, code)
+        else:  # op and admin may change things: the request reaches the API (which judges the body)
+            assert code not in (401, 403), (key, code)
+
+
 # ------------------------------------------------------------------------------------------ traversal
 def test_plugin_file_routes_stay_inside_the_reports_directory(tmp_path):
     sys.path.insert(0, str(REPO / "plugins"))
