@@ -207,6 +207,11 @@ class SchedulingRound:
                 cooldown_until=until, last_error=f"launch refused: {why}"[:1000]))
 
     def _host_seen(self, name: str) -> None:
+        """Mark a host that answered as reachable; last_seen is refreshed at most every 30 s per host."""
+        host, now = self._hosts.get(name), self.clock()
+        if (host is not None and host.reachable and host.last_error is None and host.last_seen is not None
+                and now - host.last_seen < 30.0):
+            return
         with self.store.session() as s:
             s.execute(_update(HostRow).where(HostRow.name == name).values(
                 reachable=True, last_seen=self.clock(), last_error=None))
