@@ -43,8 +43,10 @@ def normal_round(store: Store) -> None:
     SchedulingRound(store, local_executor(), fast_config(), SETTINGS).run()
 
 
-def test_round_killed_at_every_step_boundary_repairs_without_running_twice(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_round_killed_at_every_step_boundary_repairs_without_running_twice(tmp_path, backend, request):
+    store = (Store(f"sqlite:///{tmp_path / 'lucid.db'}") if backend == "sqlite"
+             else request.getfixturevalue("fresh_pg_store"))
     add_local_hosts(store, tmp_path / "hosts")
     ledger = tmp_path / "ledger"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])}
