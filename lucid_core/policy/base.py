@@ -23,6 +23,9 @@ class SchedulingPolicy(Protocol):
     def on_submit(self, view: ClusterView, job: Job) -> None:
         """A job arrived: put it in the profiling queue or the main queue."""
 
+    def on_requeue(self, view: ClusterView, job: Job) -> None:
+        """A job that already had its profiling chance waits again (its run was lost or stopped)."""
+
     def on_profiled(self, view: ClusterView, job: Job, profile: Profile) -> None:
         """A profiling window ended (on the pool or in place) with this profile."""
 

@@ -37,6 +37,9 @@ class _QueueOnlyPolicy:
     def on_submit(self, view: ClusterView, job: Job) -> None:
         view.enqueue_main(job, self.key(job))
 
+    def on_requeue(self, view: ClusterView, job: Job) -> None:
+        self.on_submit(view, job)
+
     def on_profiled(self, view: ClusterView, job: Job, profile: Profile) -> None:
         job.profile = profile
 
@@ -140,6 +143,11 @@ class TiresiasPolicy:
         self.attained_[job.job_id] = 0.0
         self.entered_[job.job_id] = (0, job.submit_time)
         view.enqueue_main(job, (0.0, job.submit_time, job.job_id))
+
+    def on_requeue(self, view: ClusterView, job: Job) -> None:
+        self.attained_.setdefault(job.job_id, 0.0)
+        queue, since = self.entered_.setdefault(job.job_id, (0, job.submit_time))
+        view.enqueue_main(job, (float(queue), since, job.job_id))
 
     def on_profiled(self, view: ClusterView, job: Job, profile: Profile) -> None:
         job.profile = profile

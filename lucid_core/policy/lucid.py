@@ -42,6 +42,9 @@ class LucidPolicy:
         else:
             self.orchestrator.enqueue(view, job)
 
+    def on_requeue(self, view: ClusterView, job: Job) -> None:
+        self.orchestrator.enqueue(view, job)
+
     def on_profiled(self, view: ClusterView, job: Job, profile: Profile) -> None:
         job.profile = profile
         job.share_class = self.binder.classify(profile)

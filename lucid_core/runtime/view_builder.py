@@ -176,11 +176,7 @@ PolicyFactory = Callable[[LucidConfig, Snapshot], SchedulingPolicy]
 
 def requeue(policy: SchedulingPolicy, view: ClusterView, job: Job) -> None:
     """Put an unprofiled job that already had its chance at profiling back in the main queue."""
-    orchestrator = getattr(policy, "orchestrator", None)
-    if orchestrator is not None and hasattr(orchestrator, "enqueue"):
-        orchestrator.enqueue(view, job)
-    else:
-        policy.on_submit(view, job)
+    policy.on_requeue(view, job)
 
 
 @dataclass

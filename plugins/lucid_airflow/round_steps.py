@@ -129,6 +129,7 @@ def reconcile(url: str) -> dict[str, Any]:
                 rnd.load_hosts()
                 rnd.carry_out_pending()
                 rnd.reconcile()
+                rnd.give_up_lost_hosts()
             except Exception:
                 _release(rnd)  # a failed step must not block the next round for the lease's TTL
                 raise
