@@ -67,7 +67,7 @@ while :; do
   rc=$?
   kill -s 0 $child 2>/dev/null || break
 done
-echo $rc > exit_code.tmp && mv exit_code.tmp exit_code
+{{ printf '%-19s\\n' "$rc" 1<> exit_code.tmp || printf '%s\\n' "$rc" > exit_code.tmp; }} && mv exit_code.tmp exit_code
 """
 
 
@@ -87,7 +87,10 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
         'if ! mkdir "$D" 2>/dev/null; then echo "EXISTS $(cat "$D/pid" 2>/dev/null)"; exit 0; fi',
         'cd "$D"',
         f"printf '%s\\n' {shlex.quote(command)} > command.sh && "
-        f"printf '%s' {shlex.quote(wrapper_script(env))} > run.sh || "
+        f"printf '%s' {shlex.quote(wrapper_script(env))} > run.sh && "
+        # room for the exit code, taken now: the wrapper overwrites it in place, so a disk that fills
+        # up while the job runs cannot turn a finished job into one that vanished
+        "printf '%-19s\\n' '' > exit_code.tmp || "
         # a cut-short command.sh (disk full) would run a prefix of the command: run nothing instead
         '{ echo "ERROR cannot write the run files in $D (disk full or read-only?)"; cd /; rm -rf "$D"; exit 4; }',
         "setsid sh ./run.sh < /dev/null > /dev/null 2>&1 &",
