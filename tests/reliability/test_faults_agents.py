@@ -119,7 +119,7 @@ def test_a_disk_full_log_write_fails_the_job_cleanly_and_spares_the_rest(tmp_pat
                              workdir=str(tmp_path / "ok")))
     ledger = tmp_path / "ledger"  # on the roomy disk
     config = fast_config(**{"profiler.enabled": False})
-    noisy = [submit(store, JobRequest(ledger_command(ledger, "head -c 2000000 /dev/zero; sleep 0.3"), 1, "u",
+    noisy = [submit(store, JobRequest(ledger_command(ledger, "head -c 2000000 /dev/zero && sleep 0.3"), 1, "u",
                                       "vc-a", name=f"noisy{i}")) for i in range(2)]
     quiet = [submit(store, JobRequest(ledger_command(ledger, "sleep 0.3"), 1, "u", "vc-a", name=f"quiet{i}"))
              for i in range(2)]
@@ -133,8 +133,8 @@ def test_a_disk_full_log_write_fails_the_job_cleanly_and_spares_the_rest(tmp_pat
     assert ran_on_full, "no job ran on the full disk's host"
     for job_id in noisy + quiet:
         runs = runs_of(store, job_id)
-        if job_id in ran_on_full and job_id in noisy:  # its log write failed: FAILED, with a reason
-            assert states[job_id] == "FAILED" and rows[job_id].end_reason, rows[job_id].end_reason
+        if job_id in ran_on_full and job_id in noisy:  # its log write failed, so did its command
+            assert states[job_id] == "FAILED" and rows[job_id].exit_code == 1, rows[job_id].end_reason
         elif all(r.host == "full" for r in runs):  # every launch refused by the full disk, saying so
             assert states[job_id] == "FAILED" and "cannot write the run files" in rows[job_id].end_reason
         else:
@@ -170,3 +170,27 @@ def test_a_launch_on_a_full_disk_is_refused_with_the_reason_and_runs_nothing(tmp
     time.sleep(0.5)
     assert not canary.exists()
     assert not (full_disk / "runs" / "r1").exists()  # no half-made run directory left behind
+
+
+def test_a_job_that_succeeds_while_the_log_disk_fills_up_still_completes(tmp_path, full_disk):
+    """The disk fills after launch (another tenant's logs): the job's exit code must still be recorded."""
+    from lucid_core.runtime.executor import HostAddress, LaunchSpec
+
+    host = HostAddress("full", executor="local", workdir=str(full_disk / "runs"))
+    executor = local_executor()
+    executor.launch(host, LaunchSpec("r1", "sleep 1; exit 0"))
+    executor.launch(host, LaunchSpec("r2", "sleep 1; exit 3"))
+    filler = full_disk / "filler"
+    try:  # fill every last block
+        with open(filler, "wb", buffering=0) as handle:
+            while True:
+                handle.write(b"x" * 4096)
+    except OSError:
+        pass
+    deadline = time.monotonic() + 10
+    while {s.state for s in executor.poll(host, ["r1", "r2"]).values()} & {"RUNNING", "NOPID"}:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    statuses = executor.poll(host, ["r1", "r2"])
+    assert (statuses["r1"].state, statuses["r1"].exit_code) == ("EXITED", 0), statuses
+    assert (statuses["r2"].state, statuses["r2"].exit_code) == ("EXITED", 3), statuses
