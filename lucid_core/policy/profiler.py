@@ -39,7 +39,7 @@ class SpaceAwareProfiler:
         return out
 
     def stop_decision(self, job_id: str, window: float) -> StopProfiling:
-        return StopProfiling(job_id, f"profiling window of {window:g} s is over; job joins the main queue")
+        return StopProfiling(job_id, f"profiling window of {window:.0f} s is over; job joins the main queue")
 
     def autoscale(self, view: ClusterView, forecast: Forecast) -> list[Decision]:
         """Shorter windows and borrowed idle main nodes during a forecast burst; back after."""
