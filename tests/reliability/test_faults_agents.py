@@ -194,3 +194,24 @@ def test_a_job_that_succeeds_while_the_log_disk_fills_up_still_completes(tmp_pat
     statuses = executor.poll(host, ["r1", "r2"])
     assert (statuses["r1"].state, statuses["r1"].exit_code) == ("EXITED", 0), statuses
     assert (statuses["r2"].state, statuses["r2"].exit_code) == ("EXITED", 3), statuses
+
+
+def test_a_stop_on_a_full_disk_is_still_known_as_a_stop(tmp_path, full_disk):
+    """A profiling window ending (or a preemption) on a host whose disk is full is a stop, not the job
+    failing with 143. The stop's marks are files whose presence is the mark: creating one needs an inode,
+    not a block, so they survive a full disk (empty)."""
+    from lucid_core.runtime.executor import HostAddress, LaunchSpec
+
+    host = HostAddress("full", executor="local", workdir=str(full_disk / "runs"))
+    executor = local_executor()
+    executor.launch(host, LaunchSpec("r1", "sleep 30"))
+    time.sleep(0.3)
+    try:
+        with open(full_disk / "filler", "wb", buffering=0) as handle:
+            while True:
+                handle.write(b"x" * 4096)
+    except OSError:
+        pass
+    status = executor.stop(host, "r1", "profiling_window", grace_s=2)
+    assert status.state == "EXITED" and status.stop_requested, status
+    assert executor.poll(host, ["r1"])["r1"].stop_requested
