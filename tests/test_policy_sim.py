@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from lucid_core.config import ConfigError, LucidConfig, load_config
-from lucid_core.domain import GpuRef, Job, Pool, Profile, ShareClass, SharingMode
+from lucid_core.domain import GpuRef, Job, JobState, Pool, Profile, ShareClass, SharingMode
 from lucid_core.policy.baselines import FifoPolicy, SjfPolicy, TiresiasPolicy
 from lucid_core.policy.binder import AffinityBinder
+from lucid_core.policy.decisions import Place
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.models import HistoryDurationPredictor
 from lucid_core.policy.placement import GpuPool
@@ -225,3 +226,25 @@ def test_virtual_clusters_keep_jobs_on_their_own_nodes(tmp_path):
     vc_file.write_text("nlp,2\n")
     with pytest.raises(ValueError, match="missing from the VC config"):
         run_policy("fifo", replace(exp, vc_nodes=read_vc_config(vc_file)))
+
+
+def test_jobs_are_placed_only_on_nodes_of_their_own_vc():
+    """Live hosts carry a VC: a job waits rather than run on another team's idle nodes."""
+    config = LucidConfig().with_overrides({"binder.sharing": "on"})
+    view = ClusterView(config)
+    view.add_nodes(Pool.MAIN, 1, prefix="a-", vc="team-a")
+    view.add_nodes(Pool.MAIN, 1, prefix="b-", vc="team-b")
+    policy = LucidPolicy(config)
+    for i in range(3):  # 3 x 4 GPUs of team-a on its one 8-GPU node: the third must wait
+        job = Job(f"a{i}", "ana", "team-a", 4, 0.0, profile=Profile(95, 60, 20000), share_class=ShareClass.JUMBO,
+                  state=JobState.QUEUED)
+        view.add_job(job)
+        policy.on_requeue(view, job)
+    decisions = policy.schedule(view)
+    placed = {d.job_id: {r.host for r in d.gpus} for d in decisions if isinstance(d, Place)}
+    assert placed == {"a0": {"a-0000"}, "a1": {"a-0000"}}
+    assert view.main.free_gpus("team-b") == 8 and "a2" in view.queue
+    # its only possible partners are team-a's two Jumbo jobs, never team-b's
+    assert AffinityBinder(config.binder).pending_reason(view, view.jobs["a2"]) == (
+        "no affine partner: sharing scores exceed GPU capacity")
+    view.check_invariants()

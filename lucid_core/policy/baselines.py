@@ -172,18 +172,19 @@ class TiresiasPolicy:
 
     def schedule(self, view: ClusterView) -> list[Decision]:
         self._demote_due(view)
-        total = view.main.total_gpus
         running = list(view.allocations)
         order = sorted(running + view.queue.ordered(), key=lambda j: (*self.entered_[j], j))
+        capacity = {vc: view.main.total_gpus_of(vc) for vc in view.main.vcs | {""}}
+        used = dict.fromkeys(capacity, 0)
         admitted: set[str] = set()
-        used = 0
         for job_id in order:
-            if used >= total:
-                break
-            gpus = view.jobs[job_id].gpus
-            if used + gpus <= total:
+            job = view.jobs[job_id]
+            vc = view.placement_vc(job)
+            if used[vc] + job.gpus <= capacity[vc]:
                 admitted.add(job_id)
-                used += gpus
+                used[vc] += job.gpus
+                if len(capacity) == 1 and used[vc] >= capacity[vc]:
+                    break  # one pool, full: the rest waits
         decisions: list[Decision] = []
         for job_id in running:
             if job_id not in admitted:
@@ -195,7 +196,7 @@ class TiresiasPolicy:
         for job_id in order:
             if job_id in admitted and job_id not in view.allocations:
                 job = view.jobs[job_id]
-                gpus = view.main.place_compact(job.gpus)
+                gpus = view.main.place_compact(job.gpus, view.placement_vc(job))
                 if gpus is None:
                     continue  # admitted but fragmented: waits for the next round
                 view.start(job_id, Pool.MAIN, gpus)

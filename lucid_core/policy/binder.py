@@ -82,7 +82,8 @@ class AffinityBinder:
             return None
         found: str | None = None
         for partner_class in range(capacity - int(job.share_class) + 1):  # lightest partners first
-            for partner_id in view.share_candidates_by_class.get((job.gpus, partner_class), ()):
+            key = (view.placement_vc(job), job.gpus, partner_class)
+            for partner_id in view.share_candidates_by_class.get(key, ()):
                 if self._rule_failure(view, job, view.allocations[partner_id], capacity) is None:
                     found = partner_id
                     break
@@ -105,8 +106,9 @@ class AffinityBinder:
             return f"sharing is {view.sharing_mode.value}"
         if job.share_class is None:
             return "not profiled yet, so it may not share"
-        candidates = view.share_candidates.get(job.gpus, {})
+        vc = view.placement_vc(job)
+        candidates = [p for c in range(3) for p in view.share_candidates_by_class.get((vc, job.gpus, c), {})]
         if not candidates:
-            return f"no running {job.gpus}-GPU job free to share"
+            return f"no running {job.gpus}-GPU job{f' of VC {vc}' if vc else ''} free to share"
         reasons = {self._rule_failure(view, job, view.allocations[p], capacity) for p in candidates}
         return "no affine partner: " + ", ".join(sorted(r for r in reasons if r))

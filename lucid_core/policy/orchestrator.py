@@ -32,7 +32,8 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
     parts = view.queue.parts()
     heads = [(items[0][0], part) for part, items in parts.items()]
     heapq.heapify(heads)
-    smallest_unfit = 1 << 30
+    queued_vcs = {part[0] for part in parts}
+    smallest_unfit: dict[str, int] = {}  # per VC: a job this wide found no fit, so wider ones won't
     main = view.main
     while heads:
         key, part = heapq.heappop(heads)
@@ -41,9 +42,10 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
             continue
         job_id = items[0][1]
         job = view.jobs[job_id]
+        vc = part[0]
         placed = False
-        if job.gpus < smallest_unfit:
-            gpus = main.place_compact(job.gpus)
+        if job.gpus < smallest_unfit.get(vc, 1 << 30):
+            gpus = main.place_compact(job.gpus, vc)
             if gpus is not None:
                 online = online_window_s is not None and job.profile is None
                 view.start(job_id, Pool.MAIN, gpus,
@@ -54,7 +56,7 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 decisions.append(Place(job_id, gpus, reason, profile_in_place=online))
                 placed = True
             else:
-                smallest_unfit = job.gpus
+                smallest_unfit[vc] = job.gpus
         if not placed and find_partner is not None:
             found = find_partner(view, job)
             if found is not None:
@@ -69,8 +71,8 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 heapq.heappush(heads, (items[0][0], part))
         elif strict_order:
             break
-        if smallest_unfit == 1 and find_partner is None:
-            break  # nothing free and nothing to share: the rest waits
+        if find_partner is None and all(smallest_unfit.get(v) == 1 for v in queued_vcs):
+            break  # nothing free in any queued job's VC and nothing to share: the rest waits
     return decisions
 
 

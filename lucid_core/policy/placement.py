@@ -1,7 +1,8 @@
 """GPU pools and compact (consolidated) placement.
 
-A pool is a set of same-sized nodes. Compact placement puts a job of g <= node-size GPUs
-on one node, choosing the node with the fewest free GPUs that still fits (best fit, which
+A pool is a set of same-sized nodes, partitioned by virtual cluster (VC): a job is placed only
+on nodes of its own VC (the partition "" when nodes carry no VC). Compact placement puts a job
+of g <= node-size GPUs on one node, choosing the node with the fewest free GPUs that still fits (best fit, which
 keeps whole nodes free for wide jobs); a wider job takes whole free nodes plus one
 best-fit node for the remainder. Fit tests are O(node size), not O(nodes).
 """
@@ -21,6 +22,7 @@ class NodeState:
     occupants: list[list[str]] = field(default_factory=list)  # job ids on each GPU
     mem_used_mb: list[float] = field(default_factory=list)
     borrowed: bool = False
+    vc: str = ""
 
     def __post_init__(self) -> None:
         if not self.occupants:
@@ -43,27 +45,39 @@ class GpuPool:
         self.gpus_per_node = gpus_per_node
         self.gpu_memory_mb = gpu_memory_mb
         self.nodes: dict[str, NodeState] = {}
-        self._by_free: list[dict[str, None]] = [{} for _ in range(gpus_per_node + 1)]
+        # per VC: number of empty GPUs -> nodes with that many
+        self._by_vc: dict[str, list[dict[str, None]]] = {}
         self.busy_gpus = 0  # GPUs with at least one job
 
     # --- inventory -------------------------------------------------------------------------
+    def _index(self, vc: str) -> list[dict[str, None]]:
+        index = self._by_vc.get(vc)
+        if index is None:
+            index = self._by_vc[vc] = [{} for _ in range(self.gpus_per_node + 1)]
+        return index
+
+    @property
+    def vcs(self) -> set[str]:
+        """The VCs that own nodes in this pool."""
+        return {vc for vc, index in self._by_vc.items() if any(index)}
+
     def add_node(self, name: str, gpus: int | None = None, gpu_memory_mb: float | None = None,
-                 borrowed: bool = False) -> NodeState:
+                 borrowed: bool = False, vc: str = "") -> NodeState:
         gpus = gpus or self.gpus_per_node
         if gpus > self.gpus_per_node:
             raise ValueError(f"node {name} has {gpus} GPUs, more than the pool's {self.gpus_per_node}")
         if name in self.nodes:
             raise ValueError(f"node {name} is already in pool {self.name}")
-        node = NodeState(name, gpus, gpu_memory_mb or self.gpu_memory_mb, borrowed=borrowed)
+        node = NodeState(name, gpus, gpu_memory_mb or self.gpu_memory_mb, borrowed=borrowed, vc=vc)
         self.nodes[name] = node
-        self._by_free[node.free][name] = None
+        self._index(vc)[node.free][name] = None
         return node
 
     def remove_node(self, name: str) -> NodeState:
         node = self.nodes[name]
         if node.free != node.gpus:
             raise ValueError(f"node {name} still runs jobs")
-        del self._by_free[node.free][name]
+        del self._index(node.vc)[node.free][name]
         del self.nodes[name]
         return node
 
@@ -71,46 +85,55 @@ class GpuPool:
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes.values())
 
-    def free_gpus(self) -> int:
-        return sum(k * len(names) for k, names in enumerate(self._by_free))
+    def total_gpus_of(self, vc: str) -> int:
+        return sum(n.gpus for n in self.nodes.values() if n.vc == vc)
+
+    def free_gpus(self, vc: str | None = None) -> int:
+        """Empty GPUs of one VC, or of the whole pool."""
+        indexes = self._by_vc.values() if vc is None else [self._index(vc)]
+        return sum(k * len(names) for index in indexes for k, names in enumerate(index))
 
     def idle_nodes(self) -> list[str]:
-        """Nodes with every GPU empty."""
-        return [n for n in self._by_free[self.gpus_per_node] if self.nodes[n].gpus == self.gpus_per_node]
+        """Nodes with every GPU empty (any VC)."""
+        return [n for index in self._by_vc.values() for n in index[self.gpus_per_node]
+                if self.nodes[n].gpus == self.gpus_per_node]
 
     # --- fit and placement -----------------------------------------------------------------
-    def max_free_on_a_node(self) -> int:
+    def max_free_on_a_node(self, vc: str = "") -> int:
+        index = self._index(vc)
         for k in range(self.gpus_per_node, 0, -1):
-            if self._by_free[k]:
+            if index[k]:
                 return k
         return 0
 
-    def can_fit(self, gpus: int) -> bool:
+    def can_fit(self, gpus: int, vc: str = "") -> bool:
         size = self.gpus_per_node
+        index = self._index(vc)
         if gpus <= size:
-            return self.max_free_on_a_node() >= gpus
+            return self.max_free_on_a_node(vc) >= gpus
         whole, rest = divmod(gpus, size)
-        full = len(self._by_free[size])
+        full = len(index[size])
         if rest == 0:
             return full >= whole
         if full > whole:
             return True
-        return full == whole and any(self._by_free[k] for k in range(rest, size))
+        return full == whole and any(index[k] for k in range(rest, size))
 
-    def place_compact(self, gpus: int) -> tuple[GpuRef, ...] | None:
-        """Choose GPUs for an exclusive job, or None when no compact fit exists. Reserves nothing."""
+    def place_compact(self, gpus: int, vc: str = "") -> tuple[GpuRef, ...] | None:
+        """Choose GPUs of VC `vc` for an exclusive job, or None when no compact fit exists. Reserves nothing."""
         size = self.gpus_per_node
-        if not self.can_fit(gpus):
+        if not self.can_fit(gpus, vc):
             return None
+        by_free = self._index(vc)
         chosen: list[GpuRef] = []
         used: set[str] = set()
         whole, rest = divmod(gpus, size) if gpus > size else (0, gpus)
-        for name in list(self._by_free[size])[:whole]:
+        for name in list(by_free[size])[:whole]:
             used.add(name)
             chosen.extend(GpuRef(name, i) for i in range(size))
         if rest:
             for k in range(rest, size + 1):
-                name = next((n for n in self._by_free[k] if n not in used), None)
+                name = next((n for n in by_free[k] if n not in used), None)
                 if name is not None:
                     chosen.extend(GpuRef(name, i) for i in self.nodes[name].empty_gpus()[:rest])
                     break
@@ -122,8 +145,9 @@ class GpuPool:
     def _move(self, node: NodeState, before: int) -> None:
         after = node.free
         if after != before:
-            del self._by_free[before][node.name]
-            self._by_free[after][node.name] = None
+            index = self._index(node.vc)
+            del index[before][node.name]
+            index[after][node.name] = None
 
     def occupy(self, job_id: str, gpus: tuple[GpuRef, ...], mem_mb: float) -> None:
         for ref in gpus:
@@ -162,4 +186,4 @@ class GpuPool:
                 assert len(set(slot)) == len(slot), f"{node.name}:{i} lists a job twice"
                 assert node.mem_used_mb[i] <= node.gpu_memory_mb + 1e-6, (
                     f"{node.name}:{i} uses {node.mem_used_mb[i]} MB of {node.gpu_memory_mb}")
-            assert node.name in self._by_free[node.free], f"index out of date for {node.name}"
+            assert node.name in self._index(node.vc)[node.free], f"index out of date for {node.name}"

@@ -81,7 +81,7 @@ class SpaceAwareProfiler:
             window = self.window_for(view, job)
             until = view.now + window
             if self.config.in_place:
-                gpus = view.main.place_compact(job.gpus)
+                gpus = view.main.place_compact(job.gpus, view.placement_vc(job))
                 if gpus is not None:
                     view.start(job_id, Pool.MAIN, gpus, profiling_until=until)
                     decisions.append(Place(job_id, gpus, (

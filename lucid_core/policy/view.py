@@ -17,7 +17,7 @@ from lucid_core.domain import GpuRef, Job, JobState, Pool, Profile, SharingMode
 from lucid_core.policy.placement import GpuPool
 
 SortKey = tuple[float, float, str]
-QueueKey = tuple[int, int]  # (gpus, share class or -1 when unprofiled)
+QueueKey = tuple[str, int, int]  # (placement VC, gpus, share class or -1 when unprofiled)
 
 
 @dataclass(slots=True)
@@ -32,9 +32,9 @@ class Allocation:
 
 
 class MainQueue:
-    """Queued jobs split by (GPU demand, share class), each part sorted by a policy's key.
+    """Queued jobs split by (VC, GPU demand, share class), each part sorted by a policy's key.
 
-    Jobs with the same demand and class are interchangeable for placement, so a scheduling
+    Jobs with the same VC, demand and class are interchangeable for placement, so a scheduling
     pass only needs the head of each part: O(parts), not O(queue), per blocked attempt.
     """
 
@@ -96,12 +96,14 @@ class ClusterView:
         self.allocations: dict[str, Allocation] = {}
         # running main-cluster jobs that could take a partner, by GPU demand
         self.share_candidates: dict[int, dict[str, None]] = {}
-        # the same, split by share class, so the lightest partner is found without a full scan
-        self.share_candidates_by_class: dict[tuple[int, int], dict[str, None]] = {}
+        # the same, split by (placement VC, GPU demand, share class), so the lightest partner of the
+        # job's own VC is found without a full scan
+        self.share_candidates_by_class: dict[tuple[str, int, int], dict[str, None]] = {}
         self.sharing_mode = SharingMode.DEFAULT
         self.tprof_s = config.profiler.tprof_s
         self.nprof_gpus = config.profiler.nprof_gpus
         self.borrowed_nodes: list[str] = []
+        self._borrowed_vc: dict[str, str] = {}
         # (window end, job id): profiling windows running on the pool or in place
         self.window_heap: list[tuple[float, str]] = []
         # jobs whose duration the policy still has to predict (batched once per round)
@@ -111,12 +113,17 @@ class ClusterView:
         self.last_mode_check: float | None = None
 
     # --- building -------------------------------------------------------------------------
-    def add_nodes(self, pool: Pool, count: int, prefix: str | None = None) -> None:
+    def add_nodes(self, pool: Pool, count: int, prefix: str | None = None, vc: str = "") -> None:
         target = self.pool(pool)
         prefix = prefix or ("prof" if pool is Pool.PROFILING else "node")
         start = len(target.nodes)
         for i in range(start, start + count):
-            target.add_node(f"{prefix}{i:04d}")
+            target.add_node(f"{prefix}{i:04d}", vc=vc)
+
+    def placement_vc(self, job: Job) -> str:
+        """The main-cluster partition a job may use: its VC when nodes are tagged with it, else the
+        untagged nodes (a single pool, as in a trace replay without VCs)."""
+        return job.vc if job.vc and job.vc in self.main.vcs else ""
 
     def pool(self, pool: Pool) -> GpuPool:
         return self.main if pool is Pool.MAIN else self.profiling
@@ -133,7 +140,7 @@ class ClusterView:
 
     def enqueue_main(self, job: Job, key: SortKey) -> None:
         job.state = JobState.QUEUED
-        part = (job.gpus, int(job.share_class) if job.share_class is not None else -1)
+        part = (self.placement_vc(job), job.gpus, int(job.share_class) if job.share_class is not None else -1)
         self.queue.push(job.job_id, part, key)
 
     def dequeue(self, job_id: str) -> None:
@@ -190,7 +197,8 @@ class ClusterView:
               and job.gpus <= self.config.cluster.gpus_per_node)
         if ok:
             self.share_candidates.setdefault(job.gpus, {})[job_id] = None
-            self.share_candidates_by_class.setdefault((job.gpus, int(job.share_class)), {})[job_id] = None
+            key = (self.placement_vc(job), job.gpus, int(job.share_class))
+            self.share_candidates_by_class.setdefault(key, {})[job_id] = None
         else:
             self.drop_share_candidate(job_id)
 
@@ -198,18 +206,20 @@ class ClusterView:
         job = self.jobs.get(job_id)
         if job is not None and job.gpus in self.share_candidates:
             self.share_candidates[job.gpus].pop(job_id, None)
+            vc = self.placement_vc(job)
             for share_class in range(3):
-                self.share_candidates_by_class.get((job.gpus, share_class), {}).pop(job_id, None)
+                self.share_candidates_by_class.get((vc, job.gpus, share_class), {}).pop(job_id, None)
 
     def borrow_node(self, name: str) -> None:
         """Move an idle main node into the profiling pool (a burst)."""
         node = self.main.remove_node(name)
         self.profiling.add_node(name, node.gpus, node.gpu_memory_mb, borrowed=True)
         self.borrowed_nodes.append(name)
+        self._borrowed_vc[name] = node.vc
 
     def return_node(self, name: str) -> None:
         node = self.profiling.remove_node(name)
-        self.main.add_node(name, node.gpus, node.gpu_memory_mb)
+        self.main.add_node(name, node.gpus, node.gpu_memory_mb, vc=self._borrowed_vc.pop(name, ""))
         self.borrowed_nodes.remove(name)
 
     def running(self, pool: Pool | None = None) -> Iterator[Allocation]:

@@ -26,16 +26,18 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
             why += f"; {ahead} job(s) ahead in least-GPU-first order"
         out[job_id] = (i + 1, why)
     order = view.queue.ordered()
-    block = view.main.max_free_on_a_node()
     mode = view.sharing_mode
     for i, job_id in enumerate(order):
         job = view.jobs[job_id]
+        vc = view.placement_vc(job)
         parts = []
         if i:
             parts.append(f"behind {i} job(s) with a lower priority value")
-        if not view.main.can_fit(job.gpus):
-            parts.append(f"no compact fit for {job.gpus} GPU(s): the largest free block on one main node is "
-                         f"{block} ({view.main.free_gpus()} of {view.main.total_gpus} GPUs free)")
+        if not view.main.can_fit(job.gpus, vc):
+            where = f"main node of VC {vc}" if vc else "main node"
+            parts.append(f"no compact fit for {job.gpus} GPU(s): the largest free block on one {where} is "
+                         f"{view.main.max_free_on_a_node(vc)} ({view.main.free_gpus(vc)} of "
+                         f"{view.main.total_gpus_of(vc)} GPUs free)")
         if mode is SharingMode.OFF:
             parts.append(f"sharing is off ({sharing_reason or 'the load forecast says GPUs stay available'})")
         elif job.share_class is None:

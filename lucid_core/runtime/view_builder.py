@@ -204,7 +204,9 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         if count == 0:
             continue
         pool = Pool.PROFILING if host.pool == Pool.PROFILING.value or host.name in borrowed else Pool.MAIN
-        view.pool(pool).add_node(host.name, count, host.gpu_memory_mb, borrowed=host.name in borrowed)
+        # main nodes carry their VC so jobs are placed only on their own VC's hosts
+        view.pool(pool).add_node(host.name, count, host.gpu_memory_mb, borrowed=host.name in borrowed,
+                                 vc=host.vc if pool is Pool.MAIN else "")
         if host.name in borrowed:
             view.borrowed_nodes.append(host.name)
         if host.reachable and not host.draining and (host.cooldown_until is None or host.cooldown_until <= now):
