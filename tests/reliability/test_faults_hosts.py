@@ -99,6 +99,38 @@ def test_sshd_dies_mid_job_and_returns_nothing_lost_nothing_twice(live):
     assert [r.kind for r in runs_of(store, victim.job_id)] == ["profiling", "main"]
 
 
+def test_profiling_host_sshd_down_across_the_window_end(live):
+    """The profiling host cannot be reached when the job's window ends: no main run starts while the
+    profiling run may still be alive; once the host is back the job either finished there (the pending
+    placement is dropped) or is stopped there and runs once on the main pool."""
+    store, cluster, root = live
+    ledger = root / "ledger"
+    job = submit(store, JobRequest(ledger_command(ledger, "sleep 4"), 1, "u", "vc-a", name="prof-outage"))
+    drive(store, cluster, lambda j: j[job].state == "PROFILING")
+    prof = runs_of(store, job)[0]
+    host = cluster.hosts[prof.host]
+    host.stop()
+    try:
+        deadline = time.monotonic() + 3  # the 2 s window ends while the host is unreachable
+        while time.monotonic() < deadline:
+            report = one_round(store, cluster, fast_config())
+            assert prof.host in report.unreachable
+            # the policy may place it now, but nothing starts while the profiling run may still be alive
+            assert not [r for r in runs_of(store, job) if r.kind == "main" and r.started_at is not None]
+            time.sleep(0.3)
+    finally:
+        host.start()
+    final = drive(store, cluster, all_ended)
+    assert final[job].state == "COMPLETED"
+    started = [r for r in runs_of(store, job) if r.started_at is not None]
+    assert started[0].kind == "profiling" and len(started) <= 2
+    if len(started) == 2:  # still running when the host came back: stopped there, then placed
+        assert started[1].kind == "main" and started[1].started_at >= started[0].ended_at
+    else:  # it finished on the profiling host during the outage: the pending placement was dropped
+        assert started[0].exit_code == 0 and final[job].exit_code == 0
+    check_invariants(store, [job], ledger)
+
+
 def _kill_run(run: RunRow) -> None:
     """The host's machine dies: its job processes go with it (the run's process group)."""
     with contextlib.suppress(ProcessLookupError):
