@@ -1,6 +1,8 @@
 """HTTP API of the live scheduler (FastAPI). The Airflow plugin mounts it and supplies `auth`.
 
 create_app(store_url, auth=...) takes any FastAPI dependency as `auth`; it guards every route.
+When the auth layer names the caller (`request.state.lucid_user`), jobs are submitted as that
+user and only that user's jobs may be cancelled, unless `request.state.lucid_operator` is true.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -26,7 +28,7 @@ from lucid_core.runtime.submission import JobRequest, SubmissionError, UnknownJo
 class SubmitBody(BaseModel):
     command: str | list[str] = Field(description="shell command line, or an argv list")
     gpus: int
-    user: str
+    user: str = Field("", description="defaults to the authenticated caller")
     vc: str
     name: str = ""
     amp: bool = False
@@ -49,16 +51,34 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
         except UnknownJob as exc:
             raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
 
+    def caller(request: Request) -> tuple[str | None, bool]:
+        """(authenticated user name or None when the app runs without identity, may act for others)."""
+        return getattr(request.state, "lucid_user", None), bool(getattr(request.state, "lucid_operator", False))
+
     @router.post("/jobs", status_code=201)
-    def submit_job(body: SubmitBody) -> Any:
+    def submit_job(body: SubmitBody, request: Request) -> Any:
+        fields = body.model_dump()
+        user, operator = caller(request)
+        if user is not None and not operator:
+            if fields["user"] and fields["user"] != user:
+                raise HTTPException(status_code=403, detail=f"you may submit only as yourself ({user!r})")
+            fields["user"] = user
+        elif user is not None and not fields["user"]:
+            fields["user"] = user
         try:
-            job_id = submit(store, JobRequest(**body.model_dump()), now=clock())
+            job_id = submit(store, JobRequest(**fields), now=clock())
         except SubmissionError as exc:
             return JSONResponse(status_code=422, content={"detail": "invalid submission", "errors": exc.errors})
         return {"job_id": job_id}
 
     @router.post("/jobs/{job_id}/cancel")
-    def cancel_job(job_id: str) -> Any:
+    def cancel_job(job_id: str, request: Request) -> Any:
+        user, operator = caller(request)
+        if user is not None and not operator:
+            known(job_id)
+            owner = queries.status(store, job_id)["user"]
+            if owner != user:
+                raise HTTPException(status_code=403, detail=f"job {job_id} belongs to {owner!r}, not to you")
         try:
             return {"job_id": job_id, "state": cancel(store, job_id, now=clock()), "cancel_requested": True}
         except UnknownJob as exc:

@@ -51,6 +51,9 @@ async def authorize(request: Request) -> Response | None:
         allowed = manager.is_authorized_dag(method="PUT", details=DagDetails(id=ROUND_DAG_ID), user=user)
     if not allowed:
         return JSONResponse({"detail": "Forbidden: your Airflow role may not do this in Lucid"}, status_code=403)
+    # who is asking, for the API: users act on their own jobs; operators (config edit rights) on any
+    request.state.lucid_user = user.get_name()
+    request.state.lucid_operator = manager.is_authorized_configuration(method="PUT", user=user)
     return None
 
 

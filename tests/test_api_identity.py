@@ -1,0 +1,44 @@
+"""The HTTP API acts as the authenticated caller: users submit and cancel only their own jobs."""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, Request
+from fastapi.testclient import TestClient
+
+from lucid_core.runtime.api import create_app
+from lucid_core.runtime.inventory import HostSpec, add_host
+from lucid_core.runtime.store import Store
+
+PEOPLE = {"ana-token": ("ana", False), "bob-token": ("bob", False), "ops-token": ("olga", True)}
+
+
+def identity(request: Request) -> None:
+    """What the Airflow plugin's auth does: name the caller and say whether they operate the cluster."""
+    token = request.headers.get("authorization", "").removeprefix("Bearer ")
+    if token not in PEOPLE:
+        raise HTTPException(401, "not authenticated")
+    request.state.lucid_user, request.state.lucid_operator = PEOPLE[token]
+
+
+def test_jobs_are_submitted_and_cancelled_as_the_caller(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1, workdir=str(tmp_path / "m0")))
+    client = TestClient(create_app(store.url, store=store, auth=identity))
+    as_ = lambda who: {"Authorization": f"Bearer {who}-token"}  # noqa: E731
+    body = {"command": "sleep 1", "gpus": 1, "vc": "vc-a"}
+
+    mine = client.post("/jobs", json=body, headers=as_("ana"))
+    assert mine.status_code == 201
+    job = mine.json()["job_id"]
+    assert client.get(f"/jobs/{job}", headers=as_("ana")).json()["user"] == "ana"
+    spoof = client.post("/jobs", json={**body, "user": "bob"}, headers=as_("ana"))
+    assert spoof.status_code == 403 and "only as yourself" in spoof.json()["detail"]
+    assert len(client.get("/queue", headers=as_("ana")).json()) == 1  # the spoofed job was not written
+
+    assert client.post(f"/jobs/{job}/cancel", headers=as_("bob")).status_code == 403
+    assert client.get(f"/jobs/{job}", headers=as_("bob")).json()["state"] == "SUBMITTED"
+    assert client.post(f"/jobs/{job}/cancel", headers=as_("ops")).json()["cancel_requested"] is True
+    on_behalf = client.post("/jobs", json={**body, "user": "carl"}, headers=as_("ops"))
+    assert on_behalf.status_code == 201  # an operator may submit for someone else
+    assert client.get(f"/jobs/{on_behalf.json()['job_id']}", headers=as_("ops")).json()["user"] == "carl"
+    store.dispose()
