@@ -89,7 +89,26 @@ def test_lucid_pairs_two_tiny_jobs_on_one_gpu_and_never_preempts():
     # A: 80 s of work at 0.5 -> ends 180. B: 80 done by 180, last 20 alone -> ends 200.
     assert _jcts(result) == {"A": 180, "B": 200}
     assert all(o.preemptions == 0 for o in result.outcomes)
+    assert result.decision_counts["Unpair"] == 1  # 0.5 < unstable_speed 0.7: split, but nobody is stopped
     assert {o.job_id: o.shared_seconds for o in result.outcomes} == {"A": 160, "B": 160}
+
+
+def test_unstable_pair_is_split_and_its_jobs_never_share_again():
+    config = LucidConfig()
+    view = _view_with_running(config, 1, ShareClass.TINY, 1000)
+    job = Job("J", "u", "vc", 1, 10.0, profile=Profile(20, 5, 1000), share_class=ShareClass.TINY,
+              predicted_duration=3600.0)
+    view.add_job(job)
+    view.start("J", Pool.MAIN, view.allocations["P"].gpus, partner="P")
+    binder = AffinityBinder(config.binder)
+    view.speed_reports.append(("J", 0.9))
+    assert binder.split_unstable(view) == [] and not job.no_share  # a healthy pair stays as it is
+    view.speed_reports.append(("J", 0.55))
+    [unpair] = binder.split_unstable(view)
+    assert (unpair.job_id, unpair.partner) == ("J", "P") and "0.55" in unpair.reason
+    assert job.no_share and view.jobs["P"].no_share and "J" in view.allocations  # still running
+    view.stop("J")
+    assert "P" not in view.share_candidates.get(1, {})  # alone again, but may not take a partner
 
 
 def _view_with_running(config: LucidConfig, gpus: int, share: ShareClass, mem: float) -> ClusterView:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from lucid_core.config import BinderConfig
 from lucid_core.domain import Job, Profile, ShareClass, SharingMode
-from lucid_core.policy.decisions import SetSharingMode
+from lucid_core.policy.decisions import SetSharingMode, Unpair
 from lucid_core.policy.models import Forecast, PackingClassifier, UtilizationRuleClassifier
 from lucid_core.policy.view import Allocation, ClusterView
 
@@ -53,6 +53,23 @@ class AffinityBinder:
             return None
         view.sharing_mode = mode
         return SetSharingMode(mode, reason)
+
+    def split_unstable(self, view: ClusterView) -> list[Unpair]:
+        """A pair observed running slower than `unstable_speed` is split: neither job may share
+        again. Nothing is stopped (no preemption); the pair ends as its jobs end."""
+        decisions = []
+        for job_id, speed in view.speed_reports:
+            alloc = view.allocations.get(job_id)
+            if alloc is None or alloc.partner is None or speed >= self.config.unstable_speed:
+                continue
+            for member in (job_id, alloc.partner):
+                view.jobs[member].no_share = True
+                view.drop_share_candidate(member)
+            decisions.append(Unpair(job_id, alloc.partner, (
+                f"pair runs at {speed:.2f} of its exclusive speed, below {self.config.unstable_speed:g}: "
+                f"neither job shares a GPU again")))
+        view.speed_reports.clear()
+        return decisions
 
     def _rule_failure(self, view: ClusterView, job: Job, alloc: Allocation, capacity: int) -> str | None:
         """Why `job` may not join the running `alloc`, or None when every rule passes."""

@@ -63,6 +63,7 @@ class LucidPolicy:
     def schedule(self, view: ClusterView) -> list[Decision]:
         decisions: list[Decision] = []
         decisions.extend(self._end_windows(view))
+        decisions.extend(self.binder.split_unstable(view))
         interval = self.config.forecast.mode_check_interval_s
         if view.last_mode_check is None or view.now - view.last_mode_check >= interval:
             view.last_mode_check = view.now

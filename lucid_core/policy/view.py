@@ -111,6 +111,9 @@ class ClusterView:
         # the driver's way to read a job's measured profile (telemetry live, catalog in simulation)
         self.profile_of: Callable[[str], Profile | None] = lambda job_id: None
         self.last_mode_check: float | None = None
+        # (job id, normalized speed) of running pairs, as the driver observes them; the binder
+        # reads and clears them (the simulator knows co-located speeds; live telemetry may report)
+        self.speed_reports: list[tuple[str, float]] = []
 
     # --- building -------------------------------------------------------------------------
     def add_nodes(self, pool: Pool, count: int, prefix: str | None = None, vc: str = "") -> None:

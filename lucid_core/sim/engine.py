@@ -183,6 +183,7 @@ def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: L
                 s_job, s_partner = speeds(a, b) if a is not None and b is not None else (1.0, 1.0)
                 set_rate(decision.job_id, min(1.0, s_job), now)
                 set_rate(decision.partner, min(1.0, s_partner), now)
+                view.speed_reports.append((decision.job_id, min(s_job, s_partner)))
             else:
                 plan_end(decision.job_id, now)
         elif isinstance(decision, Preempt):
