@@ -42,3 +42,23 @@ def test_jobs_are_submitted_and_cancelled_as_the_caller(tmp_path):
     assert on_behalf.status_code == 201  # an operator may submit for someone else
     assert client.get(f"/jobs/{on_behalf.json()['job_id']}", headers=as_("ops")).json()["user"] == "carl"
     store.dispose()
+
+
+def test_a_retried_submission_with_the_same_idempotency_key_makes_one_job(tmp_path):
+    """A client that lost the answer (a dropped connection) can send the same request again."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1, workdir=str(tmp_path / "m0")))
+    client = TestClient(create_app(store.url, store=store, auth=identity))
+    body = {"command": "sleep 1", "gpus": 1, "vc": "vc-a"}
+    ana = {"Authorization": "Bearer ana-token", "Idempotency-Key": "run-42"}
+    first = client.post("/jobs", json=body, headers=ana).json()["job_id"]
+    again = client.post("/jobs", json=body, headers=ana).json()["job_id"]
+    assert first == again and len(client.get("/queue", headers=ana).json()) == 1
+    bob = {"Authorization": "Bearer bob-token", "Idempotency-Key": "run-42"}  # keys are per user
+    assert client.post("/jobs", json=body, headers=bob).json()["job_id"] != first
+    fresh = client.post("/jobs", json=body, headers={"Authorization": "Bearer ana-token"}).json()["job_id"]
+    assert fresh not in {first}
+    bad = client.post("/jobs", json=body, headers={**ana, "Idempotency-Key": "k" * 200})
+    assert bad.status_code == 422 and "idempotency_key" in bad.json()["errors"]
+    assert len(client.get("/queue", headers=ana).json()) == 3
+    store.dispose()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -56,8 +56,11 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
         return getattr(request.state, "lucid_user", None), bool(getattr(request.state, "lucid_operator", False))
 
     @router.post("/jobs", status_code=201)
-    def submit_job(body: SubmitBody, request: Request) -> Any:
-        fields = body.model_dump()
+    def submit_job(body: SubmitBody, request: Request,
+                   idempotency_key: str | None = Header(default=None, alias="Idempotency-Key")) -> Any:
+        """Record a job. Send an `Idempotency-Key` header to make retries safe: the same key (same
+        user) returns the job the first request made."""
+        fields = {**body.model_dump(), "idempotency_key": idempotency_key}
         user, operator = caller(request)
         if user is not None and not operator:
             if fields["user"] and fields["user"] != user:

@@ -28,6 +28,8 @@ class JobRow(Base):
     command: Mapped[str] = mapped_column(Text)
     env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
     workload: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    # "<user>\x1f<client key>": a retried submission with the same key returns the same job
+    idempotency_key: Mapped[str | None] = mapped_column(String(300), unique=True, nullable=True)
     amp: Mapped[bool] = mapped_column(Boolean, default=False)
     long_cold_start: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16), index=True)

@@ -21,6 +21,7 @@ MAX_VC = 128
 MAX_COMMAND = 65536
 MAX_ENV_VARS = 64
 MAX_ENV_VALUE = 4096
+MAX_IDEMPOTENCY_KEY = 128
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
 RESERVED_ENV_PREFIX = "LUCID_"
 SEQ_LOCK_KEY = 0x6C756369_6A6F6273  # PostgreSQL advisory lock held while a job id is allocated
@@ -52,6 +53,8 @@ class JobRequest:
     long_cold_start: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
     workload: str | None = None  # catalog key for hosts with emulated telemetry
+    # a client-chosen key: submitting again with the same key (same user) returns the first job
+    idempotency_key: str | None = None
 
 
 def command_line(command: str | Sequence[str]) -> str:
@@ -140,7 +143,22 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
     if request.workload is not None and (not isinstance(request.workload, str) or len(request.workload) > 256
                                          or not _storable(request.workload)):
         errors["workload"] = "must be a catalog key of at most 256 characters"
+    key = request.idempotency_key
+    if key is not None and (not isinstance(key, str) or not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY
+                            or not _storable(key)):
+        errors["idempotency_key"] = f"must be non-empty text of at most {MAX_IDEMPOTENCY_KEY} characters"
     return errors
+
+
+def _stored_key(request: JobRequest) -> str | None:
+    return None if request.idempotency_key is None else f"{request.user}\x1f{request.idempotency_key}"
+
+
+def _job_with_key(store: Store, key: str | None) -> str | None:
+    if key is None:
+        return None
+    with store.session() as s:
+        return s.scalar(select(JobRow.job_id).where(JobRow.idempotency_key == key))
 
 
 def submit(store: Store, request: JobRequest, *, now: float | None = None) -> str:
@@ -149,7 +167,11 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
     if errors:
         raise SubmissionError(errors)
     now = time.time() if now is None else now
+    key = _stored_key(request)
     for _ in range(20):
+        existing = _job_with_key(store, key)
+        if existing is not None:
+            return existing  # the same submission again: nothing new is written
         try:
             with store.session() as s:
                 if store.dialect == "postgresql":  # serialize id allocation: no retry storm under bursts
@@ -159,14 +181,15 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
                 s.add(JobRow(
                     job_id=job_id, seq=seq, name=request.name, user=request.user, vc=request.vc,
                     gpus=request.gpus, command=command_line(request.command), env=dict(request.env or {}),
-                    workload=request.workload, amp=request.amp, long_cold_start=request.long_cold_start,
+                    workload=request.workload, idempotency_key=key, amp=request.amp,
+                    long_cold_start=request.long_cold_start,
                     state=JobState.SUBMITTED.value, submit_time=now))
                 s.flush()
                 s.add(JobEventRow(job_id=job_id, time=now, kind="submitted",
                                   message=f"{request.gpus} GPU(s) in VC {request.vc} by {request.user}"))
             return job_id
         except IntegrityError:
-            continue  # another submitter took the same sequence number
+            continue  # another submitter took the same sequence number, or the same key (found above)
     raise RuntimeError("could not allocate a job id after 20 tries")
 
 
