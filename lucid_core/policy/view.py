@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lucid_core.config import LucidConfig
@@ -70,17 +70,6 @@ class MainQueue:
         merged = [item for items in self._parts.values() for item in items]
         merged.sort()
         return [job_id for _, job_id in merged]
-
-    def key_of(self, job_id: str) -> SortKey:
-        return self._where[job_id][1]
-
-    def rekey(self, key_fn: Callable[[str], tuple[QueueKey, SortKey]]) -> None:
-        ids = list(self._where)
-        self._parts.clear()
-        self._where.clear()
-        for job_id in ids:
-            part, key = key_fn(job_id)
-            self.push(job_id, part, key)
 
 
 class ClusterView:
@@ -224,9 +213,6 @@ class ClusterView:
         node = self.profiling.remove_node(name)
         self.main.add_node(name, node.gpus, node.gpu_memory_mb, vc=self._borrowed_vc.pop(name, ""))
         self.borrowed_nodes.remove(name)
-
-    def running(self, pool: Pool | None = None) -> Iterator[Allocation]:
-        return (a for a in self.allocations.values() if pool is None or a.pool is pool)
 
     def check_invariants(self) -> None:
         self.main.check_invariants()

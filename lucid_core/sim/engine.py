@@ -191,7 +191,7 @@ def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: L
             halt(decision.job_id, now)
             run.preemptions += 1
             run.lost_work = config.tiresias.checkpoint_cost_s
-            run.record = _with_duration(run.record, max(run.remaining, 0.0))
+            run.record = replace(run.record, duration=max(run.remaining, 0.0))  # the rest of its work
 
     def wake(t: float) -> None:
         if t not in wakes:
@@ -263,7 +263,3 @@ def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: L
     return SimResult(policy.name, outcomes, timeline, view.main.total_gpus, dict(counts),
                      wallclock.perf_counter() - started, events, log)
 
-
-def _with_duration(rec: TraceRecord, remaining: float) -> TraceRecord:
-    """The rest of a preempted job's work, as the record its next run starts from."""
-    return replace(rec, duration=remaining)

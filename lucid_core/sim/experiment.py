@@ -66,7 +66,7 @@ def read_vc_config(path: str | Path) -> dict[str, int]:
     return out
 
 
-def vc_pool_nodes(config_pool: int, nodes: int) -> int:
+def profiling_pool_nodes(config_pool: int, nodes: int) -> int:
     """Profiling pool carved out of a cluster (or VC): one node per 10, at least one from 3 nodes
     up, at most the configured size; a smaller cluster profiles jobs online on their own nodes."""
     return 0 if nodes < 3 else min(config_pool, max(1, nodes // 10))
@@ -110,7 +110,7 @@ def run_policy(name: str, exp: Experiment, *, check_invariants: bool = False, ke
         return _run_per_vc(name, exp, check_invariants=check_invariants, keep_log=keep_log,
                            packing_model=packing_model)
     policy, config = build_policy(name, exp, duration_model, packing_model)
-    pool = vc_pool_nodes(config.profiler.pool_nodes, exp.nodes) if getattr(policy, "profiles", False) else 0
+    pool = profiling_pool_nodes(config.profiler.pool_nodes, exp.nodes) if getattr(policy, "profiles", False) else 0
     workloads = exp.catalog.assign(exp.records, seed=exp.seed)
     result = simulate(exp.records, policy, config, main_nodes=exp.nodes - pool, profiling_nodes=pool,
                       workloads=workloads, speeds=exp.catalog.colocated_speeds,
