@@ -77,6 +77,8 @@ class HostRow(Base):
     pool: Mapped[str] = mapped_column(String(16), default="main")
     executor: Mapped[str] = mapped_column(String(16), default="ssh")  # ssh | local
     telemetry: Mapped[str] = mapped_column(String(16), default="nvml")  # nvml | emulated
+    # account: jobs run as the SSH user; submitter: each job as its own user (sudo -n -u USER)
+    run_as: Mapped[str] = mapped_column(String(16), default="account", server_default="account")
     workdir: Mapped[str] = mapped_column(Text, default="~/.lucid-runs")
     python: Mapped[str] = mapped_column(String(256), default="python3")
     gpu_memory_mb: Mapped[float] = mapped_column(Float, default=24576.0)
