@@ -29,7 +29,9 @@ class ProfilerConfig:
     tprof_s: float = _knob(200.0, lo=1, hi=86400, doc="profiling window per job (Tprof)")
     long_cold_start_tprof_s: float = _knob(600.0, lo=1, hi=86400, doc="window for long_cold_start jobs")
     nprof_gpus: int = _knob(8, lo=0, hi=1024, doc="widest job profiled on the pool (Nprof); wider run online")
-    pool_nodes: int = _knob(2, lo=0, hi=10000, doc="profiling pool capacity in nodes (Cprof)")
+    pool_nodes: int = _knob(2, lo=0, hi=10000, doc=(
+        "profiling pool capacity in nodes (Cprof); a simulated cluster sets aside one node per 10 "
+        "up to this, none under 10 nodes"))
     in_place: bool = _knob(True, doc="profile on the main cluster during the real run when it has room")
     autoscale: bool = _knob(True, doc="adapt Tprof and borrow idle main nodes from the throughput forecast")
     burst_tprof_s: float = _knob(100.0, lo=1, hi=86400, doc="Tprof while a submission burst is forecast")
