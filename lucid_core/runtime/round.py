@@ -31,9 +31,17 @@ from lucid_core.policy.decisions import (
     Unpair,
 )
 from lucid_core.runtime import lease
-from lucid_core.runtime.executor import HostCommandFailed, HostExecutor, HostUnreachable, LaunchSpec, RunStatus
+from lucid_core.runtime.executor import (
+    HostCommandFailed,
+    HostExecutor,
+    HostUnreachable,
+    LaunchSpec,
+    RunAsRefused,
+    RunStatus,
+)
 from lucid_core.runtime.host_scripts import TelemetryLaunch
 from lucid_core.runtime.inventory import host_address
+from lucid_core.runtime.pair_speed import TELEMETRY_TAIL_BYTES, PairSpeedSettings, observe_pair_speeds
 from lucid_core.runtime.pending import pending_reasons
 from lucid_core.runtime.schema import (
     DecisionRow,
@@ -46,10 +54,11 @@ from lucid_core.runtime.schema import (
     RunRow,
 )
 from lucid_core.runtime.store import Store
-from lucid_core.runtime.telemetry import parse_samples, summarize
+from lucid_core.runtime.telemetry import SpeedEstimate, first_window, parse_samples, summarize
 from lucid_core.runtime.view_builder import (
     HOLD_PREFIX,
     PolicyFactory,
+    Snapshot,
     build_view,
     default_policy,
     load_snapshot,
@@ -57,6 +66,7 @@ from lucid_core.runtime.view_builder import (
 
 EmulatedProfileFn = Callable[[JobRow], tuple[float, float, float]]
 MAX_STORED_SAMPLES = 2000
+WATCH_S = 30 * 86400.0  # a watching agent's limit; it stops with its job long before
 
 
 class InjectedCrash(BaseException):
@@ -72,6 +82,11 @@ class RoundSettings:
     launch_grace_s: float = 60.0
     telemetry_interval_s: float = 1.0
     telemetry_margin_s: float = 5.0
+    # a main run's agent keeps sampling for the job's life, this often, to watch its speed when it shares
+    monitor_interval_s: float = 5.0
+    # a pair's telemetry counts from this long after its second job started, from this many samples on
+    speed_settle_s: float = 60.0
+    speed_min_samples: int = 10
     max_launch_failures: int = 3  # a job whose launch the hosts refuse this often fails
     host_cooldown_s: float = 300.0  # a host that refused a launch gets no new work this long
     # give up on a host silent this long: its runs are lost, their jobs fail (or requeue_lost); None: wait
@@ -91,6 +106,7 @@ class RoundReport:
     requeued: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    pair_speeds: dict[str, float] = field(default_factory=dict)  # job id -> speed observed while sharing
     decide_ms: float = 0.0
     total_ms: float = 0.0
     acquired: bool = True
@@ -130,6 +146,7 @@ class SchedulingRound:
         self.crash_at = crash_at
         self.report = RoundReport()
         self._hosts: dict[str, HostRow] = {}
+        self._speeds: dict[str, SpeedEstimate] = {}  # this round's pair speed estimates, per job
         self.now = clock()
 
     # ------------------------------------------------------------------------------ driver
@@ -250,6 +267,10 @@ class SchedulingRound:
                 down.add(run.host)
                 self._host_failed(run.host, exc)
                 continue
+            except RunAsRefused as exc:  # the job's user cannot run there: no retry, the host stays in use
+                self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
+                self._launch_failed(run, str(exc), final=True)
+                continue
             except Exception as exc:
                 self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
                 self._cool_down(run.host, str(exc))
@@ -300,7 +321,10 @@ class SchedulingRound:
             "LUCID_MASTER_ADDR": master, "LUCID_NUM_GPUS": str(job.gpus),
         })
         telemetry = None
-        if run.profiling_until is not None and run.node_rank == 0:
+        windowed = run.profiling_until is not None
+        # main runs that may share are watched for their whole life: their speed beside a partner
+        watched = run.pool == Pool.MAIN.value and not job.no_share and (job.profiled or windowed)
+        if (windowed or watched) and run.node_rank == 0:
             from pathlib import Path
 
             from lucid_core.runtime import telemetry as agent
@@ -314,10 +338,17 @@ class SchedulingRound:
                 emulated = self._emulated(job)
             telemetry = TelemetryLaunch(
                 agent_source=source, agent_name=f"lucid_telemetry_{digest}.py", python=host.python,
-                gpu_indices=tuple(run.gpu_indices), interval_s=self.settings.telemetry_interval_s,
-                duration_s=max(1.0, run.profiling_until - run.planned_at) + self.settings.telemetry_margin_s,
+                gpu_indices=tuple(run.gpu_indices),
+                interval_s=self.settings.telemetry_interval_s if windowed else self.settings.monitor_interval_s,
+                duration_s=WATCH_S if watched else self._window_s(run) + self.settings.telemetry_margin_s,
                 emulated=emulated, seed=job.seq)
-        return LaunchSpec(run.run_id, job.command, env, telemetry)
+        return LaunchSpec(run.run_id, job.command, env, telemetry, user=job.user)
+
+    @staticmethod
+    def _window_s(run: RunRow) -> float:
+        """Length of a run's profiling window (its end is rebased to the launch once launched)."""
+        begin = run.started_at if run.started_at is not None else run.planned_at
+        return max(1.0, (run.profiling_until or begin) - begin)
 
     def _emulated(self, job: JobRow) -> tuple[float, float, float]:
         if self._emulated_profile is None:
@@ -333,8 +364,9 @@ class SchedulingRound:
             s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
                 state="ended", ended_at=self.clock(), outcome=why))
 
-    def _launch_failed(self, run: RunRow, why: str) -> None:
-        """The host refused the launch: end the run and put the job back where it waits."""
+    def _launch_failed(self, run: RunRow, why: str, final: bool = False) -> None:
+        """The host refused the launch: end the run and put the job back where it waits (or fail it when
+        `final`: trying again cannot help)."""
         with self.store.session() as s:
             for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
                 if peer.state in ("planned", "running"):
@@ -346,6 +378,9 @@ class SchedulingRound:
             if job is None or JobState(job.state) in TERMINAL_STATES:
                 return
             self._event(s, job.job_id, "launch_failed", why[:1000])
+            if final:
+                self._end_job(s, job, JobState.FAILED, None, why[:1000], run)
+                return
             if failures >= self.settings.max_launch_failures:
                 self._end_job(s, job, JobState.FAILED, None,
                               f"could not be launched ({failures} tries); last error: {why[:500]}", run)
@@ -437,7 +472,8 @@ class SchedulingRound:
         except HostUnreachable as exc:
             self._host_failed(run.host, exc)
             return
-        samples = parse_samples(text)
+        # an agent that also watches the job's speed samples past the window: profile the window only
+        samples = first_window(parse_samples(text), self._window_s(run) + self.settings.telemetry_margin_s)
         summary = summarize(samples)
         with self.store.session() as s:
             job = s.get(JobRow, run.job_id)
@@ -474,6 +510,8 @@ class SchedulingRound:
             outcome = "stopped" if stopped else "process vanished without an exit code"
         else:
             outcome = "stopped" if stopped else f"exited with code {status.exit_code}"
+            if status.disk_full and not stopped:
+                outcome += f"; its log could not be written: the disk of host {run.host} is full"
         with self.store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))
             if row is None or row.state == "ended":
@@ -565,6 +603,7 @@ class SchedulingRound:
             self._load_hosts()
         self.collect_due_profiles(now)
         snapshot = load_snapshot(self.store, now)
+        self._observe_pairs(snapshot, now)
         t0 = time.perf_counter()
         built = build_view(snapshot, self.config, now, self.policy_factory)
         decisions = built.policy.schedule(built.view)
@@ -613,6 +652,28 @@ class SchedulingRound:
                 elif row.value != value:
                     row.value = value
         return decisions
+
+    def _observe_pairs(self, snapshot: Snapshot, now: float) -> None:
+        """Read the telemetry of settled pairs and hand their observed speeds to the policy's view."""
+        settings = PairSpeedSettings(self.settings.speed_settle_s, self.settings.speed_min_samples)
+
+        def read(run: RunRow) -> str | None:
+            host = self._hosts.get(run.host)
+            if host is None or not host.reachable:
+                return None
+            try:
+                return self.executor.read(host_address(host), run.run_id, "telemetry.jsonl", TELEMETRY_TAIL_BYTES)
+            except HostUnreachable as exc:
+                self._host_failed(run.host, exc)
+                return None
+            except HostCommandFailed as exc:
+                self.report.errors.append(str(exc))
+                return None
+
+        observed = observe_pair_speeds(snapshot, read, now, settings)
+        self._speeds = observed.estimates
+        self.report.pair_speeds = {job_id: e.speed for job_id, e in observed.estimates.items()}
+        snapshot.speed_reports = observed.reports
 
     def _record(self, s: Any, decision: Decision, view: Any, now: float) -> None:
         kind = type(decision).__name__
@@ -671,10 +732,15 @@ class SchedulingRound:
             job.state = JobState.QUEUED.value
             self._event(s, job.job_id, kind, decision.reason)
         elif isinstance(decision, Unpair):
-            job = s.get(JobRow, decision.job_id)
-            job.no_share = True
+            measured = "; ".join(f"{j}: {self._speeds[j].describe()}" for j in (decision.job_id, decision.partner)
+                                 if j in self._speeds)
+            for member in (decision.job_id, decision.partner):
+                job = s.get(JobRow, member)
+                if job is None:
+                    continue
+                job.no_share = True
+                self._event(s, member, kind, decision.reason + (f" (measured {measured})" if measured else ""))
             row.status, row.executed_at = "done", now
-            self._event(s, job.job_id, kind, decision.reason)
         elif isinstance(decision, (SetSharingMode, SetProfilerParams)):
             row.status, row.executed_at = "done", now
 

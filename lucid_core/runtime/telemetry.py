@@ -7,15 +7,20 @@ scheduler can ship this file over SSH and run it with the host's python:
 
 Each sample is one JSON line per GPU: time, gpu index, GPU utilization %, memory (bandwidth)
 utilization %, memory used MB on the GPU, memory of the job's own processes (those in the job's
-process group; this attributes memory between two co-located jobs) and `emulated`.
+process group; this attributes memory between two co-located jobs), the SM utilization of the
+job's own processes (`job_sm_util`, None when the GPU does not report it per process), how many
+other jobs' process groups use the GPU (`others`) and `emulated`.
 Hosts without NVIDIA GPUs use `--emulate UTIL,MEMUTIL,MEM_MB` (a workload catalog's profile):
-its samples are the catalog values with small seeded noise, and every record says emulated: true.
-`summarize` turns samples into the profile the packing model reads.
+its samples are the catalog values with small seeded noise, slowed down while other jobs share
+the GPU (see `EmulatedBackend`), and every record says emulated: true.
+`summarize` turns samples into the profile the packing model reads; `estimate_shared_speed`
+turns a shared job's samples into its speed relative to running alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -23,6 +28,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 Sample = dict[str, Any]
@@ -56,7 +62,7 @@ def alive(pid: int) -> bool:
 
 
 class NvmlBackend:
-    """Reads utilization, memory and per-process memory through pynvml."""
+    """Reads utilization, memory and per-process memory and SM utilization through pynvml."""
 
     emulated = False
 
@@ -67,6 +73,30 @@ class NvmlBackend:
         self.nvml = pynvml
         pynvml.nvmlInit()
         self.handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in gpu_indices}
+        # per GPU, the newest per-process sample already read (CPU time in microseconds)
+        start_us = int((time.time() - 1.0) * 1e6)
+        self.last_seen_us = {i: start_us for i in gpu_indices}
+
+    def process_sm_util(self, index: int, handle: Any) -> dict[int, float] | None:
+        """pid -> SM utilization % since the previous call (mean of the driver's samples), or None
+        when the GPU does not report per-process utilization.
+
+        The driver returns one sample per process that had non-zero utilization in a sample
+        period, newer than `lastSeenTimeStamp`; NVML_ERROR_NOT_FOUND means no process had any.
+        """
+        nvml = self.nvml
+        try:
+            rows = nvml.nvmlDeviceGetProcessUtilization(handle, self.last_seen_us[index])
+        except AttributeError:
+            return None
+        except nvml.NVMLError as exc:
+            idle = {getattr(nvml, "NVML_ERROR_NOT_FOUND", 6), getattr(nvml, "NVML_SUCCESS", 0)}
+            return {} if getattr(exc, "value", None) in idle else None
+        by_pid: dict[int, list[float]] = {}
+        for row in rows:
+            by_pid.setdefault(int(row.pid), []).append(float(row.smUtil))
+            self.last_seen_us[index] = max(self.last_seen_us[index], int(row.timeStamp))
+        return {pid: sum(values) / len(values) for pid, values in by_pid.items()}
 
     def sample(self, job_pgid: int | None) -> list[Sample]:
         nvml = self.nvml
@@ -79,42 +109,133 @@ class NvmlBackend:
                 processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             except nvml.NVMLError:
                 processes = []
+            groups = {proc.pid: process_group_of(proc.pid) for proc in processes}
             for proc in processes:
                 used = getattr(proc, "usedGpuMemory", None)
-                if used and job_pgid is not None and process_group_of(proc.pid) == job_pgid:
+                if used and job_pgid is not None and groups[proc.pid] == job_pgid:
                     job_mem += used / 2**20
+            others = len({g for g in groups.values() if g is not None and g != job_pgid})
+            sm_by_pid = self.process_sm_util(index, handle)
+            job_sm: float | None = None
+            if sm_by_pid is not None and job_pgid is not None:
+                mine = [pid for pid, group in groups.items() if group == job_pgid]
+                mine += [pid for pid in sm_by_pid if pid not in groups and process_group_of(pid) == job_pgid]
+                if mine:  # a process of the job holds the GPU; one without a sample ran no kernel
+                    job_sm = sum(sm_by_pid.get(pid, 0.0) for pid in mine)
             out.append({"gpu": index, "gpu_util": float(rates.gpu), "mem_util": float(rates.memory),
-                        "mem_used_mb": memory.used / 2**20, "job_mem_mb": job_mem, "emulated": False})
+                        "mem_used_mb": memory.used / 2**20, "job_mem_mb": job_mem, "job_sm_util": job_sm,
+                        "others": others, "emulated": False})
         return out
 
     def close(self) -> None:
         self.nvml.nvmlShutdown()
 
 
+class EmulatedDeviceTable:
+    """Emulated hosts' stand-in for NVML's list of the processes on a GPU.
+
+    Each agent registers its job (process group, GPUs, exclusive profile) as a file in a directory
+    that the agents of one host share (the work directory), and reads the entries of the other
+    jobs that are still alive. A host's jobs are the only users of its emulated GPUs.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def register(self, pgid: int, gpus: Sequence[int], gpu_util: float, mem_util: float, mem_mb: float) -> None:
+        entry = {"pgid": pgid, "gpus": list(gpus), "gpu_util": gpu_util, "mem_util": mem_util, "mem_mb": mem_mb}
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            tmp = os.path.join(self.root, f".{pgid}.tmp")
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(entry, fh)
+            os.replace(tmp, os.path.join(self.root, f"{pgid}.json"))
+        except OSError:
+            pass  # a full or read-only disk: the job looks alone, as it did before sharing was emulated
+
+    def peers(self, pgid: int | None, gpu: int) -> list[dict[str, Any]]:
+        """Entries of the other live jobs registered on `gpu` (dead ones are removed)."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        out = []
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            path = os.path.join(self.root, name)
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    entry = json.load(fh)
+                other = int(entry["pgid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if other == pgid or gpu not in entry.get("gpus", []):
+                continue
+            if not alive(other):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                continue
+            out.append(entry)
+        return out
+
+
+def contention_speed(own: tuple[float, float], peers: Iterable[tuple[float, float]]) -> float:
+    """Speed of a job relative to running alone when its GPU is time-sliced with `peers`.
+
+    Each job needs its exclusive share of SM time and of memory bandwidth (its utilizations);
+    while the shares add up to at most 100 % every job keeps its speed, beyond that every job gets
+    a proportional slice of the busier resource (so all jobs on the GPU slow down alike).
+    """
+    sm, bandwidth = own
+    for peer_sm, peer_bandwidth in peers:
+        sm += peer_sm
+        bandwidth += peer_bandwidth
+    return min(1.0, 100.0 / max(sm, bandwidth, 1e-9))
+
+
 class EmulatedBackend:
-    """Catalog profile plus seeded noise, for hosts without NVIDIA GPUs; every record says so."""
+    """Catalog profile plus seeded noise, for hosts without NVIDIA GPUs; every record says so.
+
+    With a device table, jobs that other live jobs share a GPU with run slower there by
+    `contention_speed`: their own SM utilization (`job_sm_util`) drops by that factor, as a
+    time-sliced GPU would show it, and the GPU-wide figures add up every job on it.
+    """
 
     emulated = True
 
     def __init__(self, gpu_indices: Sequence[int], gpu_util: float, mem_util: float, mem_mb: float,
-                 seed: int = 0, noise: float = 0.03) -> None:
+                 seed: int = 0, noise: float = 0.03, device_table: EmulatedDeviceTable | None = None) -> None:
         self.gpu_indices = list(gpu_indices) or [0]
         self.profile = (gpu_util, mem_util, mem_mb)
         self.rng = random.Random(seed)
         self.noise = noise
+        self.device_table = device_table
+        self.registered = False
 
     def sample(self, job_pgid: int | None) -> list[Sample]:
         util, mem_util, mem_mb = self.profile
+        table = self.device_table
+        if table is not None and job_pgid is not None and not self.registered:
+            table.register(job_pgid, self.gpu_indices, util, mem_util, mem_mb)
+            self.registered = True
         out = []
         for index in self.gpu_indices:
             jitter = 1.0 + self.rng.uniform(-self.noise, self.noise)
-            out.append({"gpu": index, "gpu_util": min(100.0, max(0.0, util * jitter)),
-                        "mem_util": min(100.0, max(0.0, mem_util * jitter)),
-                        "mem_used_mb": mem_mb, "job_mem_mb": mem_mb, "emulated": True})
+            peers = table.peers(job_pgid, index) if table is not None and job_pgid is not None else []
+            shares = [(float(p.get("gpu_util", 0.0)), float(p.get("mem_util", 0.0))) for p in peers]
+            speed = contention_speed((util, mem_util), shares)  # the same for every job on the GPU
+            device_util = (util + sum(s[0] for s in shares)) * speed
+            device_mem_util = (mem_util + sum(s[1] for s in shares)) * speed
+            out.append({"gpu": index, "gpu_util": min(100.0, max(0.0, device_util * jitter)),
+                        "mem_util": min(100.0, max(0.0, device_mem_util * jitter)),
+                        "mem_used_mb": mem_mb + sum(float(p.get("mem_mb", 0.0)) for p in peers),
+                        "job_mem_mb": mem_mb, "job_sm_util": min(100.0, max(0.0, util * speed * jitter)),
+                        "others": len(peers), "emulated": True})
         return out
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Nothing to release (a dead job's table entry is removed by whoever sees it next)."""
 
 
 def read_pid(path: str, wait_s: float = 5.0) -> int | None:
@@ -169,6 +290,66 @@ def summarize(samples: Iterable[Sample]) -> dict[str, Any]:
             "window_s": (max(times) - min(times)) if times else 0.0}
 
 
+def first_window(samples: Iterable[Sample], window_s: float) -> list[Sample]:
+    """The samples of the first `window_s` seconds (by the host's clock), for an agent that keeps
+    sampling after a job's profiling window ended (it also watches the job's speed)."""
+    rows = [r for r in samples if "t" in r]
+    if not rows:
+        return []
+    start = min(r["t"] for r in rows)
+    return [r for r in rows if r["t"] <= start + window_s]
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    """A shared job's speed relative to running alone, and what it was estimated from."""
+
+    speed: float  # in [0, 1]
+    shared_sm_util: float  # mean SM utilization of the job's processes while sharing, %
+    exclusive_util: float  # its GPU utilization while it ran alone (profiling window), %
+    samples: int
+    emulated: bool
+
+    def describe(self) -> str:
+        tag = ", emulated" if self.emulated else ""
+        return (f"SM util {self.shared_sm_util:.1f}% shared vs {self.exclusive_util:.1f}% alone = "
+                f"{self.speed:.2f} over {self.samples} samples{tag}")
+
+
+def estimate_shared_speed(samples: Iterable[Sample], exclusive_util: float, *, since: float,
+                          min_samples: int = 10, max_samples: int = 120,
+                          min_exclusive_util: float = 5.0) -> SpeedEstimate | None:
+    """Speed of a job sharing its GPUs, relative to running alone, from its own SM utilization.
+
+    Assumption: a training step's kernels take the same SM time whether the GPU is shared or not,
+    so the share of time the job's kernels keep the SMs busy scales with its step rate; then
+    (SM utilization of its processes while sharing) / (its utilization alone) is its relative
+    speed. The exclusive figure is the GPU utilization of its profiling window; on a GPU a job has
+    to itself, its processes' SM utilization and the GPU's utilization agree closely.
+
+    Only samples from `since` on (host clock; the pair's start plus a settle time, so both jobs
+    are past start-up), in which another job's process group used the GPU and the job's own SM
+    utilization was reported, count; the latest `max_samples` of them are averaged over GPUs.
+    None when fewer than `min_samples` qualify, or the job was nearly idle alone.
+
+    Limits: jobs whose step time is not GPU-bound (input pipelines, CPU work, communication) keep
+    their utilization low whatever their partner does, so a slowdown elsewhere goes unseen;
+    phases (evaluation, checkpoints) move utilization without moving speed; kernels that overlap
+    in time (MPS, which also hides per-process figures) make SM utilization overstate progress;
+    and the scheduler's and hosts' clocks are assumed to agree to well under the settle time.
+    """
+    rows = [r for r in samples if isinstance(r, dict) and r.get("job_sm_util") is not None
+            and int(r.get("others", 0) or 0) >= 1 and float(r.get("t", float("-inf"))) >= since]
+    rows.sort(key=lambda r: float(r["t"]))
+    rows = rows[-max_samples:] if max_samples > 0 else rows
+    if len(rows) < max(1, min_samples) or exclusive_util < min_exclusive_util:
+        return None
+    shared = sum(float(r["job_sm_util"]) for r in rows) / len(rows)
+    return SpeedEstimate(speed=min(1.0, max(0.0, shared / exclusive_util)), shared_sm_util=shared,
+                         exclusive_util=exclusive_util, samples=len(rows),
+                         emulated=any(bool(r.get("emulated", False)) for r in rows))
+
+
 def parse_samples(text: str) -> list[Sample]:
     """JSON lines back into samples, skipping a torn last line."""
     out = []
@@ -193,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--duration", type=float, default=200.0)
     s.add_argument("--out", default="-")
     s.add_argument("--emulate", default=None, help="GPU_UTIL,MEM_UTIL,MEM_MB: emulated backend")
+    s.add_argument("--device-table", default=None,
+                   help="emulated backend: directory where the host's agents list their jobs' GPUs "
+                        "(default: .emulated-gpus next to this script, i.e. in the host's work directory)")
     s.add_argument("--seed", type=int, default=0)
     m = sub.add_parser("summarize", help="summarize a JSON-lines sample file")
     m.add_argument("path")
@@ -204,7 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpus = [] if args.gpus == "none" else [int(g) for g in args.gpus.split(",") if g]
     if args.emulate:
         util, mem_util, mem_mb = (float(v) for v in args.emulate.split(","))
-        backend: Any = EmulatedBackend(gpus, util, mem_util, mem_mb, seed=args.seed)
+        table_dir = args.device_table or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".emulated-gpus")
+        backend: Any = EmulatedBackend(gpus, util, mem_util, mem_mb, seed=args.seed,
+                                       device_table=EmulatedDeviceTable(table_dir))
     else:
         backend = NvmlBackend(gpus)
     pid = read_pid(args.pid_file) if args.pid_file else None

@@ -41,6 +41,8 @@ class Snapshot:
     history: list[tuple[JobRow, float]] = field(default_factory=list)  # finished jobs, run time
     submissions: list[tuple[float, int]] = field(default_factory=list)  # (time, gpus), recent, sorted
     models: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # kind -> (version, path, created)
+    # (job id, speed relative to running alone) of running pairs, as their telemetry shows (pair_speed)
+    speed_reports: list[tuple[str, float]] = field(default_factory=list)
 
 
 def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.0) -> Snapshot:
@@ -263,6 +265,13 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         hold_id = f"{HOLD_PREFIX}{pool.value}:{host}"
         view.add_job(Job(job_id=hold_id, user="~", vc="~", gpus=len(free), submit_time=now, no_share=True))
         view.start(hold_id, pool, tuple(GpuRef(host, i) for i in free))
+
+    # observed speeds reach the binder only for jobs that run as a pair and may still share
+    for job_id, speed in snapshot.speed_reports:
+        alloc = view.allocations.get(job_id)
+        partner = view.jobs.get(alloc.partner) if alloc is not None and alloc.partner is not None else None
+        if partner is not None and not view.jobs[job_id].no_share and not partner.no_share:
+            view.speed_reports.append((job_id, speed))
 
     # waiting jobs re-enter their queues through the policy's own hooks
     for job_id, job in jobs.items():

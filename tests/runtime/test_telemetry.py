@@ -41,13 +41,31 @@ def test_summary_prefers_the_jobs_own_memory_and_skips_torn_lines():
     assert summarize([]) == {"samples": 0}
 
 
-def test_nvml_backend_attributes_memory_to_the_jobs_process_group(monkeypatch):
+class FakeNvmlError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+def test_nvml_backend_attributes_memory_and_sm_util_to_the_jobs_process_group(monkeypatch):
     """Two co-located jobs on GPU 0: only the processes in our job's process group count."""
     mine = subprocess.Popen(["sleep", "30"], start_new_session=True)
     other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    asked_since: list[int] = []
+    process_samples: list[object] = [
+        types.SimpleNamespace(pid=mine.pid, timeStamp=2_000_000_000_000_000, smUtil=40, memUtil=9),
+        types.SimpleNamespace(pid=mine.pid, timeStamp=2_000_000_000_500_000, smUtil=50, memUtil=9),
+        types.SimpleNamespace(pid=other.pid, timeStamp=2_000_000_000_400_000, smUtil=30, memUtil=5)]
+
+    def process_utilization(handle, since):
+        asked_since.append(since)
+        if isinstance(process_samples, Exception):
+            raise process_samples
+        return process_samples
+
     try:
         fake = types.SimpleNamespace(
-            NVMLError=RuntimeError,
+            NVMLError=FakeNvmlError, NVML_SUCCESS=0, NVML_ERROR_NOT_FOUND=6, NVML_ERROR_NOT_SUPPORTED=3,
             nvmlInit=lambda: None, nvmlShutdown=lambda: None,
             nvmlDeviceGetHandleByIndex=lambda i: f"gpu{i}",
             nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=81, memory=33),
@@ -55,13 +73,24 @@ def test_nvml_backend_attributes_memory_to_the_jobs_process_group(monkeypatch):
             nvmlDeviceGetComputeRunningProcesses=lambda h: [
                 types.SimpleNamespace(pid=mine.pid, usedGpuMemory=2000 * 2**20),
                 types.SimpleNamespace(pid=other.pid, usedGpuMemory=4000 * 2**20)],
+            nvmlDeviceGetProcessUtilization=process_utilization,
         )
         monkeypatch.setitem(sys.modules, "pynvml", fake)
         backend = NvmlBackend([0])
         [record] = backend.sample(job_pgid=os.getpgid(mine.pid))
         assert record == {"gpu": 0, "gpu_util": 81.0, "mem_util": 33.0, "mem_used_mb": 6000.0,
-                          "job_mem_mb": 2000.0, "emulated": False}
+                          "job_mem_mb": 2000.0, "job_sm_util": 45.0, "others": 1, "emulated": False}
         assert telemetry.process_group_of(mine.pid) == mine.pid
+        # the next read asks only for samples newer than the newest one seen
+        process_samples = FakeNvmlError(6)  # NOT_FOUND: no process ran a kernel since then
+        [idle] = backend.sample(job_pgid=os.getpgid(mine.pid))
+        assert asked_since[-1] == 2_000_000_000_500_000
+        assert idle["job_sm_util"] == 0.0 and idle["others"] == 1
+        process_samples = FakeNvmlError(3)  # NOT_SUPPORTED: no per-process figure at all
+        [unsupported] = backend.sample(job_pgid=os.getpgid(mine.pid))
+        assert unsupported["job_sm_util"] is None
+        [foreign] = backend.sample(job_pgid=None)  # without the job's process group nothing is the job's
+        assert foreign["job_sm_util"] is None and foreign["job_mem_mb"] == 0.0 and foreign["others"] == 2
     finally:
         mine.kill()
         other.kill()
