@@ -26,6 +26,13 @@ class HostCommandFailed(RuntimeError):
     """A host script ran but reported an error."""
 
 
+class RunAsRefused(HostCommandFailed):
+    """The host cannot run the job as its submitter (no such user, sudo refused, a bad name).
+
+    Trying again does not help: the job fails with this reason (the host itself is fine for others).
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class HostAddress:
     """Where and how to reach a host."""
@@ -38,6 +45,7 @@ class HostAddress:
     workdir: str = "~/.lucid-runs"
     python: str = "python3"
     executor: str = "ssh"  # ssh | local
+    run_as: str = "account"  # account: jobs run as `user`; submitter: as the job's user, through sudo
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +54,7 @@ class LaunchSpec:
     command: str
     env: Mapping[str, str] = field(default_factory=dict)
     telemetry: TelemetryLaunch | None = None
+    user: str | None = None  # the job's user: the OS user it runs as on hosts with run_as="submitter"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +71,7 @@ class RunStatus:
     pid: int | None = None
     exit_code: int | None = None
     stop_requested: bool = False
+    disk_full: bool = False  # the run directory's disk was full when the command ended: its log writes failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +104,8 @@ def parse_status(words: Sequence[str]) -> RunStatus:
         return RunStatus("RUNNING", pid=int(words[1]))
     if state == "EXITED":
         code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
-        return RunStatus("EXITED", exit_code=code, stop_requested="stopped" in words[2:])
+        return RunStatus("EXITED", exit_code=code, stop_requested="stopped" in words[2:],
+                         disk_full="disk_full" in words[2:])
     if state == "VANISHED":
         return RunStatus("VANISHED", pid=int(words[1]), stop_requested="stopped" in words[2:])
     if state in {"MISSING", "NOPID"}:
@@ -116,15 +127,37 @@ class HostExecutor:
         return transport.run_script(host, script, timeout_s or self.timeout_s)
 
     def launch(self, host: HostAddress, spec: LaunchSpec) -> LaunchResult:
-        script = host_scripts.launch_script(host.workdir, spec.run_id, spec.command, spec.env, spec.telemetry)
+        """Start a run (once: a second launch of the same run id answers already_launched).
+
+        On a host with run_as="submitter" the command runs as `spec.user`; raises RunAsRefused when the
+        name is not a user name or the host will not run commands as that user.
+        """
+        run_as = self._run_as(host, spec)
+        script = host_scripts.launch_script(host.workdir, spec.run_id, spec.command, spec.env, spec.telemetry,
+                                            run_as)
         result = self._run(host, script)
         last = (result.stdout.strip().splitlines() or [""])[-1].split()
+        if run_as is not None and last[:1] == [host_scripts.REFUSED_USER]:
+            said = " ".join(last[1:])[-500:] or f"exit status {result.exit_status}"
+            raise RunAsRefused(f"host {host.name} cannot run the job as user {run_as!r}: {said}")
         if result.exit_status != 0 or not last or last[0] not in {"LAUNCHED", "EXISTS"}:
             raise HostCommandFailed(
                 f"host {host.name}: launch of {spec.run_id} failed (status {result.exit_status}): "
                 f"{(result.stdout + result.stderr).strip()[-500:]}")
         pid = int(last[1]) if len(last) > 1 and last[1].isdigit() else None
         return LaunchResult(pid, already_launched=last[0] == "EXISTS")
+
+    @staticmethod
+    def _run_as(host: HostAddress, spec: LaunchSpec) -> str | None:
+        """The OS user to run the command as: None for the SSH account, else the checked job user."""
+        if host.run_as == "account":
+            return None
+        if host.run_as != "submitter":
+            raise HostCommandFailed(f"host {host.name}: run_as {host.run_as!r} is not account or submitter")
+        problem = host_scripts.os_user_problem(spec.user)
+        if problem is not None:
+            raise RunAsRefused(f"host {host.name} cannot run the job as user {spec.user!r}: {problem}")
+        return spec.user
 
     def probe(self, host: HostAddress) -> None:
         """Check that the host answers (raises HostUnreachable or HostCommandFailed otherwise)."""

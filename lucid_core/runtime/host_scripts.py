@@ -5,8 +5,15 @@ Every value the scheduler adds is shell-quoted; the user's command is written ve
 `mkdir` claims it atomically, so launching the same run twice starts one process.
 
 Files in a run directory: pid (the wrapper's process group), command.sh, run.sh (the wrapper),
-stdout.log, stderr.log, exit_code (written by the wrapper when the command ends),
+stdout.log, stderr.log, exit_code (written by the wrapper when the command ends: the exit status,
+then `disk_full` when the run directory's disk had no room left as the command ended),
 stop_requested (written before the scheduler signals the job), telemetry.jsonl.
+
+Run as the submitter (`run_as` given): the wrapper, the run files and the logs stay with the host's SSH
+account (private to it), and only the command runs as the job's user through `sudo -n -u USER`,
+reading its environment and its text from `as_user.sh` on stdin (sudo resets the environment and the
+user cannot read the run directory). The user's processes stay in the wrapper's process group, so a
+stop signals them as that user (`sudo -u USER kill`) as well as the group as the SSH account.
 """
 
 from __future__ import annotations
@@ -18,6 +25,32 @@ from dataclasses import dataclass
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# POSIX portable user names (portable filename characters, no leading hyphen), at most 32 as useradd allows
+OS_USER_PATTERN = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,31}$")
+# what sudo says when it will not run a command as the user (the launch prints it after this word)
+REFUSED_USER = "REFUSED_USER"
+
+
+def os_user_problem(name: object) -> str | None:
+    """Why `name` cannot be the OS user a job runs as on a host (None when it can)."""
+    if not isinstance(name, str) or not OS_USER_PATTERN.match(name):
+        return ("must be a POSIX user name to run on hosts that run jobs as their submitter: "
+                "1-32 of A-Z a-z 0-9 . _ -, not starting with -")
+    if name.isdigit():
+        return "must not be all digits (sudo would read it as a uid)"
+    if name in {".", ".."}:
+        return "must not be . or .."
+    if name == "root":
+        return "jobs never run as root on hosts that run jobs as their submitter"
+    return None
+
+
+def check_os_user(name: str) -> str:
+    """Refuse a user name before it reaches a host shell (see `os_user_problem`)."""
+    problem = os_user_problem(name)
+    if problem is not None:
+        raise ValueError(f"user {name!r} {problem}")
+    return name
 
 
 def check_run_id(run_id: str) -> str:
@@ -50,16 +83,33 @@ class TelemetryLaunch:
     seed: int = 0
 
 
-def wrapper_script(env: Mapping[str, str]) -> str:
-    """The detached wrapper: exports the job env, runs command.sh, records the exit code.
+# after the command: note a disk with no block (or no inode) left for the run directory's files, whose
+# writes (the logs) then failed; filesystems without an inode count (btrfs: 0 files) are judged by blocks
+_DISK_FULL_CHECK = """full=
+set -- $(stat -f -c '%a %c %d' . 2>/dev/null)
+if [ "${1:-1}" = 0 ] || { [ "${2:-0}" != 0 ] && [ "${3:-1}" = 0 ]; }; then full=disk_full; fi"""
+
+
+def user_script(env: Mapping[str, str], command: str) -> str:
+    """What the job's user runs through sudo: the job env, the user's home as working directory, the command."""
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
+    return f'exec < /dev/null\n{exports}cd "$HOME" 2>/dev/null || cd /\n{command}\n'
+
+
+def wrapper_script(env: Mapping[str, str], run_as: str | None = None) -> str:
+    """The detached wrapper: runs the command (as `run_as` through sudo, if given), records the exit code.
 
     It traps TERM so that a stop reaches the command, is waited for, and still leaves an exit code.
     """
-    exports = "\n".join(f"export {name}={shlex.quote(value)}" for name, value in env.items())
+    if run_as is None:
+        exports = "\n".join(f"export {name}={shlex.quote(value)}" for name, value in env.items())
+        start = f"{exports}\nsh ./command.sh > stdout.log 2> stderr.log < /dev/null &"
+    else:  # the job env travels in as_user.sh: sudo resets the environment
+        start = (f"sudo -n -H -u {shlex.quote(check_os_user(run_as))} -- /bin/sh -c 'eval \"$(cat)\"' "
+                 "< as_user.sh > stdout.log 2> stderr.log &")
     return f"""echo $$ > pid.self
-{exports}
 trap 'echo 1 > term_received' TERM
-sh ./command.sh > stdout.log 2> stderr.log < /dev/null &
+{start}
 child=$!
 echo $child > child.pid
 while :; do
@@ -67,27 +117,48 @@ while :; do
   rc=$?
   kill -s 0 $child 2>/dev/null || break
 done
-{{ printf '%-19s\\n' "$rc" 1<> exit_code.tmp || printf '%s\\n' "$rc" > exit_code.tmp; }} && mv exit_code.tmp exit_code
+{_DISK_FULL_CHECK}
+{{ printf '%-19s\\n' "$rc $full" 1<> exit_code.tmp || printf '%s\\n' "$rc $full" > exit_code.tmp; }} &&
+  mv exit_code.tmp exit_code
 """
 
 
 def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str],
-                  telemetry: TelemetryLaunch | None = None) -> str:
-    """Claim the run directory and start the job detached; prints LAUNCHED <pid> or EXISTS <pid>."""
+                  telemetry: TelemetryLaunch | None = None, run_as: str | None = None) -> str:
+    """Claim the run directory and start the job detached; prints LAUNCHED <pid> or EXISTS <pid>.
+
+    With `run_as`, the run files are private to the SSH account and the host must first let it run a
+    command as that user (`sudo -n`); when it does not, the run directory is removed and the script
+    prints REFUSED_USER with sudo's words.
+    """
     check_run_id(run_id)
     for name in env:
         if not ENV_NAME_PATTERN.match(name):
             raise ValueError(f"environment variable name {name!r} is not a valid identifier")
+    if run_as is not None:
+        check_os_user(run_as)
     w = quote_path(workdir)
-    lines = [
-        "set -u",
+    lines = ["set -u"]
+    if run_as is not None:
+        lines.append("umask 077")  # logs, env and the command are no other user's business
+    lines += [
         f"W={w}",
         f'D="$W"/{shlex.quote(run_id)}',
         'mkdir -p "$W" || { echo "ERROR cannot create work directory $W"; exit 3; }',
         'if ! mkdir "$D" 2>/dev/null; then echo "EXISTS $(cat "$D/pid" 2>/dev/null)"; exit 0; fi',
         'cd "$D"',
+    ]
+    user_files = ""
+    if run_as is not None:
+        user = shlex.quote(run_as)
+        lines.append(f"if ! why=$(sudo -n -H -u {user} -- /bin/sh -c 'exit 0' < /dev/null 2>&1); then "
+                     f'cd /; rm -rf "$D"; echo "{REFUSED_USER} $(printf \'%s\' "$why" | tr \'\\n\' \' \')"; exit 5; fi')
+        user_files = (f"printf '%s' {shlex.quote(user_script(env, command))} > as_user.sh && "
+                      f"printf '%s\\n' {user} > run_as && ")
+    lines += [
         f"printf '%s\\n' {shlex.quote(command)} > command.sh && "
-        f"printf '%s' {shlex.quote(wrapper_script(env))} > run.sh && "
+        f"printf '%s' {shlex.quote(wrapper_script(env, run_as))} > run.sh && "
+        + user_files +
         # room for the exit code, taken now: the wrapper overwrites it in place, so a disk that fills
         # up while the job runs cannot turn a finished job into one that vanished
         "printf '%-19s\\n' '' > exit_code.tmp || "
@@ -151,25 +222,38 @@ echo END
 
 
 def stop_script(workdir: str, run_id: str, reason: str, grace_s: float) -> str:
-    """TERM the run's process group, wait up to `grace_s`, then KILL; prints the poll line after."""
+    """TERM the run's process group, wait up to `grace_s`, then KILL; prints the poll line after.
+
+    A run started as its submitter (a `run_as` file) is signalled as that user too: the SSH account may
+    signal its wrapper and sudo, but not the user's processes in the same group.
+    """
     ticks = max(1, round(grace_s * 10))
     return f"""W={quote_path(workdir)}
 D="$W"/{shlex.quote(check_run_id(run_id))}
 if [ ! -d "$D" ]; then echo MISSING; exit 0; fi
 printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
 p=$(cat "$D/pid" 2>/dev/null || cat "$D/pid.self" 2>/dev/null || true)
+case "$p" in *[!0-9]*) p= ;; esac
 if [ -z "$p" ]; then echo NOPID; exit 0; fi
+u=$(cat "$D/run_as" 2>/dev/null || true)
+case "$u" in -*|*[!A-Za-z0-9._-]*) u= ;; esac
+as_user() {{ [ -n "$u" ] && sudo -n -u "$u" -- /bin/sh -c "$1" sh "$2" "$p" < /dev/null > /dev/null 2>&1; }}
+signal() {{
+  as_user 'kill -s "$1" -- -"$2"' "$1"
+  kill -s "$1" -- -"$p" 2>/dev/null || kill -s "$1" "$p" 2>/dev/null
+}}
+group_alive() {{ kill -s 0 -- -"$p" 2>/dev/null || as_user 'kill -s 0 -- -"$2"' 0; }}
 if [ ! -f "$D/exit_code" ]; then
-  kill -s TERM -- -"$p" 2>/dev/null || kill -s TERM "$p" 2>/dev/null
+  signal TERM
   i=0
   while [ $i -lt {ticks} ]; do
     [ -f "$D/exit_code" ] && break
-    kill -s 0 -- -"$p" 2>/dev/null || break
+    group_alive || break
     sleep 0.1
     i=$((i+1))
   done
-  if [ ! -f "$D/exit_code" ] && kill -s 0 -- -"$p" 2>/dev/null; then
-    kill -s KILL -- -"$p" 2>/dev/null
+  if [ ! -f "$D/exit_code" ] && group_alive; then
+    signal KILL
     sleep 0.1
   fi
 fi

@@ -9,10 +9,12 @@ from sqlalchemy import select
 
 from lucid_core.domain import Pool
 from lucid_core.runtime.executor import GpuInfo, HostAddress, HostExecutor
+from lucid_core.runtime.host_scripts import os_user_problem
 from lucid_core.runtime.schema import GpuRow, HostRow, RunRow
 from lucid_core.runtime.store import Store
 
 ACTIVE_RUN_STATES = ("planned", "running")
+RUN_AS_MODES = ("account", "submitter")  # whom a host runs jobs as: its SSH account, or each job's user
 
 
 class InventoryError(ValueError):
@@ -34,11 +36,12 @@ class HostSpec:
     python: str = "python3"
     gpus: int | None = None  # declared count; None: discover over the executor
     gpu_memory_mb: float = 24576.0
+    run_as: str = "account"  # submitter: each job runs as the OS user named by the job's `user` (sudo -n -u)
 
 
 def host_address(row: HostRow) -> HostAddress:
     return HostAddress(row.name, row.address, row.port, row.user, row.key_path, row.workdir, row.python,
-                       row.executor)
+                       row.executor, row.run_as or "account")
 
 
 def _check(spec: HostSpec) -> None:
@@ -51,6 +54,8 @@ def _check(spec: HostSpec) -> None:
         problems.append(f"executor: {spec.executor!r} is not ssh or local")
     if spec.telemetry not in {"nvml", "emulated"}:
         problems.append(f"telemetry: {spec.telemetry!r} is not nvml or emulated")
+    if spec.run_as not in RUN_AS_MODES:
+        problems.append(f"run_as: {spec.run_as!r} is not account or submitter")
     if not 0 < spec.port < 65536:
         problems.append(f"port: {spec.port} is not a TCP port")
     if spec.gpus is not None and not 1 <= spec.gpus <= 64:
@@ -67,7 +72,7 @@ def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None)
     row = HostRow(name=spec.name, address=spec.address, port=spec.port, user=spec.user, key_path=spec.key_path,
                   vc=spec.vc, pool=spec.pool, executor=spec.executor, telemetry=spec.telemetry,
                   workdir=spec.workdir, python=spec.python, gpu_memory_mb=spec.gpu_memory_mb,
-                  added_at=time.time())
+                  run_as=spec.run_as, added_at=time.time())
     if spec.gpus is not None:
         gpus = [GpuInfo(i, "declared", spec.gpu_memory_mb) for i in range(spec.gpus)]
         declared = True
@@ -102,9 +107,22 @@ def list_hosts(store: Store) -> list[dict[str, object]]:
     for host, indices in busy:
         used.setdefault(host, set()).update(indices)
     return [{"name": h.name, "address": f"{h.address}:{h.port}", "user": h.user, "vc": h.vc, "pool": h.pool,
-             "executor": h.executor, "telemetry": h.telemetry, "gpus": count.get(h.name, 0),
+             "executor": h.executor, "telemetry": h.telemetry, "run_as": h.run_as, "gpus": count.get(h.name, 0),
              "busy_gpus": len(used.get(h.name, ())), "draining": h.draining, "reachable": h.reachable,
              "last_error": h.last_error} for h in hosts]
+
+
+def submitter_user_problem(store: Store, user: str, vc: str) -> str | None:
+    """Why `user` cannot be a job's user in `vc` (None when it can): the job may land on a host that runs
+    jobs as their submitter (a main host of its VC, or any profiling host), so it must name an OS user."""
+    with store.session() as s:
+        hosts = s.scalars(select(HostRow.name).where(
+            HostRow.run_as == "submitter", (HostRow.vc == vc) | (HostRow.pool == Pool.PROFILING.value))
+            .order_by(HostRow.name).limit(1)).all()
+    if not hosts:
+        return None
+    problem = os_user_problem(user)
+    return None if problem is None else f"{problem} (host {hosts[0]} runs each job as its user)"
 
 
 def drain_host(store: Store, name: str, draining: bool = True) -> None:

@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 
 from lucid_core.domain import TERMINAL_STATES, JobState
 from lucid_core.runtime.host_scripts import ENV_NAME_PATTERN
+from lucid_core.runtime.inventory import submitter_user_problem
 from lucid_core.runtime.schema import HostRow, JobEventRow, JobRow
 from lucid_core.runtime.store import Store
 
@@ -164,6 +165,10 @@ def _job_with_key(store: Store, key: str | None) -> str | None:
 def submit(store: Store, request: JobRequest, *, now: float | None = None) -> str:
     """Validate and record a job; returns its id. Raises SubmissionError naming each bad field."""
     errors = validate(request, vc_capacity(store))
+    if "user" not in errors and "vc" not in errors:  # hosts that run jobs as their user need an OS user name
+        problem = submitter_user_problem(store, request.user, request.vc)
+        if problem is not None:
+            errors["user"] = problem
     if errors:
         raise SubmissionError(errors)
     now = time.time() if now is None else now
