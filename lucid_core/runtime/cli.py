@@ -183,13 +183,14 @@ def _hosts(args: argparse.Namespace) -> int:
             spec = HostSpec(args.name, address=args.address, port=args.port, user=args.user or "",
                             key_path=args.key, vc=args.vc, pool=args.pool, executor=args.executor,
                             telemetry=args.telemetry, workdir=args.workdir, python=args.python, gpus=args.gpus,
-                            gpu_memory_mb=args.gpu_memory_mb)
+                            gpu_memory_mb=args.gpu_memory_mb, run_as=args.run_as)
             gpus = add_host(store, spec, None if args.gpus else _executor(args))
             _print(args, {"name": args.name, "gpus": len(gpus)}, f"added {args.name} with {len(gpus)} GPU(s)")
         elif args.hosts_cmd == "list":
             rows = list_hosts(store)
             text = "\n".join(f"{h['name']:<12} {h['address']:<22} {h['pool']:<9} VC {h['vc']:<10} "
                              f"{h['busy_gpus']}/{h['gpus']} busy"
+                             f"{' jobs run as their user' if h['run_as'] == 'submitter' else ''}"
                              f"{' draining' if h['draining'] else ''}{'' if h['reachable'] else ' UNREACHABLE'}"
                              for h in rows)
             _print(args, rows, text or "no hosts")
@@ -276,6 +277,9 @@ def add_parser(subparsers: Any) -> None:
     add.add_argument("--python", default="python3")
     add.add_argument("--gpus", type=int, default=None, help="declare the GPU count (default: discover via nvidia-smi)")
     add.add_argument("--gpu-memory-mb", type=float, default=24576.0)
+    add.add_argument("--run-as", choices=("account", "submitter"), default="account",
+                     help="whom jobs run as on the host: the SSH account (default), or each job's submitting "
+                          "user through 'sudo -n -u USER' (the host's sudoers must allow it)")
     add.add_argument("--known-hosts", default=None)
     for name in ("list", "drain", "remove"):
         sp = hsub.add_parser(name)
