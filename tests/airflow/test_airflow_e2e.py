@@ -1,6 +1,7 @@
 """End to end on a real Airflow: scheduler + API server + DAG processor on a throwaway PostgreSQL
 metadata DB. Triggers the tuner through the REST API with conf, reads its report through XCom and the
-plugin, checks the plugin refuses unauthenticated requests, and renders the queue in headless Chromium."""
+plugin, checks the plugin refuses unauthenticated requests, and renders every plugin page in headless
+Chromium (DOM and screenshot checked)."""
 
 from __future__ import annotations
 
@@ -238,32 +239,59 @@ class _AuthProxy(http.server.BaseHTTPRequestHandler):
         return
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_queue_view_renders_in_headless_chromium(airflow_stack, tmp_path):
-    base, token, _, _ = airflow_stack
-    handler = type("Proxy", (_AuthProxy,), {"target": base, "token": token})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/lucid/queue"
-    shot = tmp_path / "queue.png"
+def _render(url: str, shot: Path, profile: Path) -> str:
+    """The DOM headless Chromium builds for `url` (scripts run), and a 1200x700 screenshot of it."""
     flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--window-size=1200,700", f"--user-data-dir={tmp_path / 'profile'}"]
-    try:
-        dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
-        subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, timeout=180)
-    finally:
-        server.shutdown()
-    assert '<table id="queue">' in dom.stdout, dom.stdout[:2000] + dom.stderr[-2000:]
-    rows = [row for row in dom.stdout.split("<tr>") if "resnet-sweep-" in row]
-    assert len(rows) >= 3, dom.stdout[:3000]
-    assert sum("<td></td></tr>" not in row for row in rows) >= 2, "waiting jobs show their pending reason"
+             "--window-size=1200,700", f"--user-data-dir={profile}"]
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, timeout=180)
+    return dom.stdout + dom.stderr[-2000:]
+
+
+def _check_screenshot(shot: Path, name: str) -> None:
     from PIL import Image
 
     image = Image.open(shot).convert("L")
     assert image.size == (1200, 700)
     extrema = image.getextrema()
-    assert extrema[1] - extrema[0] > 100, "screenshot is blank"
+    assert extrema[1] - extrema[0] > 100, f"screenshot of {name} is blank"
+    # a rendered table or map has many distinct shades (text anti-aliasing); an error page has few
+    assert len(set(image.getdata())) > 20, f"screenshot of {name} shows almost nothing"
     keep = os.environ.get("LUCID_SCREENSHOT_DIR")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(keep) / "queue.png")
+        shutil.copy(shot, Path(keep) / f"{name}.png")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_every_plugin_page_renders_in_headless_chromium(airflow_stack, tmp_path):
+    base, token, _, _ = airflow_stack
+    waiting = _call("GET", f"{base}/lucid/api/queue", headers={"Authorization": f"Bearer {token}"}).json()
+    job_id = next(j["job_id"] for j in waiting if j["name"].startswith("resnet-sweep-"))
+    # page -> what its DOM must hold
+    pages = {
+        "queue": ("/lucid/queue", '<table id="queue">'),
+        "running": ("/lucid/running", 'id="gpumap-main0"'),
+        "job": (f"/lucid/jobs/{job_id}", '<pre id="explanation">'),
+        "models": ("/lucid/models", '<table id="models">'),
+        "tuner": ("/lucid/tuner", '<table id="tuner-reports">'),
+        "drift": ("/lucid/drift", '<table id="drift">'),
+    }
+    handler = type("Proxy", (_AuthProxy,), {"target": base, "token": token})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.server_address[1]}"
+    doms = {}
+    try:
+        for name, (path, marker) in pages.items():
+            doms[name] = _render(proxy + path, tmp_path / f"{name}.png", tmp_path / "profile")
+            assert marker in doms[name], f"{name}: {doms[name][:2000]}"
+            assert "Internal Server Error" not in doms[name], name
+            _check_screenshot(tmp_path / f"{name}.png", name)
+    finally:
+        server.shutdown()
+    rows = [row for row in doms["queue"].split("<tr>") if "resnet-sweep-" in row]
+    assert len(rows) >= 3, doms["queue"][:3000]
+    assert sum("<td></td></tr>" not in row for row in rows) >= 2, "waiting jobs show their pending reason"
+    assert "GPU 0" in doms["running"] and "GPU 1" in doms["running"], "the GPU map lists every GPU of main0"
+    assert job_id in doms["job"] and "Decisions" in doms["job"]
