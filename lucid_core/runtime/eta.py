@@ -1,21 +1,28 @@
 """`lucid eta`: when will a job start and end? Run the live policy forward from the live state.
 
-The view is rebuilt exactly as a round builds it; then time jumps from event to event (a
-running job reaching its predicted end, a profiling window closing, the policy's wake-ups),
-calling the same policy's `schedule` at each one, until the asked-for job is placed. Jobs are
-assumed to run for their predicted durations and nobody else submits: it is a what-if, not a promise.
+The view is rebuilt exactly as a round builds it, taken as the simulator's start state, and the
+simulator's own engine runs the same policy forward from it until the asked-for job has ended:
+a what-if and a trace replay share one forward loop (pair slowdowns, profiling windows, wake-ups).
+Jobs are assumed to run for their predicted durations and nobody else submits: it is a what-if,
+not a promise.
 """
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import TERMINAL_STATES, JobState, Pool
-from lucid_core.policy.decisions import Place
+from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool
+from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.view import ClusterView
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.view_builder import HOLD_PREFIX, PolicyFactory, build_view, default_policy, load_snapshot
+from lucid_core.sim.engine import simulate
+from lucid_core.sim.start import StartState, Until
+
+UNKNOWN_DURATION_S = 3600.0  # assumed when the policy has no duration model at all
 
 
 @dataclass(frozen=True)
@@ -29,13 +36,18 @@ class Eta:
     note: str
 
 
-def _duration(policy: object, job: object) -> float:
+def assumed_durations(policy: SchedulingPolicy, jobs: Sequence[Job]) -> list[float]:
+    """Each job's whole work in the what-if: its predicted duration, else what the policy's model
+    predicts now (floored as the orchestrator floors a prediction), else an hour."""
+    missing = [job for job in jobs if job.predicted_duration is None]
     model = getattr(policy, "duration_model", None)
-    if getattr(job, "predicted_duration", None) is not None:
-        return float(job.predicted_duration)  # type: ignore[attr-defined]
-    if model is not None:
-        return float(model.predict_duration([job])[0])
-    return 3600.0
+    predicted = {}
+    if missing:
+        raw = model.predict_duration(missing) if model is not None else [UNKNOWN_DURATION_S] * len(missing)
+        predicted = {job.job_id: max(float(p), job.known_min_duration, 1.0)
+                     for job, p in zip(missing, raw, strict=True)}
+    return [float(job.predicted_duration) if job.predicted_duration is not None else predicted[job.job_id]
+            for job in jobs]
 
 
 def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
@@ -51,51 +63,43 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
         state = JobState(row.state)
         if state in TERMINAL_STATES:
             return Eta(job_id, state.value, row.start_time, row.end_time, row.predicted_duration, 0, "already ended")
-    snapshot = load_snapshot(store, now)
-    built = build_view(snapshot, config, now, policy_factory or default_policy)
-    view, policy = built.view, built.policy
-    ends: list[tuple[float, str]] = []
-    for alloc in view.allocations.values():
-        if alloc.job_id.startswith(HOLD_PREFIX) or alloc.pool is not Pool.MAIN:
-            continue
-        job = view.jobs[alloc.job_id]
-        ends.append((max(now, alloc.start + _duration(policy, job)), alloc.job_id))
-    heapq.heapify(ends)
+    built = build_view(load_snapshot(store, now), config, now, policy_factory or default_policy)
+    held = [j for j in built.view.allocations if j.startswith(HOLD_PREFIX)]
+    return estimate_in_view(built.view, built.policy, job_id, state=state.value, held=held,
+                            horizon_s=horizon_s, max_steps=max_steps)
+
+
+def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *, state: str | None = None,
+                     held: Collection[str] = (), horizon_s: float = 30 * 86400.0,
+                     max_steps: int = 100000) -> Eta:
+    """Start and end of `job_id` when the simulator's engine runs `policy` on from `view` (at
+    `view.now`, which the run changes): no submissions, `held` allocations never end.
+
+    `steps` is the number of scheduling rounds the what-if took.
+    """
     target = view.jobs.get(job_id)
     if target is None:
-        return Eta(job_id, state.value, None, None, None, 0, "job is not in the scheduler's view (stop pending)")
-    if job_id in view.allocations and view.allocations[job_id].pool is Pool.MAIN:
-        start = view.allocations[job_id].start
-        dur = _duration(policy, target)
-        return Eta(job_id, state.value, start, start + dur, dur, 0, "running: predicted end")
-    t = now
-    for step in range(1, max_steps + 1):
-        view.now = t
-        for decision in policy.schedule(view):
-            if isinstance(decision, Place):
-                job = view.jobs[decision.job_id]
-                dur = _duration(policy, job)
-                if decision.job_id == job_id:
-                    return Eta(job_id, state.value, t, t + dur, dur, step,
-                               "placed in the what-if run of the live policy")
-                heapq.heappush(ends, (t + dur, decision.job_id))
-        candidates = [e[0] for e in ends[:1]]
-        wake = policy.next_wakeup(view) if hasattr(policy, "next_wakeup") else None
-        if wake is not None and wake > t:
-            candidates.append(wake)
-        if not candidates:
-            return Eta(job_id, state.value, None, None, target.predicted_duration, step,
-                       "never placed: nothing running ends and the policy waits for nothing")
-        t = min(candidates)
-        if t - now > horizon_s:
-            break
-        view.now = t
-        while ends and ends[0][0] <= t:
-            _, ended = heapq.heappop(ends)
-            if ended in view.allocations:
-                alloc = view.stop(ended)
-                job = view.jobs[ended]
-                job.state, job.end_time = JobState.COMPLETED, t
-                policy.on_finish(view, job, t - alloc.start)
-    return Eta(job_id, state.value, None, None, target.predicted_duration, max_steps,
-               f"not placed within {horizon_s / 86400:g} days of simulated time")
+        return Eta(job_id, state or "", None, None, None, 0, "job is not in the scheduler's view (stop pending)")
+    state = state or target.state.value
+    alloc = view.allocations.get(job_id)
+    was_running = alloc is not None and alloc.pool is Pool.MAIN
+    start = StartState.from_view(view, partial(assumed_durations, policy), held=held)
+    duration = next((r.duration for r in start.jobs if r.job_id == job_id), None)
+    if duration is None:
+        return Eta(job_id, state, target.start_time, target.end_time, target.predicted_duration, 0,
+                   "neither running nor waiting in the scheduler's view")
+    result = simulate([], policy, view.config, start=start,
+                      until=Until(job_finished=job_id, time=start.now + horizon_s, rounds=max_steps))
+    outcome = next((o for o in result.outcomes if o.job_id == job_id), None)
+    if outcome is not None:
+        note = "running: predicted end" if was_running else "placed in the what-if run of the live policy"
+        return Eta(job_id, state, outcome.start_time, outcome.end_time, duration, result.rounds, note)
+    limit = (f"{horizon_s / 86400:g} days of simulated time" if result.stopped_by == "time"
+             else f"{max_steps} scheduling rounds")
+    placed = view.allocations.get(job_id)
+    if placed is not None and placed.pool is Pool.MAIN:
+        return Eta(job_id, state, placed.start, None, duration, result.rounds, f"placed; not ended within {limit}")
+    if result.stopped_by == "idle":
+        return Eta(job_id, state, None, None, duration, result.rounds,
+                   "never placed: nothing running ends and the policy waits for nothing")
+    return Eta(job_id, state, None, None, duration, result.rounds, f"not placed within {limit}")

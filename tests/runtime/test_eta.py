@@ -1,0 +1,113 @@
+"""`lucid eta` on a cluster with a running pair, a profiling window and a queue, computed by hand.
+
+The view is built the way the live round builds it (allocations re-created at their start
+times, waiting jobs re-entered through the policy's hooks); the what-if then runs in the
+simulator's engine, so the pair slows down from its measured profiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import GpuRef, Job, Pool, Profile
+from lucid_core.policy.lucid import LucidPolicy
+from lucid_core.policy.view import ClusterView
+from lucid_core.runtime.eta import estimate_in_view
+
+NOW = 1000.0
+# 1 main node and 1 profiling node of 2 GPUs; 300 s windows; sharing always on
+CONFIG = LucidConfig().with_overrides({"cluster.gpus_per_node": 2, "profiler.tprof_s": 300,
+                                       "profiler.in_place": False, "profiler.autoscale": False,
+                                       "binder.sharing": "on"})
+MEDIUM = Profile(60.0, 30.0, 4000.0)  # two of them: 120 % of a GPU, each runs at 1/1.2 of its speed
+JUMBO = Profile(90.0, 50.0, 8000.0)  # never shares with another Jumbo
+
+
+class TableDurations:
+    """Duration predictions read from a table (what a promoted model would say for these jobs)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+
+    def predict_duration(self, jobs: Sequence[Job]) -> list[float]:
+        return [self.seconds[job.job_id] for job in jobs]
+
+    def observe(self, job: Job, duration: float) -> None:
+        return None
+
+
+def _job(job_id: str, submit: float, profile: Profile | None, predicted: float | None) -> Job:
+    return Job(job_id=job_id, user="ann", vc="", gpus=1, submit_time=submit, profile=profile,
+               predicted_duration=predicted)
+
+
+def _run(view: ClusterView, policy: LucidPolicy, job: Job, pool: Pool, gpu: GpuRef, since: float,
+         partner: str | None = None, window_end: float | None = None) -> None:
+    """Re-create a run as the view builder does: allocation at its start time, profile learned."""
+    if job.profile is not None:
+        job.share_class = policy.binder.classify(job.profile)
+    view.add_job(job)
+    view.now = since
+    view.start(job.job_id, pool, (gpu,), partner=partner, profiling_until=window_end)
+    view.now = NOW
+    if partner is None and pool is Pool.MAIN:
+        view.refresh_share_candidate(job.job_id)
+
+
+def _cluster() -> tuple[ClusterView, LucidPolicy]:
+    """At t=1000: A (since 0, predicted 3000 s) and B (since 400, predicted 2000 s) share GPU 0;
+    C (since 200, predicted 1500 s) runs alone on GPU 1; R is in its profiling window on the pool
+    (900..1200, the model predicts 1000 s, its profile will say Jumbo); Q (Jumbo, the model
+    predicts 600 s) waits in the main queue."""
+    policy = LucidPolicy(CONFIG, duration_model=TableDurations({"Q": 600.0, "R": 1000.0}))
+    view = ClusterView(CONFIG, now=NOW)
+    view.add_nodes(Pool.MAIN, 1)
+    view.add_nodes(Pool.PROFILING, 1)
+    node, prof = next(iter(view.main.nodes)), next(iter(view.profiling.nodes))
+    _run(view, policy, _job("A", 0.0, MEDIUM, 3000.0), Pool.MAIN, GpuRef(node, 0), 0.0)
+    _run(view, policy, _job("B", 400.0, MEDIUM, 2000.0), Pool.MAIN, GpuRef(node, 0), 400.0, partner="A")
+    _run(view, policy, _job("C", 200.0, JUMBO, 1500.0), Pool.MAIN, GpuRef(node, 1), 200.0)
+    _run(view, policy, _job("R", 900.0, None, None), Pool.PROFILING, GpuRef(prof, 0), 900.0, window_end=1200.0)
+    view.profile_of = {"R": JUMBO}.get  # what R's telemetry will have measured when its window closes
+    queued = _job("Q", 500.0, None, None)
+    view.add_job(queued)
+    policy.on_profiled(view, queued, JUMBO)
+    return view, policy
+
+
+# By hand: the pair runs at 1/1.2 from now (before, it is taken to have run at full speed).
+# B has 2000 - 600 = 1400 s of work left: ends 1000 + 1.2 x 1400 = 2680. A has done 1400 of its
+# 2000 s left by then and runs the last 600 s alone: ends 3280. C ends 200 + 1500 = 1700.
+# R's window closes at 1200: it joins the main queue behind Q (600 GPU-s < 1000 GPU-s); neither
+# Jumbo may share. C's GPU frees at 1700: Q runs 1700..2300, then R 2300..3300 (from scratch).
+EXPECTED = {"A": (0.0, 3280.0), "B": (400.0, 2680.0), "C": (200.0, 1700.0),
+            "Q": (1700.0, 2300.0), "R": (2300.0, 3300.0)}
+
+
+@pytest.mark.parametrize("job_id", sorted(EXPECTED))
+def test_eta_with_a_running_pair_a_profiling_window_and_a_queue(job_id):
+    view, policy = _cluster()
+    eta = estimate_in_view(view, policy, job_id)
+    assert (eta.start, eta.end) == pytest.approx(EXPECTED[job_id], abs=1e-6), eta
+    assert eta.note == ("running: predicted end" if job_id in "ABC" else "placed in the what-if run of the live policy")
+    assert eta.steps >= 1
+
+
+def test_eta_says_when_the_job_is_never_placed_or_not_within_the_horizon():
+    view, policy = _cluster()
+    eta = estimate_in_view(view, policy, "R", horizon_s=1000.0)  # R starts 1300 s from now
+    assert (eta.start, eta.end) == (None, None) and eta.note == "not placed within 0.0115741 days of simulated time"
+    policy = LucidPolicy(CONFIG, duration_model=TableDurations({"W": 600.0}))
+    view = ClusterView(CONFIG, now=NOW)
+    view.add_nodes(Pool.MAIN, 1)
+    view.add_job(Job(job_id="~hold", user="~", vc="~", gpus=1, submit_time=NOW, no_share=True))
+    view.start("~hold", Pool.MAIN, (GpuRef(next(iter(view.main.nodes)), 1),))  # a host that takes no work
+    wide = Job(job_id="W", user="ann", vc="", gpus=2, submit_time=NOW)
+    view.add_job(wide)
+    policy.on_profiled(view, wide, JUMBO)
+    eta = estimate_in_view(view, policy, "W", held=["~hold"])
+    assert (eta.start, eta.end) == (None, None) and eta.steps == 1
+    assert eta.note == "never placed: nothing running ends and the policy waits for nothing"
