@@ -13,11 +13,11 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from lucid_core.config import LucidConfig
-from lucid_core.runtime import queries
+from lucid_core.runtime import metrics, queries
 from lucid_core.runtime.eta import estimate
 from lucid_core.runtime.explain import explain
 from lucid_core.runtime.inventory import list_hosts
@@ -111,6 +111,11 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
     @router.get("/hosts")
     def get_hosts() -> Any:
         return list_hosts(store)
+
+    @router.get("/metrics")
+    def get_metrics() -> Response:
+        """Prometheus text exposition (see `lucid_core.runtime.metrics`)."""
+        return Response(metrics.render(store, clock()), media_type=metrics.CONTENT_TYPE_LATEST)
 
     app.include_router(router)
     return app

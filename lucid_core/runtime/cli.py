@@ -154,6 +154,11 @@ def _explain(args: argparse.Namespace) -> int:
         lines.append(f"packing class {packing['class']}: " + " / ".join(packing["path"]))
     if data["partner"]:
         lines.append(f"shares with {data['partner']['job_id']}: {data['partner']['why']}")
+    sharing = data["sharing"]
+    if not sharing["allowed"]:
+        lines.append(f"may not share a GPU: {sharing['why']}")
+        if sharing.get("measured"):
+            lines.append(f"  {sharing['measured']}")
     if data["pending"]:
         lines.append(f"waiting (position {data['pending']['position']}): {data['pending']['reason']}")
     for d in data["decisions"]:
@@ -204,6 +209,13 @@ def _hosts(args: argparse.Namespace) -> int:
     except InventoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.metrics import render
+
+    sys.stdout.write(render(_store(args)).decode())
     return 0
 
 
@@ -289,6 +301,9 @@ def add_parser(subparsers: Any) -> None:
         if name == "drain":
             sp.add_argument("--undo", action="store_true", help="accept new work again")
     hosts.set_defaults(func=_hosts)
+    p = subparsers.add_parser("metrics", help="Prometheus metrics of the store (queue, GPUs, hosts, rounds)")
+    _common(p)
+    p.set_defaults(func=_metrics)
     p = subparsers.add_parser("round", help="run one scheduling round (reconcile, decide, execute)")
     _common(p)
     p.add_argument("--known-hosts", default=None)
