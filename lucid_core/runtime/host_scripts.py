@@ -222,7 +222,7 @@ echo END
 
 
 def stop_script(workdir: str, run_id: str, reason: str, grace_s: float) -> str:
-    """TERM the run's process group, wait up to `grace_s`, then KILL; prints the poll line after.
+    """TERM the run's process group, wait up to `grace_s`, then KILL what is left; prints the poll line after.
 
     A run started as its submitter (a `run_as` file) is signalled as that user too: the SSH account may
     signal its wrapper and sudo, but not the user's processes in the same group.
@@ -252,9 +252,10 @@ if [ ! -f "$D/exit_code" ]; then
     sleep 0.1
     i=$((i+1))
   done
-  if [ ! -f "$D/exit_code" ] && group_alive; then
+  # past the grace, or the command ended and left processes behind: nothing of the run outlives a stop
+  if group_alive; then
     signal KILL
-    sleep 0.1
+    [ -f "$D/exit_code" ] || sleep 0.1
   fi
 fi
 if [ -f "$D/exit_code" ]; then

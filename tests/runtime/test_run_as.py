@@ -1,0 +1,265 @@
+"""Hosts that run each job as its submitter (`run_as="submitter"`), over a real sshd on loopback.
+
+The set-up makes real OS users: an SSH account that is not root (`lucidt-svc`, what the scheduler logs
+in as), two people in a `lucidt-users` group (`lucidt-a`, `lucidt-b`) and one outside it
+(`lucidt-out`), plus a sudoers drop-in with the line the README documents, all removed afterwards.
+Needs root (useradd, sudoers), sudo and openssh-server; skipped with the reason printed otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from runtime_helpers import fast_config, jobs_by_id, runs_of
+from sqlalchemy import select
+
+from lucid_core.domain import JobState
+from lucid_core.runtime.inventory import HostSpec, add_host
+from lucid_core.runtime.queries import logs
+from lucid_core.runtime.round import RoundReport, RoundSettings, SchedulingRound
+from lucid_core.runtime.schema import HostRow, JobEventRow
+from lucid_core.runtime.ssh_executor import ssh_executor
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.submission import JobRequest, SubmissionError, cancel, submit
+
+pytestmark = pytest.mark.ssh
+
+SSHD = "/usr/sbin/sshd"
+SERVICE, USER_A, USER_B, OUTSIDER, GROUP = "lucidt-svc", "lucidt-a", "lucidt-b", "lucidt-out", "lucidt-users"
+SUDOERS_DROP_IN = Path("/etc/sudoers.d/lucid-test-run-as")
+# the line include/airflow/README.md documents, for this test's account and group
+SUDOERS_LINE = f"{SERVICE} ALL=(%{GROUP}) NOPASSWD: /bin/sh\n"
+TERMINAL = {s.value for s in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)}
+SETTINGS = RoundSettings(stop_grace_s=1.0, launch_grace_s=30, lease_ttl_s=5, holder="run-as-test")
+
+
+@dataclass
+class SubmitterHost:
+    """One sshd on 127.0.0.1 whose jobs run as their submitter; the scheduler logs in as SERVICE."""
+
+    port: int
+    client_key: Path
+    known_hosts: Path
+    home: Path  # SERVICE's home, where each test's run directories go
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=False)
+
+
+def _drop_users() -> None:
+    for name in (USER_A, USER_B, OUTSIDER, SERVICE):
+        _run("pkill", "-KILL", "-u", name)
+    time.sleep(0.2)
+    for name in (USER_A, USER_B, OUTSIDER, SERVICE):
+        _run("userdel", "-r", name)
+    _run("groupdel", GROUP)
+    SUDOERS_DROP_IN.unlink(missing_ok=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_port(port: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"sshd did not listen on {port}")
+
+
+@pytest.fixture(scope="module")
+def submitter_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SubmitterHost]:
+    missing = [tool for tool in ("sudo", "useradd", "groupadd", "visudo", "ssh-keygen") if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        pytest.skip("creating OS users and a sudoers drop-in needs root")
+    if missing or not os.path.exists(SSHD):
+        pytest.skip(f"missing {', '.join(missing + ([] if os.path.exists(SSHD) else [SSHD]))}: "
+                    "apt-get install sudo openssh-server")
+    _drop_users()  # what an interrupted earlier run may have left
+    for argv in (("groupadd", GROUP),
+                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", SERVICE),
+                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", "-G", GROUP, USER_A),
+                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", "-G", GROUP, USER_B),
+                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", OUTSIDER)):
+        done = _run(*argv)
+        assert done.returncode == 0, f"{argv}: {done.stderr}"
+    root = tmp_path_factory.mktemp("run_as")
+    staged = root / "sudoers"
+    staged.write_text(SUDOERS_LINE)
+    checked = _run("visudo", "-cf", str(staged))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    shutil.copyfile(staged, SUDOERS_DROP_IN)
+    SUDOERS_DROP_IN.chmod(0o440)
+    process = None
+    try:
+        service = pwd.getpwnam(SERVICE)
+        client_key = root / "client_ed25519"
+        host_key = root / "host_ed25519"
+        for key in (client_key, host_key):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        # sshd reads authorized_keys as the user logging in: it lives in the service account's home
+        ssh_dir = Path(service.pw_dir) / ".ssh"
+        ssh_dir.mkdir(mode=0o700)
+        (ssh_dir / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
+        for path in (ssh_dir, ssh_dir / "authorized_keys"):
+            os.chown(path, service.pw_uid, service.pw_gid)
+        port = _free_port()
+        config = root / "sshd.conf"
+        config.write_text("\n".join([
+            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}", f"PidFile {root / 'sshd.pid'}",
+            "AuthorizedKeysFile .ssh/authorized_keys", "UsePAM no", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", f"AllowUsers {SERVICE}",
+            "MaxSessions 50", "MaxStartups 50", "LogLevel ERROR", "",
+        ]))
+        known_hosts = root / "known_hosts"
+        kind, blob = Path(f"{host_key}.pub").read_text().split()[:2]
+        known_hosts.write_text(f"[127.0.0.1]:{port} {kind} {blob}\n")
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(port)
+        yield SubmitterHost(port, client_key, known_hosts, Path(service.pw_dir))
+    finally:
+        if process is not None:
+            process.kill()
+            process.wait(timeout=10)
+        _drop_users()
+
+
+@pytest.fixture
+def run_root(submitter_host: SubmitterHost, tmp_path: Path) -> Path:
+    """This test's run directories on the host (job ids repeat from one test's store to the next)."""
+    return submitter_host.home / tmp_path.name
+
+
+@pytest.fixture
+def store(submitter_host: SubmitterHost, run_root: Path, tmp_path: Path) -> Iterator[Store]:
+    """A store with one host, `sub0` in VC vc-u, that runs each job as its submitter."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("sub0", address="127.0.0.1", port=submitter_host.port, user=SERVICE,
+                             key_path=str(submitter_host.client_key), vc="vc-u", executor="ssh",
+                             telemetry="emulated", gpus=2, run_as="submitter", workdir=f"~/{run_root.name}"))
+    yield store
+    store.dispose()
+
+
+CONFIG = fast_config(**{"profiler.enabled": False})
+
+
+def one_round(store: Store, host: SubmitterHost) -> RoundReport:
+    executor = ssh_executor(str(host.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
+    return SchedulingRound(store, executor, CONFIG, SETTINGS).run()
+
+
+def rounds_until(store: Store, host: SubmitterHost, done, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        one_round(store, host)
+        jobs = jobs_by_id(store)
+        if done(jobs):
+            return jobs
+        assert time.monotonic() < deadline, {j: (r.state, r.end_reason) for j, r in jobs.items()}
+        time.sleep(0.2)
+
+
+def group_processes(pgid: int) -> list[tuple[int, str, str]]:
+    """(pid, user, command) of the live processes in a process group."""
+    out = _run("ps", "-e", "-o", "pid=,pgid=,stat=,user:32=,args=").stdout
+    found = []
+    for line in out.splitlines():
+        pid, group, stat, user, args = line.split(None, 4)
+        if int(group) == pgid and not stat.startswith("Z"):
+            found.append((int(pid), user, args))
+    return found
+
+
+def as_user(user: str, command: str) -> subprocess.CompletedProcess[str]:
+    return _run("sudo", "-n", "-u", user, "--", "/bin/sh", "-c", command)
+
+
+def test_a_job_runs_as_its_submitter_its_log_comes_back_and_cancel_kills_it(store, submitter_host, run_root):
+    job = submit(store, JobRequest(
+        # a child that ignores TERM too: cancel must still leave nothing of the job behind
+        "echo whoami=$(id -un) home=$HOME secret=$SECRET; sh -c 'trap \"\" TERM; exec sleep 301' & sleep 300",
+        1, USER_A, "vc-u", env={"SECRET": "s3 cr$t"}))
+    jobs = rounds_until(store, submitter_host, lambda jobs: jobs[job].state == "RUNNING" and runs_of(store, job)
+                        and runs_of(store, job)[-1].pid is not None)
+    run = runs_of(store, job)[-1]
+    processes: list[tuple[int, str, str]] = []
+    deadline = time.monotonic() + 10
+    while not any("sleep 300" in args for _, _, args in processes):
+        assert time.monotonic() < deadline, processes
+        time.sleep(0.1)
+        processes = group_processes(run.pid)
+    by_command = {args: (pid, user) for pid, user, args in processes}
+    assert by_command["sleep 300"][1] == USER_A and by_command["sleep 301"][1] == USER_A, processes
+    assert Path(f"/proc/{by_command['sleep 300'][0]}").stat().st_uid == pwd.getpwnam(USER_A).pw_uid
+    assert [user for pid, user, _ in processes if pid == run.pid] == [SERVICE]  # the wrapper stays the account's
+
+    deadline = time.monotonic() + 10
+    while "whoami" not in (text := logs(store, ssh_executor(str(submitter_host.known_hosts)), job)):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.2)
+    assert f"whoami={USER_A} home={pwd.getpwnam(USER_A).pw_dir} secret=s3 cr$t" in text
+
+    run_dir = run_root / run.run_id
+    for other in (USER_B, USER_A):  # another person (or the job's own user) cannot read the run files
+        assert as_user(other, f"cat {run_dir}/stdout.log").returncode != 0
+    sleeper = by_command["sleep 300"][0]
+    assert as_user(USER_B, f"kill -s 0 {sleeper}").returncode != 0  # nor signal the job
+    assert as_user(USER_A, f"kill -s 0 {sleeper}").returncode == 0  # its own user can
+
+    cancel(store, job)
+    jobs = rounds_until(store, submitter_host, lambda jobs: jobs[job].state in TERMINAL)
+    assert jobs[job].state == "CANCELLED", jobs[job].end_reason
+    deadline = time.monotonic() + 5
+    while group_processes(run.pid):
+        assert time.monotonic() < deadline, group_processes(run.pid)
+        time.sleep(0.1)
+
+
+def test_a_user_the_host_refuses_fails_the_job_with_the_reason_once(store, submitter_host, run_root):
+    ghost = submit(store, JobRequest("echo never", 1, "lucidt-ghost", "vc-u"))  # no such OS user
+    outsider = submit(store, JobRequest("echo never", 1, OUTSIDER, "vc-u"))  # exists, sudo does not allow it
+    jobs = rounds_until(store, submitter_host, lambda jobs: all(jobs[j].state in TERMINAL for j in (ghost, outsider)))
+    for job_id, user, said in ((ghost, "lucidt-ghost", "unknown user"), (outsider, OUTSIDER, "password is required")):
+        row = jobs[job_id]
+        assert row.state == "FAILED" and row.attempts == 1, (row.state, row.attempts, row.end_reason)
+        assert f"host sub0 cannot run the job as user '{user}'" in row.end_reason and said in row.end_reason
+        with store.session() as s:
+            kinds = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id))]
+        assert kinds.count("failed") == 1 and kinds[-1] == "failed", kinds
+        assert all(r.state == "ended" for r in runs_of(store, job_id))
+    assert not list(run_root.glob(f"{ghost}-*")), "a refused launch leaves no run directory"
+    with store.session() as s:
+        assert s.get(HostRow, "sub0").cooldown_until is None  # the host is fine for everyone else
+    fine = submit(store, JobRequest("id -un", 1, USER_B, "vc-u"))
+    jobs = rounds_until(store, submitter_host, lambda jobs: jobs[fine].state in TERMINAL)
+    assert jobs[fine].state == "COMPLETED", jobs[fine].end_reason
+    assert logs(store, ssh_executor(str(submitter_host.known_hosts)), fine).strip() == USER_B
+
+
+@pytest.mark.parametrize("user", ["a b", "$(touch /tmp/lucid-pwned)", "-u0", "root", "1000", "..", "x" * 33,
+                                  "ana@example.com", "tab\tname"])
+def test_a_user_name_that_cannot_be_an_os_user_is_refused_at_submission(store, user):
+    with pytest.raises(SubmissionError) as refused:
+        submit(store, JobRequest("true", 1, user, "vc-u"))
+    assert set(refused.value.errors) == {"user"} and "sub0" in refused.value.errors["user"]
+    assert jobs_by_id(store) == {}
+    assert not Path("/tmp/lucid-pwned").exists()
