@@ -511,7 +511,7 @@ class SchedulingRound:
         else:
             outcome = "stopped" if stopped else f"exited with code {status.exit_code}"
             if status.disk_full and not stopped:
-                outcome += f"; its log could not be written: the disk of host {run.host} is full"
+                outcome += f"; the disk of host {run.host} was full when it ended: its log may be cut short"
         with self.store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))
             if row is None or row.state == "ended":

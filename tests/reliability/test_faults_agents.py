@@ -133,8 +133,10 @@ def test_a_disk_full_log_write_fails_the_job_cleanly_and_spares_the_rest(tmp_pat
     assert ran_on_full, "no job ran on the full disk's host"
     for job_id in noisy + quiet:
         runs = runs_of(store, job_id)
-        if job_id in ran_on_full and job_id in noisy:  # its log write failed, so did its command
+        if job_id in ran_on_full and job_id in noisy:  # its log write failed, so did its command (and says so)
             assert states[job_id] == "FAILED" and rows[job_id].exit_code == 1, rows[job_id].end_reason
+            assert rows[job_id].end_reason == ("exited with code 1; the disk of host full was full when it ended: "
+                                               "its log may be cut short"), rows[job_id].end_reason
         elif all(r.host == "full" for r in runs):  # every launch refused by the full disk, saying so
             assert states[job_id] == "FAILED" and "cannot write the run files" in rows[job_id].end_reason
         else:
