@@ -59,6 +59,20 @@ def _packing_path(model: Any, job: Any) -> list[str]:
     return []
 
 
+def _sharing(row: JobRow, splits: list[DecisionRow], events: Any) -> dict[str, Any]:
+    """Whether the job may share a GPU, and if not, the split that forbade it and what was measured."""
+    if not row.no_share:
+        return {"allowed": True}
+    if not splits:
+        return {"allowed": False, "why": "marked not to share"}
+    split = splits[-1]
+    partner = split.payload.get("partner") if split.job_id == row.job_id else split.job_id
+    event = next((e.message for e in reversed(events) if e.kind == "Unpair"), "")
+    measured = event.removeprefix(split.reason).strip(" ()").removeprefix("measured ") if event != split.reason else ""
+    return {"allowed": False, "why": f"its pair with {partner} was split: {split.reason}",
+            "split_at": split.time, "partner": partner, "measured": measured or None}
+
+
 def explain(store: Store, job_id: str, config: LucidConfig, now: float,
             policy_factory: PolicyFactory | None = None) -> dict[str, Any]:
     with store.session() as s:
@@ -68,6 +82,8 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
         decisions = s.scalars(select(DecisionRow).where(DecisionRow.job_id == job_id).order_by(DecisionRow.id)).all()
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
         events = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)).all()
+        splits = [d for d in s.scalars(select(DecisionRow).where(DecisionRow.kind == "Unpair").order_by(DecisionRow.id))
+                  if job_id in (d.job_id, d.payload.get("partner"))]
     policy = (policy_factory or default_policy)(config, load_snapshot(store, now))
     job = job_of(row)
     duration_model = getattr(policy, "duration_model", None)
@@ -106,6 +122,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
             "path": _packing_path(packing_model, job) if packing_model is not None else [],
         },
         "partner": {"job_id": partner, "why": partner_reason} if partner else None,
+        "sharing": _sharing(row, splits, events),
         "pending": {"position": row.queue_position, "reason": row.pending_reason} if row.pending_reason else None,
         "runs": [{"run_id": r.run_id, "host": r.host, "kind": r.kind, "gpus": r.gpu_indices, "state": r.state,
                   "exit_code": r.exit_code, "outcome": r.outcome} for r in runs],
