@@ -17,6 +17,7 @@ import pytest
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job
 from lucid_core.policy.lucid import LucidPolicy
+from lucid_core.policy.view import ClusterView
 from lucid_core.runtime.eta import estimate_in_view
 from lucid_core.sim.engine import default_speeds, simulate
 from lucid_core.sim.records import TraceRecord, Workload
@@ -96,7 +97,7 @@ def test_eta_from_a_replay_stopped_at_t_matches_the_full_replay():
 
     view, _ = _stopped_at_t(records, workloads)
     queued = set(view.queue.ordered()) | set(view.profiling_queue) | set(view.unpredicted)
-    running = {j for j in view.allocations}
+    running = set(view.allocations)
     pairs = {j for j, a in view.allocations.items() if a.partner is not None}
     windows = {j for j, a in view.allocations.items() if a.profiling_until is not None}
     # the state at T has everything a what-if must carry on: a queue, a pair, a profiling window
@@ -132,6 +133,6 @@ def test_until_stops_at_a_job_end_or_a_round_limit_and_a_start_state_brings_its_
     assert by_job.view is not None and len(by_job.outcomes) < len(records)
     by_rounds = _replay(records, workloads, Until(rounds=3))
     assert by_rounds.stopped_by == "rounds" and by_rounds.rounds == 3
+    view = ClusterView(CONFIG, now=100.0)
     with pytest.raises(ValueError, match="start view's nodes"):
-        view, policy = _stopped_at_t(records, workloads)
-        simulate([], policy, CONFIG, main_nodes=2, start=StartState(view, view.now, ()))
+        simulate([], _policy(records), CONFIG, main_nodes=2, start=StartState(view, view.now, ()))
