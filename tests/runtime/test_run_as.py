@@ -170,11 +170,12 @@ def one_round(store: Store, host: SubmitterHost) -> RoundReport:
 def rounds_until(store: Store, host: SubmitterHost, done, timeout_s: float = 30.0):
     deadline = time.monotonic() + timeout_s
     while True:
-        one_round(store, host)
+        report = one_round(store, host)
         jobs = jobs_by_id(store)
         if done(jobs):
             return jobs
-        assert time.monotonic() < deadline, {j: (r.state, r.end_reason) for j, r in jobs.items()}
+        assert time.monotonic() < deadline, ({j: (r.state, r.pending_reason, r.end_reason) for j, r in jobs.items()},
+                                             report.errors, report.unreachable)
         time.sleep(0.2)
 
 
@@ -252,6 +253,7 @@ def test_a_user_the_host_refuses_fails_the_job_with_the_reason_once(store, submi
     fine = submit(store, JobRequest("id -un", 1, USER_B, "vc-u"))
     jobs = rounds_until(store, submitter_host, lambda jobs: jobs[fine].state in TERMINAL)
     assert jobs[fine].state == "COMPLETED", jobs[fine].end_reason
+    assert jobs[fine].end_reason == "exited with code 0"  # (no disk-full note on a roomy disk)
     assert logs(store, ssh_executor(str(submitter_host.known_hosts)), fine).strip() == USER_B
 
 
@@ -263,3 +265,14 @@ def test_a_user_name_that_cannot_be_an_os_user_is_refused_at_submission(store, u
     assert set(refused.value.errors) == {"user"} and "sub0" in refused.value.errors["user"]
     assert jobs_by_id(store) == {}
     assert not Path("/tmp/lucid-pwned").exists()
+
+
+@pytest.mark.parametrize("user", [None, "", "a;b", "$(id)", "-n", "root", "0"])
+def test_the_executor_refuses_a_bad_user_before_any_host_shell(tmp_path, user):
+    from lucid_core.runtime.executor import HostAddress, LaunchSpec, RunAsRefused
+    from lucid_core.runtime.local_executor import local_executor
+
+    host = HostAddress("sub0", executor="local", workdir=str(tmp_path / "runs"), run_as="submitter")
+    with pytest.raises(RunAsRefused, match="host sub0 cannot run the job as user"):
+        local_executor().launch(host, LaunchSpec("r1", f"touch {tmp_path / 'ran'}", user=user))
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "ran").exists()  # no script reached a shell
