@@ -62,7 +62,12 @@ def alive(pid: int) -> bool:
 
 
 class NvmlBackend:
-    """Reads utilization, memory and per-process memory and SM utilization through pynvml."""
+    """Reads utilization, memory and per-process memory and SM utilization through pynvml.
+
+    Processes are told apart by process group, so the agent must see the jobs' processes in its
+    own PID namespace (run it on the host, or in the jobs' container). Under MPS the driver may
+    attribute work to the MPS server instead of the job's processes: not supported here.
+    """
 
     emulated = False
 
@@ -335,7 +340,7 @@ def estimate_shared_speed(samples: Iterable[Sample], exclusive_util: float, *, s
     Limits: jobs whose step time is not GPU-bound (input pipelines, CPU work, communication) keep
     their utilization low whatever their partner does, so a slowdown elsewhere goes unseen;
     phases (evaluation, checkpoints) move utilization without moving speed; kernels that overlap
-    in time (MPS, which also hides per-process figures) make SM utilization overstate progress;
+    in time (as under MPS) can make SM utilization overstate progress;
     and the scheduler's and hosts' clocks are assumed to agree to well under the settle time.
     """
     rows = [r for r in samples if isinstance(r, dict) and r.get("job_sm_util") is not None
