@@ -369,7 +369,9 @@ class SchedulingRound:
         `final`: trying again cannot help)."""
         with self.store.session() as s:
             for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
-                if peer.state in ("planned", "running"):
+                if final and peer.state == "running":  # a node that did start: stop it, the job is over
+                    peer.stop_reason = "peer_ended"
+                elif peer.state in ("planned", "running"):
                     peer.state, peer.ended_at, peer.outcome = "ended", self.clock(), f"launch failed: {why}"[:1000]
             s.flush()
             failures = len(s.scalars(select(RunRow.run_id).where(

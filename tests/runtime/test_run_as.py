@@ -35,6 +35,7 @@ pytestmark = pytest.mark.ssh
 
 SSHD = "/usr/sbin/sshd"
 SERVICE, USER_A, USER_B, OUTSIDER, GROUP = "lucidt-svc", "lucidt-a", "lucidt-b", "lucidt-out", "lucidt-users"
+BARE_SERVICE = "lucidt-bare"  # an SSH account with no sudoers line: its host refuses every user
 SUDOERS_DROP_IN = Path("/etc/sudoers.d/lucid-test-run-as")
 # the line include/airflow/README.md documents, for this test's account and group
 SUDOERS_LINE = f"{SERVICE} ALL=(%{GROUP}) NOPASSWD: /bin/sh\n"
@@ -57,10 +58,10 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def _drop_users() -> None:
-    for name in (USER_A, USER_B, OUTSIDER, SERVICE):
+    for name in (USER_A, USER_B, OUTSIDER, SERVICE, BARE_SERVICE):
         _run("pkill", "-KILL", "-u", name)
     time.sleep(0.2)
-    for name in (USER_A, USER_B, OUTSIDER, SERVICE):
+    for name in (USER_A, USER_B, OUTSIDER, SERVICE, BARE_SERVICE):
         _run("userdel", "-r", name)
     _run("groupdel", GROUP)
     SUDOERS_DROP_IN.unlink(missing_ok=True)
@@ -94,6 +95,7 @@ def submitter_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Submitt
     _drop_users()  # what an interrupted earlier run may have left
     for argv in (("groupadd", GROUP),
                  ("useradd", "-m", "-s", "/bin/sh", "-p", "*", SERVICE),
+                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", BARE_SERVICE),
                  ("useradd", "-m", "-s", "/bin/sh", "-p", "*", "-G", GROUP, USER_A),
                  ("useradd", "-m", "-s", "/bin/sh", "-p", "*", "-G", GROUP, USER_B),
                  ("useradd", "-m", "-s", "/bin/sh", "-p", "*", OUTSIDER)):
@@ -113,18 +115,19 @@ def submitter_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Submitt
         host_key = root / "host_ed25519"
         for key in (client_key, host_key):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-        # sshd reads authorized_keys as the user logging in: it lives in the service account's home
-        ssh_dir = Path(service.pw_dir) / ".ssh"
-        ssh_dir.mkdir(mode=0o700)
-        (ssh_dir / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
-        for path in (ssh_dir, ssh_dir / "authorized_keys"):
-            os.chown(path, service.pw_uid, service.pw_gid)
+        # sshd reads authorized_keys as the user logging in: it lives in each account's home
+        for account in (service, pwd.getpwnam(BARE_SERVICE)):
+            ssh_dir = Path(account.pw_dir) / ".ssh"
+            ssh_dir.mkdir(mode=0o700)
+            (ssh_dir / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
+            for path in (ssh_dir, ssh_dir / "authorized_keys"):
+                os.chown(path, account.pw_uid, account.pw_gid)
         port = _free_port()
         config = root / "sshd.conf"
         config.write_text("\n".join([
             f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}", f"PidFile {root / 'sshd.pid'}",
             "AuthorizedKeysFile .ssh/authorized_keys", "UsePAM no", "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", f"AllowUsers {SERVICE}",
+            "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", f"AllowUsers {SERVICE} {BARE_SERVICE}",
             "MaxSessions 50", "MaxStartups 50", "LogLevel ERROR", "",
         ]))
         known_hosts = root / "known_hosts"
@@ -159,7 +162,7 @@ def store(submitter_host: SubmitterHost, run_root: Path, tmp_path: Path) -> Iter
     store.dispose()
 
 
-CONFIG = fast_config(**{"profiler.enabled": False})
+CONFIG = fast_config(**{"profiler.enabled": False, "cluster.gpus_per_node": 2})  # 2-GPU hosts: 4 GPUs span two
 
 
 def one_round(store: Store, host: SubmitterHost) -> RoundReport:
@@ -255,6 +258,31 @@ def test_a_user_the_host_refuses_fails_the_job_with_the_reason_once(store, submi
     assert jobs[fine].state == "COMPLETED", jobs[fine].end_reason
     assert jobs[fine].end_reason == "exited with code 0"  # (no disk-full note on a roomy disk)
     assert logs(store, ssh_executor(str(submitter_host.known_hosts)), fine).strip() == USER_B
+
+
+def test_a_wide_job_one_of_whose_hosts_refuses_its_user_fails_and_stops_the_node_that_started(
+        store, submitter_host, run_root):
+    """Two 2-GPU hosts of one VC, the second reached through an account without sudo rights: a 4-GPU job
+    starts on the first, is refused on the second, fails once, and its first node is stopped."""
+    for name, account in (("wide-a", SERVICE), ("wide-b", BARE_SERVICE)):
+        add_host(store, HostSpec(name, address="127.0.0.1", port=submitter_host.port, user=account,
+                                 key_path=str(submitter_host.client_key), vc="vc-wide", executor="ssh",
+                                 telemetry="emulated", gpus=2, run_as="submitter", workdir=f"~/{run_root.name}"))
+    job = submit(store, JobRequest("sleep 300", 4, USER_A, "vc-wide"))
+    jobs = rounds_until(store, submitter_host, lambda jobs: jobs[job].state in TERMINAL)
+    assert jobs[job].state == "FAILED" and f"host wide-b cannot run the job as user '{USER_A}'" in jobs[job].end_reason
+    runs = {r.host: r for r in runs_of(store, job)}
+    assert set(runs) == {"wide-a", "wide-b"} and runs["wide-b"].started_at is None
+    assert runs["wide-a"].pid is not None, "wide-a was not launched first: this test no longer covers the stop"
+    rounds_until(store, submitter_host, lambda _: all(r.state == "ended" for r in runs_of(store, job)))
+    assert runs_of(store, job)[0].stop_reason == "peer_ended" or runs_of(store, job)[1].stop_reason == "peer_ended"
+    deadline = time.monotonic() + 5
+    while group_processes(runs["wide-a"].pid):
+        assert time.monotonic() < deadline, group_processes(runs["wide-a"].pid)
+        time.sleep(0.1)
+    with store.session() as s:
+        kinds = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == job))]
+    assert kinds.count("failed") == 1, kinds
 
 
 @pytest.mark.parametrize("user", ["a b", "$(touch /tmp/lucid-pwned)", "-u0", "root", "1000", "..", "x" * 33,
