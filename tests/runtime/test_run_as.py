@@ -304,3 +304,24 @@ def test_the_executor_refuses_a_bad_user_before_any_host_shell(tmp_path, user):
     with pytest.raises(RunAsRefused, match="host sub0 cannot run the job as user"):
         local_executor().launch(host, LaunchSpec("r1", f"touch {tmp_path / 'ran'}", user=user))
     assert not (tmp_path / "runs").exists() and not (tmp_path / "ran").exists()  # no script reached a shell
+
+
+def test_the_cli_adds_a_submitter_host_lists_it_and_refuses_a_bad_user_on_it(tmp_path, capsys):
+    import json
+
+    from lucid_core.cli import main
+
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    assert main(["hosts", "add", "g0", "--store", url, "--executor", "local", "--gpus", "2", "--vc", "vc-c",
+                 "--run-as", "submitter"]) == 0
+    assert main(["hosts", "add", "g1", "--store", url, "--executor", "local", "--gpus", "2", "--vc", "vc-d"]) == 0
+    capsys.readouterr()
+    assert main(["hosts", "list", "--store", url, "--json"]) == 0
+    assert {h["name"]: h["run_as"] for h in json.loads(capsys.readouterr().out)} == {"g0": "submitter",
+                                                                                      "g1": "account"}
+    assert main(["submit", "--store", url, "--gpus", "1", "--vc", "vc-c", "--user", "ana smith", "--", "true"]) == 2
+    assert "user: must be a POSIX user name" in capsys.readouterr().err
+    # VC vc-d has no such host (and no profiling host runs as submitter): any user name is still taken
+    assert main(["submit", "--store", url, "--gpus", "1", "--vc", "vc-d", "--user", "ana smith", "--", "true"]) == 0
+    with pytest.raises(SystemExit):
+        main(["hosts", "add", "g2", "--store", url, "--executor", "local", "--gpus", "2", "--run-as", "bob"])
