@@ -325,3 +325,20 @@ def test_the_cli_adds_a_submitter_host_lists_it_and_refuses_a_bad_user_on_it(tmp
     assert main(["submit", "--store", url, "--gpus", "1", "--vc", "vc-d", "--user", "ana smith", "--", "true"]) == 0
     with pytest.raises(SystemExit):
         main(["hosts", "add", "g2", "--store", url, "--executor", "local", "--gpus", "2", "--run-as", "bob"])
+
+
+def test_the_api_answers_422_naming_user_for_a_name_a_submitter_host_cannot_run(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from lucid_core.runtime.api import create_app
+
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("p0", executor="local", pool="profiling", gpus=1, run_as="submitter"))
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1))
+    client = TestClient(create_app(store.url, store=store))
+    # the shared profiling host runs jobs as their user, so every VC's jobs need an OS user name
+    refused = client.post("/jobs", json={"command": "true", "gpus": 1, "vc": "vc-a", "user": "ana@example.com"})
+    assert refused.status_code == 422 and "p0" in refused.json()["errors"]["user"], refused.text
+    assert client.post("/jobs", json={"command": "true", "gpus": 1, "vc": "vc-a", "user": "ana"}).status_code == 201
+    assert len(jobs_by_id(store)) == 1
+    store.dispose()
