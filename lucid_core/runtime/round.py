@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import distinct, func, select, update
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, GpuRef, JobState, Pool
@@ -237,7 +237,8 @@ class SchedulingRound:
     def carry_out_pending(self) -> None:
         """Launch planned runs and stop runs that have a stop reason; mark decisions done."""
         with self.store.session() as s:
-            planned = list(s.scalars(select(RunRow).where(RunRow.state == "planned").order_by(RunRow.planned_at)))
+            planned = list(s.scalars(select(RunRow).where(RunRow.state == "planned")
+                                     .order_by(RunRow.planned_at, RunRow.node_rank)))
             stopping = list(s.scalars(select(RunRow).where(RunRow.state == "running",
                                                            RunRow.stop_reason.is_not(None))))
         down: set[str] = set()
@@ -258,6 +259,10 @@ class SchedulingRound:
                 continue  # never start a job again while its previous run may still be alive
             with self.store.session() as s:
                 job = s.get(JobRow, run.job_id)
+                still_planned = s.scalar(select(RunRow.state).where(
+                    RunRow.run_id == run.run_id, RunRow.host == run.host)) == "planned"
+            if not still_planned:
+                continue  # another node's launch failed this round and ended this one: nothing of it may start
             if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
                 self._abandon(run, "job cancelled before launch")
                 continue
@@ -270,11 +275,13 @@ class SchedulingRound:
             except RunAsRefused as exc:  # the job's user cannot run there: no retry, the host stays in use
                 self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
                 self._launch_failed(run, str(exc), final=True)
+                down |= self._stop_started_peers(run.run_id)
                 continue
             except Exception as exc:
                 self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
                 self._cool_down(run.host, str(exc))
                 self._launch_failed(run, str(exc))
+                down |= self._stop_started_peers(run.run_id)
                 continue
             self._crash("after_launch")  # the host runs it, the store does not know yet
             now = self.clock()
@@ -366,16 +373,20 @@ class SchedulingRound:
 
     def _launch_failed(self, run: RunRow, why: str, final: bool = False) -> None:
         """The host refused the launch: end the run and put the job back where it waits (or fail it when
-        `final`: trying again cannot help)."""
+        `final`: trying again cannot help).
+
+        Other nodes of a wide job that did start are only marked for a stop (`peer_ended`): they count as
+        ended once the stop has reached their host, so a requeued job never runs beside its old copy.
+        """
         with self.store.session() as s:
             for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
-                if final and peer.state == "running":  # a node that did start: stop it, the job is over
-                    peer.stop_reason = "peer_ended"
+                if peer.state == "running" and peer.host != run.host:
+                    peer.stop_reason = peer.stop_reason or "peer_ended"
                 elif peer.state in ("planned", "running"):
                     peer.state, peer.ended_at, peer.outcome = "ended", self.clock(), f"launch failed: {why}"[:1000]
             s.flush()
-            failures = len(s.scalars(select(RunRow.run_id).where(
-                RunRow.job_id == run.job_id, RunRow.node_rank == 0, RunRow.outcome.like("launch failed%"))).all())
+            failures = s.scalar(select(func.count(distinct(RunRow.run_id))).where(  # tries, not nodes
+                RunRow.job_id == run.job_id, RunRow.outcome.like("launch failed%"))) or 0
             job = s.get(JobRow, run.job_id)
             if job is None or JobState(job.state) in TERMINAL_STATES:
                 return
@@ -390,6 +401,24 @@ class SchedulingRound:
             job.state = (JobState.SUBMITTED if run.kind == "profiling" and not job.profiled
                          else JobState.QUEUED).value
         self.report.requeued.append(run.job_id)
+
+    def _stop_started_peers(self, run_id: str) -> set[str]:
+        """Stop now (TERM, grace, KILL) the nodes of `run_id` that a failed launch marked `peer_ended`; returns
+        the hosts that did not answer (their nodes stay running with the stop reason: later rounds retry)."""
+        with self.store.session() as s:
+            peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run_id, RunRow.state == "running",
+                                                        RunRow.stop_reason.is_not(None))))
+        down: set[str] = set()
+        for peer in peers:
+            try:
+                status = self.executor.stop(host_address(self._hosts[peer.host]), peer.run_id,
+                                            peer.stop_reason or "peer_ended", self.settings.stop_grace_s)
+            except HostUnreachable as exc:
+                down.add(peer.host)
+                self._host_failed(peer.host, exc)
+                continue
+            self._settle(peer, status)
+        return down
 
     # ---------------------------------------------------------------------------- reconcile
     def reconcile(self) -> None:
