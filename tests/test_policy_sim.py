@@ -107,6 +107,8 @@ def test_unstable_pair_is_split_and_its_jobs_never_share_again():
     [unpair] = binder.split_unstable(view)
     assert (unpair.job_id, unpair.partner) == ("J", "P") and "0.55" in unpair.reason
     assert job.no_share and view.jobs["P"].no_share and "J" in view.allocations  # still running
+    view.speed_reports.append(("P", 0.5))
+    assert binder.split_unstable(view) == []  # reported again: the pair was split once, that stands
     view.stop("J")
     assert "P" not in view.share_candidates.get(1, {})  # alone again, but may not take a partner
 

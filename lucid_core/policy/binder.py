@@ -56,11 +56,13 @@ class AffinityBinder:
 
     def split_unstable(self, view: ClusterView) -> list[Unpair]:
         """A pair observed running slower than `unstable_speed` is split: neither job may share
-        again. Nothing is stopped (no preemption); the pair ends as its jobs end."""
+        again. Nothing is stopped (no preemption); the pair ends as its jobs end. A pair already
+        split is not split again, however often a driver reports it."""
         decisions = []
         for job_id, speed in view.speed_reports:
             alloc = view.allocations.get(job_id)
-            if alloc is None or alloc.partner is None or speed >= self.config.unstable_speed:
+            if (alloc is None or alloc.partner is None or speed >= self.config.unstable_speed
+                    or (view.jobs[job_id].no_share and view.jobs[alloc.partner].no_share)):
                 continue
             for member in (job_id, alloc.partner):
                 view.jobs[member].no_share = True
