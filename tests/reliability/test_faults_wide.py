@@ -14,10 +14,12 @@ from dataclasses import replace
 
 import pytest
 from lucid_invariants import check_invariants, ledger_command
-from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, register, rounds_until, runs_of
+from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, pid_alive, register, rounds_until, runs_of
 from sqlalchemy import select
 
+from lucid_core.runtime.round import SchedulingRound
 from lucid_core.runtime.schema import JobEventRow
+from lucid_core.runtime.ssh_executor import ssh_executor
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.submission import JobRequest, submit
 
@@ -92,4 +94,67 @@ def test_a_wide_job_one_of_whose_hosts_refuses_its_launch_once_is_requeued_stopp
             kinds = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == job))]
         assert kinds.count("launch_failed") == 1 and kinds.count("failed") == 0, kinds
     finally:
+        store.dispose()
+
+
+class HostDiesOnLaunchFailure(SchedulingRound):
+    """A round in which `host` stops answering the moment another node's launch has failed: its sshd is
+    killed and the round's open connections are dropped, so the stop of the node that started cannot reach it."""
+
+    def __init__(self, *args, host, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dying_host = host
+
+    def _launch_failed(self, run, why, final=False):
+        if self.dying_host.process is not None:
+            self.dying_host.stop()
+            self.executor.close()
+        return super()._launch_failed(run, why, final)
+
+
+def test_a_started_node_whose_host_does_not_answer_the_stop_stays_stopping_until_it_does(sshd_hosts, tmp_path):
+    """main1 refuses the launch and main0, whose node started, is unreachable for the stop: the node is not
+    marked ended while it may still run, the job is not placed again meanwhile, and the first round that
+    reaches main0 stops it; then the job runs once and completes."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    main0 = sshd_hosts.hosts["main0"]
+    try:
+        workroot = tmp_path / "hosts"
+        workroot.mkdir()
+        register(store, sshd_hosts, workroot)
+        blocker = workroot / "main1"
+        blocker.write_text("not a directory\n")
+        ledger = tmp_path / "ledger"
+        job = submit(store, JobRequest(ledger_command(ledger, "sleep 8"), 4, "alice", "vc-a", name="wide"))
+
+        executor = ssh_executor(str(sshd_hosts.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
+        report = HostDiesOnLaunchFailure(store, executor, CONFIG, WIDE_SETTINGS, host=main0).run()
+        assert main0.process is None, "main1's launch did not fail: the fault was not injected"
+        assert job in report.requeued and "main0" in report.unreachable, report
+        runs = {r.host: r for r in runs_of(store, job)}
+        assert runs["main1"].node_rank == 1, "main0 was not launched first: this test no longer covers the stop"
+        first = runs["main0"]
+        assert (first.state, first.stop_reason) == ("running", "peer_ended"), (first.state, first.outcome)
+        assert pid_alive(first.pid), "the node stopped without its host: the test no longer covers an unreachable one"
+
+        one_round(store, sshd_hosts, CONFIG, settings=WIDE_SETTINGS)  # main0 still down: nothing may change
+        assert [(r.host, r.state) for r in runs_of(store, job)] == [("main0", "running"), ("main1", "ended")]
+        assert jobs_by_id(store)[job].state == "QUEUED"
+
+        main0.start()
+        blocker.unlink()
+        one_round(store, sshd_hosts, CONFIG, settings=WIDE_SETTINGS)
+        first = next(r for r in runs_of(store, job) if r.run_id == first.run_id and r.host == "main0")
+        assert (first.state, first.outcome) == ("ended", "stopped"), (first.state, first.outcome)
+        assert not live_pids(pgid=first.pid), live_pids(pgid=first.pid)
+
+        jobs = rounds_until(store, sshd_hosts, CONFIG, lambda jobs: jobs[job].state in ("COMPLETED", "FAILED"),
+                            timeout_s=40, settings=WIDE_SETTINGS)
+        assert jobs[job].state == "COMPLETED", jobs[job].end_reason
+        check_invariants(store, [job], ledger)
+        ended = {(w[1], w[2]) for w in ledger_lines(ledger) if w[0] == "E"}
+        assert len(ended) == 2 and first.run_id not in {run_id for run_id, _ in ended}, ledger_lines(ledger)
+    finally:
+        if main0.process is None:
+            main0.start()
         store.dispose()
