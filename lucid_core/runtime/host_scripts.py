@@ -81,6 +81,9 @@ class TelemetryLaunch:
     duration_s: float
     emulated: tuple[float, float, float] | None = None  # (gpu_util, mem_util, gpu_mem_mb)
     seed: int = 0
+    # a watching agent: every sample of this many seconds (the profiling window), then only bounded
+    # speed samples (telemetry.TelemetryLog); None keeps every sample
+    keep_all_s: float | None = None
 
 
 # after the command: note a disk with no block (or no inode) left for the run directory's files, whose
@@ -178,6 +181,8 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
         ]
         if telemetry.emulated is not None:
             args += ["--emulate", ",".join(f"{v:g}" for v in telemetry.emulated)]
+        if telemetry.keep_all_s is not None:  # repr: the window's end must not move by rounding
+            args += ["--keep-all-s", repr(float(telemetry.keep_all_s))]
         lines += [
             f'if [ ! -f "$W"/{agent} ]; then',
             f"  printf '%s' {shlex.quote(telemetry.agent_source)} > \"$W\"/{agent}.tmp && "

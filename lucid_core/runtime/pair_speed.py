@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lucid_core.runtime.schema import RunRow
-from lucid_core.runtime.telemetry import SpeedEstimate, estimate_shared_speed, parse_samples
+from lucid_core.runtime.telemetry import SPEED_READ_BYTES, SpeedEstimate, estimate_shared_speed, parse_samples
 from lucid_core.runtime.view_builder import Snapshot
 
-# bytes of a job's telemetry.jsonl read each round: its latest few hundred samples
-TELEMETRY_TAIL_BYTES = 64 * 1024
+# bytes of a job's telemetry.jsonl read each round: its latest few hundred samples, all of them speed
+# samples once its profiling window has passed (the agent keeps at least this many: TelemetryLog)
+TELEMETRY_TAIL_BYTES = SPEED_READ_BYTES
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,13 @@ from lucid_core.runtime.schema import (
     RunRow,
 )
 from lucid_core.runtime.store import Store
-from lucid_core.runtime.telemetry import SpeedEstimate, first_window, parse_samples, summarize
+from lucid_core.runtime.telemetry import (
+    SpeedEstimate,
+    bounded_file_bytes,
+    first_window,
+    parse_samples,
+    summarize,
+)
 from lucid_core.runtime.view_builder import (
     HOLD_PREFIX,
     PolicyFactory,
@@ -348,7 +354,9 @@ class SchedulingRound:
                 gpu_indices=tuple(run.gpu_indices),
                 interval_s=self.settings.telemetry_interval_s if windowed else self.settings.monitor_interval_s,
                 duration_s=WATCH_S if watched else self._window_s(run) + self.settings.telemetry_margin_s,
-                emulated=emulated, seed=job.seq)
+                emulated=emulated, seed=job.seq,
+                # a watching agent bounds its file: the profiling window whole, then speed samples only
+                keep_all_s=(self._kept_window_s(run) if windowed else 0.0) if watched else None)
         return LaunchSpec(run.run_id, job.command, env, telemetry, user=job.user)
 
     @staticmethod
@@ -356,6 +364,10 @@ class SchedulingRound:
         """Length of a run's profiling window (its end is rebased to the launch once launched)."""
         begin = run.started_at if run.started_at is not None else run.planned_at
         return max(1.0, (run.profiling_until or begin) - begin)
+
+    def _kept_window_s(self, run: RunRow) -> float:
+        """How long from its start a watching agent keeps every sample: the profile's window, a sample over."""
+        return self._window_s(run) + self.settings.telemetry_margin_s + self.settings.telemetry_interval_s
 
     def _emulated(self, job: JobRow) -> tuple[float, float, float]:
         if self._emulated_profile is None:
@@ -499,7 +511,11 @@ class SchedulingRound:
             if job is None or job.profiled:
                 return
         try:
-            text = self.executor.read(host_address(self._hosts[run.host]), run.run_id, "telemetry.jsonl")
+            # the whole file: a watching agent's stays under this bound, its window at the front
+            whole = bounded_file_bytes(self._kept_window_s(run), self.settings.telemetry_interval_s,
+                                       len(run.gpu_indices))
+            text = self.executor.read(host_address(self._hosts[run.host]), run.run_id, "telemetry.jsonl",
+                                      max(1 << 20, whole))
         except HostUnreachable as exc:
             self._host_failed(run.host, exc)
             return

@@ -15,6 +15,7 @@ its samples are the catalog values with small seeded noise, slowed down while ot
 the GPU (see `EmulatedBackend`), and every record says emulated: true.
 `summarize` turns samples into the profile the packing model reads; `estimate_shared_speed`
 turns a shared job's samples into its speed relative to running alone.
+An agent that watches a job for its whole life (`--keep-all-s`) keeps its file bounded: see `TelemetryLog`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 Sample = dict[str, Any]
+
+# what the round reads of a watched job's file to estimate its speed: the file's tail
+SPEED_READ_BYTES = 64 * 1024
+# a watching agent keeps at least this much of its latest speed samples, at most twice as much
+KEPT_WATCH_BYTES = 2 * SPEED_READ_BYTES
+# longest JSON line of one sample: its keys, two ints, a bool and seven floats at full precision
+RECORD_BYTES_BOUND = 360
 
 
 def process_group_of(pid: int) -> int | None:
@@ -276,6 +284,95 @@ def sample_loop(backend: Any, write: Callable[[Sample], None], *, pid: int | Non
         sleep(interval_s)
 
 
+def counts_for_speed(record: Sample) -> bool:
+    """True for a sample the speed estimate can use: another job's processes shared the GPU and the
+    job's own SM utilization was reported (the agent writes no other kind after the profiling window)."""
+    return record.get("job_sm_util") is not None and int(record.get("others", 0) or 0) >= 1
+
+
+class TelemetryLog:
+    """A watching agent's JSON-lines file: the whole profiling window, then a bounded tail of speed samples.
+
+    The scheduler reads two things from the file: the profile, from every sample of the first
+    `keep_all_s` seconds (`first_window`, which cuts at the same instant, start + keep_all_s), and
+    the speed estimate, from the latest samples that `counts_for_speed` (`estimate_shared_speed`,
+    reading the last SPEED_READ_BYTES). So the window is kept whole, and after it only speed
+    samples are written: a job alone writes nothing more. Once they fill 2 x `watch_bytes` the file
+    is rewritten, atomically, as the window plus the last `watch_bytes` of them; the tail the round
+    reads then holds the same newest samples as the whole record, so both figures come out exact,
+    and the file stays under window + 2 x `watch_bytes` + one line, however long the job runs.
+    Filtering alone would still grow without bound while a pair runs for days; a cap alone would
+    keep rewriting the file of every job; aggregates (a mean every N samples) would change the
+    estimate's sample counts (its min_samples and max_samples).
+    """
+
+    def __init__(self, path: str, keep_all_s: float | None, watch_bytes: int = KEPT_WATCH_BYTES) -> None:
+        self.path = path
+        self.keep_all_s = keep_all_s  # None: keep every sample (a profiling run, calibration)
+        self.watch_bytes = max(1, watch_bytes)
+        self.file = open(path, "ab")  # noqa: SIM115 - held for the agent's life
+        self.start: float | None = None
+        self.window_bytes: int | None = None  # the file's size when the window ended
+        self.watch_size = 0  # bytes written after the window (since the last compaction)
+
+    def write(self, record: Sample) -> None:
+        now = float(record["t"])
+        self.start = now if self.start is None else self.start
+        in_window = self.keep_all_s is None or now <= self.start + self.keep_all_s
+        if not in_window:
+            if self.window_bytes is None:
+                self.window_bytes = self.file.tell()
+            if not counts_for_speed(record):
+                return
+        line = (json.dumps(record) + "\n").encode()
+        self.file.write(line)
+        self.file.flush()
+        if not in_window:
+            self.watch_size += len(line)
+            if self.watch_size >= 2 * self.watch_bytes:
+                self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the file as the window plus the last `watch_bytes` of whole lines after it.
+
+        A reader that opened the old file keeps reading it whole; on a full disk the file is left
+        as it is and compaction is tried again at the next line.
+        """
+        head = self.window_bytes or 0
+        tmp = f"{self.path}.tmp"
+        try:
+            with open(self.path, "rb") as src, open(tmp, "wb") as dst:
+                dst.write(src.read(head))
+                size = src.seek(0, os.SEEK_END)
+                cut = max(head, size - self.watch_bytes)
+                src.seek(cut)
+                tail = src.read()
+                if cut > head:  # drop the partial line the cut landed in
+                    tail = tail[tail.find(b"\n") + 1:]
+                dst.write(tail)
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            return
+        self.file.close()
+        self.file = open(self.path, "ab")  # noqa: SIM115 - held for the agent's life
+        self.watch_size = len(tail)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def bounded_file_bytes(keep_all_s: float, interval_s: float, gpus: int,
+                       watch_bytes: int = KEPT_WATCH_BYTES) -> int:
+    """Most bytes a `TelemetryLog` file holds: its window's samples plus twice the watch part, one line over.
+
+    A reader that asks for this many bytes of the file's tail gets the whole file, window included.
+    """
+    window_rows = (int(keep_all_s / max(interval_s, 1e-3)) + 2) * max(1, gpus)
+    return (window_rows + 1) * RECORD_BYTES_BOUND + 2 * watch_bytes
+
+
 def summarize(samples: Iterable[Sample]) -> dict[str, Any]:
     """Profile of a window: mean utilizations over samples and GPUs, peak memory of the job.
 
@@ -343,8 +440,8 @@ def estimate_shared_speed(samples: Iterable[Sample], exclusive_util: float, *, s
     in time (as under MPS) can make SM utilization overstate progress;
     and the scheduler's and hosts' clocks are assumed to agree to well under the settle time.
     """
-    rows = [r for r in samples if isinstance(r, dict) and r.get("job_sm_util") is not None
-            and int(r.get("others", 0) or 0) >= 1 and float(r.get("t", float("-inf"))) >= since]
+    rows = [r for r in samples if isinstance(r, dict) and counts_for_speed(r)
+            and float(r.get("t", float("-inf"))) >= since]
     rows.sort(key=lambda r: float(r["t"]))
     rows = rows[-max_samples:] if max_samples > 0 else rows
     if len(rows) < max(1, min_samples) or exclusive_util < min_exclusive_util:
@@ -383,6 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="emulated backend: directory where the host's agents list their jobs' GPUs "
                         "(default: .emulated-gpus next to this script, i.e. in the host's work directory)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--keep-all-s", type=float, default=None,
+                   help="watching agent: keep every sample of the first S seconds (the profiling window), "
+                        "then only those the speed estimate uses, bounded by --watch-bytes (default: keep all)")
+    s.add_argument("--watch-bytes", type=int, default=KEPT_WATCH_BYTES,
+                   help="with --keep-all-s: keep this many bytes of the latest speed samples (up to twice as many)")
     m = sub.add_parser("summarize", help="summarize a JSON-lines sample file")
     m.add_argument("path")
     args = parser.parse_args(argv)
@@ -399,17 +501,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         backend = NvmlBackend(gpus)
     pid = read_pid(args.pid_file) if args.pid_file else None
-    out = sys.stdout if args.out == "-" else open(args.out, "a", encoding="utf-8")  # noqa: SIM115
+    log = None if args.out == "-" else TelemetryLog(args.out, args.keep_all_s, args.watch_bytes)
     try:
-        def write(record: Sample) -> None:
-            out.write(json.dumps(record) + "\n")
-            out.flush()
+        def to_stdout(record: Sample) -> None:
+            sys.stdout.write(json.dumps(record) + "\n")
+            sys.stdout.flush()
 
-        sample_loop(backend, write, pid=pid, interval_s=args.interval, duration_s=args.duration)
+        sample_loop(backend, to_stdout if log is None else log.write, pid=pid, interval_s=args.interval,
+                    duration_s=args.duration)
     finally:
         backend.close()
-        if out is not sys.stdout:
-            out.close()
+        if log is not None:
+            log.close()
     return 0
 
 
