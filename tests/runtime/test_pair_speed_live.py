@@ -7,6 +7,7 @@ SM and bandwidth shares add up past 100 % slow each other down. A pair below the
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from lucid_core.runtime.explain import explain
 from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.telemetry import parse_samples
 
 pytestmark = pytest.mark.ssh
 
@@ -127,8 +129,9 @@ def test_a_pair_slower_than_unstable_speed_is_split_and_neither_job_shares_again
     assert jobs[b].no_share and main_run(store, b).state == "running"
 
 
-def test_a_pair_at_a_healthy_speed_is_left_alone_and_may_share_again(live_pair):
+def test_a_pair_at_a_healthy_speed_is_left_alone_and_may_share_again(live_pair, tmp_path):
     store, cluster, submit_gated, kwargs = live_pair
+    workroot = tmp_path / "hosts"
     a, b = pair_up(store, cluster, submit_gated, kwargs, "tiny")
     seen: dict[str, float] = {}
     deadline = time.monotonic() + 30
@@ -150,6 +153,23 @@ def test_a_pair_at_a_healthy_speed_is_left_alone_and_may_share_again(live_pair):
     c = submit_gated("tiny-c")
     rounds_until(store, cluster, fast_config(), running(c), timeout_s=30, **kwargs)
     assert main_run(store, c).partner == b and main_run(store, c).gpu_indices == [0]
+    # b's watching agent wrote its first sample, then only samples taken while a or c shared its GPU,
+    # none while it ran alone in between: the file the round reads stays bounded (TelemetryLog)
+    run_b = main_run(store, b)
+    path = workroot / run_b.host / run_b.run_id / "telemetry.jsonl"
+    deadline = time.monotonic() + 10
+    while not any(r["t"] > main_started_at(store, c) for r in parse_samples(path.read_text())):
+        assert time.monotonic() < deadline, "b's agent wrote no sample beside c"
+        time.sleep(0.2)
+    samples = parse_samples(path.read_text())
+    assert len(samples) > 8 and all(r["others"] >= 1 for r in samples[1:])
+    alone_s = max(later["t"] - earlier["t"] for earlier, later in itertools.pairwise(samples[1:]))
+    assert alone_s > 1.0, alone_s  # at 0.2 s a sample: b's stretch alone left a gap, not samples
+
+
+def main_started_at(store: Store, job_id: str) -> float:
+    """When the main run of `job_id` started (host and store share a clock here)."""
+    return float(main_run(store, job_id).started_at or 0.0)
 
 
 def gate_of(store: Store, job_id: str) -> Path:
