@@ -158,3 +158,30 @@ def test_a_started_node_whose_host_does_not_answer_the_stop_stays_stopping_until
         if main0.process is None:
             main0.start()
         store.dispose()
+
+
+def test_a_wide_job_a_host_keeps_refusing_fails_after_bounded_tries_with_nothing_left_running(sshd_hosts, tmp_path):
+    """Tries are counted per run, also when the refused node is not rank 0 (its started peer ends as stopped)."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    try:
+        workroot = tmp_path / "hosts"
+        workroot.mkdir()
+        register(store, sshd_hosts, workroot)
+        (workroot / "main1").write_text("not a directory\n")  # never fixed
+        ledger = tmp_path / "ledger"
+        job = submit(store, JobRequest(ledger_command(ledger, "sleep 30"), 4, "alice", "vc-a", name="wide"))
+        impatient = replace(SETTINGS, host_cooldown_s=0.1)
+        jobs = rounds_until(store, sshd_hosts, CONFIG, lambda jobs: jobs[job].state in ("COMPLETED", "FAILED"),
+                            timeout_s=40, settings=impatient)
+        assert jobs[job].state == "FAILED" and "could not be launched (3 tries)" in jobs[job].end_reason
+        runs = runs_of(store, job)
+        assert len({r.run_id for r in runs}) == 3 and all(r.state == "ended" for r in runs)
+        started = [r for r in runs if r.pid is not None]
+        assert started and all(r.host == "main0" and r.outcome == "stopped" for r in started), [
+            (r.run_id, r.host, r.outcome) for r in runs]
+        job_pids = {int(w[3]) for w in ledger_lines(ledger) if w[0] == "S"}
+        for run in started:
+            assert not live_pids(pgid=run.pid, pids=job_pids), live_pids(pgid=run.pid, pids=job_pids)
+        check_invariants(store, [job], ledger, allow_states=("FAILED",))
+    finally:
+        store.dispose()
