@@ -84,6 +84,8 @@ class TelemetryLaunch:
     # a watching agent: every sample of this many seconds (the profiling window), then only bounded
     # speed samples (telemetry.TelemetryLog); None keeps every sample
     keep_all_s: float | None = None
+    # a watching agent profiled in place samples this often once its window is kept (None: interval_s)
+    watch_interval_s: float | None = None
 
 
 # after the command: note a disk with no block (or no inode) left for the run directory's files, whose
@@ -183,6 +185,8 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
             args += ["--emulate", ",".join(f"{v:g}" for v in telemetry.emulated)]
         if telemetry.keep_all_s is not None:  # repr: the window's end must not move by rounding
             args += ["--keep-all-s", repr(float(telemetry.keep_all_s))]
+        if telemetry.watch_interval_s is not None:
+            args += ["--watch-interval", f"{telemetry.watch_interval_s:g}"]
         lines += [
             f'if [ ! -f "$W"/{agent} ]; then',
             f"  printf '%s' {shlex.quote(telemetry.agent_source)} > \"$W\"/{agent}.tmp && "

@@ -356,7 +356,9 @@ class SchedulingRound:
                 duration_s=WATCH_S if watched else self._window_s(run) + self.settings.telemetry_margin_s,
                 emulated=emulated, seed=job.seq,
                 # a watching agent bounds its file: the profiling window whole, then speed samples only
-                keep_all_s=(self._kept_window_s(run) if windowed else 0.0) if watched else None)
+                keep_all_s=(self._kept_window_s(run) if windowed else 0.0) if watched else None,
+                # profiled in place and watched: dense samples for the window, the watch's rate after it
+                watch_interval_s=self.settings.monitor_interval_s if windowed and watched else None)
         return LaunchSpec(run.run_id, job.command, env, telemetry, user=job.user)
 
     @staticmethod

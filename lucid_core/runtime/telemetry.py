@@ -267,8 +267,12 @@ def read_pid(path: str, wait_s: float = 5.0) -> int | None:
 
 def sample_loop(backend: Any, write: Callable[[Sample], None], *, pid: int | None, interval_s: float,
                 duration_s: float, clock: Callable[[], float] = time.time,
-                sleep: Callable[[float], None] = time.sleep) -> int:
-    """Sample every `interval_s` until the job ends or `duration_s` passes; returns the samples written."""
+                sleep: Callable[[float], None] = time.sleep,
+                watch_interval_s: float | None = None, watch_after_s: float = 0.0) -> int:
+    """Sample every `interval_s` until the job ends or `duration_s` passes; returns the samples written.
+
+    With `watch_interval_s`, sampling slows to that interval once `watch_after_s` have passed: a job
+    profiled in place needs a dense profiling window, but only the speed watch's rate after it."""
     start: float | None = None
     written = 0
     pgid = pid  # the wrapper leads its own process group (setsid)
@@ -281,7 +285,8 @@ def sample_loop(backend: Any, write: Callable[[Sample], None], *, pid: int | Non
             written += 1
         if now - start >= duration_s or (pid is not None and not alive(pid)):
             return written
-        sleep(interval_s)
+        slow = watch_interval_s is not None and now - start >= watch_after_s
+        sleep(watch_interval_s if slow else interval_s)  # type: ignore[arg-type]
 
 
 def counts_for_speed(record: Sample) -> bool:
@@ -485,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "then only those the speed estimate uses, bounded by --watch-bytes (default: keep all)")
     s.add_argument("--watch-bytes", type=int, default=KEPT_WATCH_BYTES,
                    help="with --keep-all-s: keep this many bytes of the latest speed samples (up to twice as many)")
+    s.add_argument("--watch-interval", type=float, default=None,
+                   help="after the first --keep-all-s seconds (or at once without it), sample this often")
     m = sub.add_parser("summarize", help="summarize a JSON-lines sample file")
     m.add_argument("path")
     args = parser.parse_args(argv)
@@ -508,7 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()
 
         sample_loop(backend, to_stdout if log is None else log.write, pid=pid, interval_s=args.interval,
-                    duration_s=args.duration)
+                    duration_s=args.duration, watch_interval_s=args.watch_interval,
+                    watch_after_s=args.keep_all_s or 0.0)
     finally:
         backend.close()
         if log is not None:

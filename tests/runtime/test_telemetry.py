@@ -27,6 +27,18 @@ def test_emulated_samples_all_say_emulated_and_summarize_to_the_catalog_profile(
     assert summary["gpu_mem_mb"] == 3000.0 and summary["window_s"] == 9.0
 
 
+def test_a_watching_agent_slows_to_the_watch_interval_after_the_profiling_window():
+    backend = EmulatedBackend([0], gpu_util=40.0, mem_util=20.0, mem_mb=3000.0, seed=1)
+    clock = [0.0]
+    records: list = []
+    sample_loop(backend, records.append, pid=None, interval_s=1.0, duration_s=60.0,
+                clock=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+                watch_interval_s=5.0, watch_after_s=10.0)
+    times = [r["t"] for r in records]
+    assert times[:11] == [float(t) for t in range(11)]  # every second through the window
+    assert times[11:] == [float(t) for t in range(15, 61, 5)]  # then every 5 s
+
+
 def test_summary_prefers_the_jobs_own_memory_and_skips_torn_lines():
     text = "\n".join([
         json.dumps({"t": 0, "gpu": 0, "gpu_util": 50, "mem_util": 10, "mem_used_mb": 9000, "job_mem_mb": 2000}),
