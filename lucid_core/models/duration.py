@@ -148,7 +148,10 @@ class DurationModel:
             heapq.heappush(pending, (float(ends[i]), int(i)))
         self._pending_ = [(end, j, jobs[j], int(buckets[j]), float(durations[j])) for end, j in pending]
         heapq.heapify(self._pending_)
-        return self._design(frame, buckets, history)
+        profiles = {c: frame[c].astype(float).to_numpy() for c in self.profile_columns_}
+        return self._design(frame["vc"].astype(str).to_numpy(), frame["user"].astype(str).to_numpy(),
+                            frame["gpus"].astype(float).to_numpy(), frame["submit_time"].to_numpy(dtype=float),
+                            profiles, buckets, history, index=frame.index)
 
     def _floored(self, job: Job) -> Job:
         """The job as the history estimate sees it: known to outlive `condition_on_s`, nothing more."""
@@ -160,22 +163,39 @@ class DurationModel:
         self.history_.add(job.user, bucket, job.gpus, duration)
         self.fallback_.observe(job, duration)
 
-    def _design(self, frame: pd.DataFrame, buckets: np.ndarray, history: np.ndarray) -> pd.DataFrame:
-        at = self.epoch_ + pd.to_timedelta(frame["submit_time"].to_numpy(), unit="s")
-        cols: dict[str, Any] = {"vc": frame["vc"].astype(str).to_numpy()}
+    def _design(self, vc: np.ndarray, user: np.ndarray, gpus: np.ndarray, submit_time: np.ndarray,
+                profiles: dict[str, np.ndarray], buckets: np.ndarray, history: np.ndarray,
+                index: pd.Index | None = None) -> pd.DataFrame:
+        """The model's input columns from plain arrays: one builder for training and live rows, so
+        both see the same features, and no intermediate frame on the live path (a round predicts a
+        handful of new jobs, where pandas' per-call costs dominate)."""
+        hour, day_of_week = self._calendar(submit_time)
+        cols: dict[str, Any] = {"vc": vc}
         if self.use_user_:
-            cols["user"] = frame["user"].astype(str).to_numpy()
+            cols["user"] = user
         if self.use_names_:
-            cols["name_bucket"] = np.array([f"b{b}" for b in buckets])
-        cols["gpus"] = frame["gpus"].astype(float).to_numpy()
-        cols["hour"] = at.hour.to_numpy() + at.minute.to_numpy() / 60.0
-        cols["day_of_week"] = at.day_of_week.to_numpy().astype(float)
+            cols["name_bucket"] = np.array([f"b{b}" for b in buckets], dtype=object)
+        cols["gpus"] = gpus
+        cols["hour"] = hour
+        cols["day_of_week"] = day_of_week
         for c in self.profile_columns_:
-            cols[c] = frame[c].astype(float).to_numpy()
+            cols[c] = profiles[c]
         for k, c in enumerate(HISTORY_COLUMNS):
             if self.use_names_ or not c.startswith("bucket_"):
                 cols[c] = history[:, k]
-        return pd.DataFrame(cols, index=frame.index)
+        return pd.DataFrame(cols, index=index, copy=False)
+
+    def _calendar(self, submit_time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Hour of day (to the minute) and day of week (Monday 0) at submission, on the trace's clock."""
+        epoch = self.epoch_
+        if epoch.tzinfo is not None:  # a zone's local time (daylight saving): let pandas convert
+            at = epoch + pd.to_timedelta(submit_time, unit="s")
+            return at.hour.to_numpy() + at.minute.to_numpy() / 60.0, at.day_of_week.to_numpy().astype(float)
+        at = np.datetime64(epoch.value, "ns") + (np.asarray(submit_time, dtype=float) * 1e9).round().astype(
+            "timedelta64[ns]")
+        minute_of_day = (at - at.astype("datetime64[D]")).astype("timedelta64[m]").astype(np.int64)
+        days = at.astype("datetime64[D]").astype(np.int64)
+        return minute_of_day // 60 + (minute_of_day % 60) / 60.0, ((days + 3) % 7).astype(float)  # 1970-01-01: Thu
 
     def _feature_types(self, X: pd.DataFrame) -> list[str]:
         return ["nominal" if X[c].dtype == object or str(X[c].dtype).startswith(("str", "string")) else "continuous"
@@ -212,7 +232,8 @@ class DurationModel:
     # ---- prediction -----------------------------------------------------------------------
     def predict_log(self, X: pd.DataFrame) -> np.ndarray:
         """Predicted log1p(seconds); rows whose user has no history take the fallback estimate."""
-        pred = np.asarray(self.ebm_.predict(X[self.feature_names_]), dtype=float)
+        same = list(X.columns) == self.feature_names_  # the design's own order: no column copy
+        pred = np.asarray(self.ebm_.predict(X if same else X[self.feature_names_]), dtype=float)
         cold = X["user_n"].to_numpy() == 0
         return np.where(cold, X["history_estimate"].to_numpy(), pred)
 
@@ -228,11 +249,12 @@ class DurationModel:
         for i, job in enumerate(jobs):
             history[i, :-1] = self.history_.features(job.user, int(buckets[i]), job.gpus)
             history[i, -1] = math.log1p(self.fallback_.predict_one(self._floored(job))[0])
-        frame = pd.DataFrame({"vc": [j.vc for j in jobs], "user": [j.user for j in jobs],
-                              "gpus": [j.gpus for j in jobs], "submit_time": [j.submit_time for j in jobs]})
-        for c in self.profile_columns_:
-            frame[c] = [getattr(j.profile, c) if j.profile is not None else math.nan for j in jobs]
-        return self._design(frame, buckets, history)
+        profiles = {c: np.array([getattr(j.profile, c) if j.profile is not None else math.nan for j in jobs],
+                                dtype=float) for c in self.profile_columns_}
+        return self._design(np.array([str(j.vc) for j in jobs], dtype=object),
+                            np.array([str(j.user) for j in jobs], dtype=object),
+                            np.array([j.gpus for j in jobs], dtype=float),
+                            np.array([j.submit_time for j in jobs], dtype=float), profiles, buckets, history)
 
     def predict_duration(self, jobs: Sequence[Job]) -> list[float]:
         """Seconds per job. A job that already outlived the estimate gets the history estimate
