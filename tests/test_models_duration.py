@@ -135,3 +135,37 @@ def test_online_history_features_equal_the_offline_replay(log):
         offline = X.loc[r.Index, numeric].to_numpy(dtype=float)
         np.testing.assert_allclose(live[numeric].to_numpy(dtype=float)[0], offline, rtol=1e-9, atol=1e-9)
         assert live["name_bucket"].iloc[0] == X.loc[r.Index, "name_bucket"]
+
+
+@pytest.mark.parametrize("epoch", ["2017-09-30 17:12:00", "2024-03-10 01:30:00-05:00"])
+def test_calendar_features_match_pandas_on_naive_and_zoned_clocks(epoch):
+    """Hour (to the minute) and weekday come from numpy on a naive clock; they must equal pandas'."""
+    import pandas as pd
+
+    model = DurationModel()
+    model.epoch_ = pd.Timestamp(epoch)
+    rng = np.random.default_rng(0)
+    seconds = np.concatenate([rng.uniform(-1e7, 1e8, 20000), np.arange(0, 3 * 86400, 59.9999999),
+                              np.arange(0, 86400, 60.0) - 1e-9])
+    hour, weekday = model._calendar(seconds)
+    at = model.epoch_ + pd.to_timedelta(seconds, unit="s")
+    assert np.array_equal(hour, at.hour.to_numpy() + at.minute.to_numpy() / 60.0)
+    assert np.array_equal(weekday, at.day_of_week.to_numpy().astype(float))
+
+
+def test_live_rows_equal_the_training_replay_rows(log):
+    """features_of (a round's few jobs, built from arrays) and prepare (training) agree column for column."""
+    import pandas as pd
+
+    model = DurationModel(**FAST)
+    train = log.iloc[:3000]
+    model.prepare(train)
+    later = log.iloc[3000:3040]
+    jobs = [Job(str(r.job_id), str(r.user), str(r.vc), int(r.gpus), float(r.submit_time), name=str(r.name))
+            for r in later.itertuples()]
+    live = model.features_of(jobs)
+    again = DurationModel(**FAST)
+    replayed = again.prepare(pd.concat([train, later]))
+    assert list(live.columns) == list(replayed.columns)
+    for column in ("vc", "gpus", "hour", "day_of_week"):
+        assert list(live[column]) == list(replayed[column].iloc[3000:3040]), column
