@@ -85,6 +85,25 @@ class UpdateConfig:
 
 
 @dataclass(frozen=True)
+class RuntimeConfig:
+    """The live driver's knobs (the scheduling round), read by `RoundSettings.from_config`."""
+
+    lease_ttl_s: float = _knob(120.0, lo=1, doc="a round's lease on the store; a dead round's lapses after this")
+    stop_grace_s: float = _knob(10.0, lo=0, doc="seconds between TERM and KILL when a job is stopped")
+    launch_grace_s: float = _knob(60.0, lo=1, doc="a launched run whose wrapper has not started by then failed")
+    telemetry_interval_s: float = _knob(1.0, lo=0.05, doc="sampling interval of a profiling window")
+    monitor_interval_s: float = _knob(5.0, lo=0.05, doc="sampling interval of a running job watched for sharing")
+    speed_settle_s: float = _knob(60.0, lo=0, doc="a pair's speed counts from this long after it formed")
+    speed_min_samples: int = _knob(10, lo=1, doc="samples needed before a pair's speed is judged")
+    max_launch_failures: int = _knob(3, lo=1, doc="a job whose launch hosts refuse this often fails")
+    host_cooldown_s: float = _knob(300.0, lo=0, doc="a host that refused a launch gets no new work this long")
+    host_lost_after_s: float = _knob(
+        600.0, lo=0, doc="a host silent this long loses its runs (their jobs fail, or requeue with requeue_lost); "
+        "0 waits for the host forever")
+    requeue_lost: bool = _knob(False, doc="put the jobs of a lost host back in the queue instead of failing them")
+
+
+@dataclass(frozen=True)
 class LucidConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     binder: BinderConfig = field(default_factory=BinderConfig)
@@ -93,6 +112,7 @@ class LucidConfig:
     tiresias: TiresiasConfig = field(default_factory=TiresiasConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     update: UpdateConfig = field(default_factory=UpdateConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
         if self.binder.medium_threshold > self.binder.tiny_threshold:

@@ -227,7 +227,8 @@ def _round(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    settings = RoundSettings(stop_grace_s=args.stop_grace, lease_ttl_s=args.lease_ttl)
+    given = {"stop_grace_s": args.stop_grace, "lease_ttl_s": args.lease_ttl}
+    settings = RoundSettings.from_config(config, **{k: v for k, v in given.items() if v is not None})
     report = SchedulingRound(_store(args), _executor(args), config, settings).run()
     if not report.acquired:
         print("another round holds the lease; nothing done", file=sys.stderr)
@@ -307,6 +308,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("round", help="run one scheduling round (reconcile, decide, execute)")
     _common(p)
     p.add_argument("--known-hosts", default=None)
-    p.add_argument("--stop-grace", type=float, default=10.0, help="seconds between TERM and KILL")
-    p.add_argument("--lease-ttl", type=float, default=120.0)
+    p.add_argument("--stop-grace", type=float, default=None,
+                   help="seconds between TERM and KILL (default: runtime.stop_grace_s)")
+    p.add_argument("--lease-ttl", type=float, default=None, help="default: runtime.lease_ttl_s")
     p.set_defaults(func=_round)

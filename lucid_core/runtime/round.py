@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import distinct, func, select, update
 
-from lucid_core.config import LucidConfig
+from lucid_core.config import LucidConfig, RuntimeConfig
 from lucid_core.domain import TERMINAL_STATES, GpuRef, JobState, Pool
 from lucid_core.policy.decisions import (
     Decision,
@@ -81,26 +81,40 @@ class InjectedCrash(BaseException):
 
 @dataclass(frozen=True)
 class RoundSettings:
-    """Knobs of the live driver (the policy's knobs are in LucidConfig)."""
+    """Knobs of the live driver; defaults and meanings are those of `LucidConfig.runtime` (config.py),
+    which deployments set (file, LUCID__RUNTIME__* variables) and `from_config` reads."""
 
-    lease_ttl_s: float = 120.0
-    stop_grace_s: float = 10.0
-    launch_grace_s: float = 60.0
-    telemetry_interval_s: float = 1.0
+    lease_ttl_s: float = RuntimeConfig.lease_ttl_s
+    stop_grace_s: float = RuntimeConfig.stop_grace_s
+    launch_grace_s: float = RuntimeConfig.launch_grace_s
+    telemetry_interval_s: float = RuntimeConfig.telemetry_interval_s
     telemetry_margin_s: float = 5.0
     # a main run's agent keeps sampling for the job's life, this often, to watch its speed when it shares
-    monitor_interval_s: float = 5.0
+    monitor_interval_s: float = RuntimeConfig.monitor_interval_s
     # a pair's telemetry counts from this long after its second job started, from this many samples on
-    speed_settle_s: float = 60.0
-    speed_min_samples: int = 10
-    max_launch_failures: int = 3  # a job whose launch the hosts refuse this often fails
-    host_cooldown_s: float = 300.0  # a host that refused a launch gets no new work this long
+    speed_settle_s: float = RuntimeConfig.speed_settle_s
+    speed_min_samples: int = RuntimeConfig.speed_min_samples
+    max_launch_failures: int = RuntimeConfig.max_launch_failures  # a job whose launch hosts refuse this often fails
+    host_cooldown_s: float = RuntimeConfig.host_cooldown_s  # a host that refused a launch gets no new work this long
     # give up on a host silent this long: its runs are lost, their jobs fail (or requeue_lost); None: wait
-    host_lost_after_s: float | None = None
-    requeue_lost: bool = False
+    host_lost_after_s: float | None = RuntimeConfig.host_lost_after_s or None
+    requeue_lost: bool = RuntimeConfig.requeue_lost
     # workload catalog (Lucid artifact format) behind emulated telemetry; None: the synthetic one
     catalog_dir: str | None = None
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    @classmethod
+    def from_config(cls, config: LucidConfig, **overrides: Any) -> RoundSettings:
+        """Settings from the config's `runtime` section (what `lucid round` and the round DAG use)."""
+        rt = config.runtime
+        values: dict[str, Any] = {
+            "lease_ttl_s": rt.lease_ttl_s, "stop_grace_s": rt.stop_grace_s, "launch_grace_s": rt.launch_grace_s,
+            "telemetry_interval_s": rt.telemetry_interval_s, "monitor_interval_s": rt.monitor_interval_s,
+            "speed_settle_s": rt.speed_settle_s, "speed_min_samples": rt.speed_min_samples,
+            "max_launch_failures": rt.max_launch_failures, "host_cooldown_s": rt.host_cooldown_s,
+            "host_lost_after_s": rt.host_lost_after_s or None, "requeue_lost": rt.requeue_lost,
+        }
+        return cls(**{**values, **overrides})
 
 
 @dataclass

@@ -96,7 +96,7 @@ def _round(url: str, workdir: Path):
     config_path = os.environ.get("LUCID_CONFIG")
     config = load_config(config_path if config_path and Path(config_path).is_file() else None)
     executor = HostExecutor({"ssh": ConnectionTransport(workdir), "local": LocalTransport()})
-    return SchedulingRound(Store(url), executor, config, RoundSettings(holder=_holder()))
+    return SchedulingRound(Store(url), executor, config, RoundSettings.from_config(config, holder=_holder()))
 
 
 def _acquire(rnd) -> bool:
