@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lucid_core.config import ConfigError, LucidConfig
+from lucid_core.config import ConfigError, LucidConfig, load_config
 from lucid_core.sim.records import TraceRecord
 
 #: Form field -> config knob it sets (what the Params form and the CLI accept).
@@ -292,7 +292,13 @@ def chosen_overrides(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_config_toml(overrides: Mapping[str, Any], path: str | Path, base: LucidConfig | None = None) -> Path:
-    """Write the full configuration with `overrides` applied as TOML that `load_config` reads back."""
+    """Write the full configuration with `overrides` applied as TOML that `load_config` reads back.
+
+    Without `base`, the file's own settings (when it exists) are the base, so applying a sweep changes
+    only the swept knobs and keeps what the operator set there (environment overrides are not written)."""
+    target = Path(path)
+    if base is None and target.is_file():
+        base = load_config(target, env={})
     config = (base or LucidConfig()).with_overrides(dict(overrides))
     lines = ["# written by the Lucid System Tuner", ""]
     for section, knobs in config.to_dict().items():
@@ -300,7 +306,6 @@ def write_config_toml(overrides: Mapping[str, Any], path: str | Path, base: Luci
         for knob, value in knobs.items():
             lines.append(f"{knob} = {_toml_value(value)}")
         lines.append("")
-    target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(lines), encoding="utf-8")
     return target

@@ -29,6 +29,20 @@ def test_rank_orders_by_objective_and_puts_failures_last():
     assert [r.index for r in rank(results, "utilization")] == [0, 2, 1]
 
 
+def test_applying_a_sweep_changes_only_the_swept_knobs_of_the_live_config(tmp_path):
+    from lucid_core.config import load_config
+    from lucid_core.tuner import write_config_toml
+
+    live = tmp_path / "lucid.toml"
+    live.write_text("[cluster]\ngpu_memory_mb = 81920\n[runtime]\nhost_lost_after_s = 120\n", encoding="utf-8")
+    write_config_toml({"profiler.tprof_s": 100, "binder.sharing": "off"}, live)
+    applied = load_config(live, env={})
+    assert (applied.profiler.tprof_s, applied.binder.sharing) == (100, "off")
+    assert applied.cluster.gpu_memory_mb == 81920 and applied.runtime.host_lost_after_s == 120  # kept
+    write_config_toml({"profiler.tprof_s": 300}, tmp_path / "new.toml")  # no file yet: defaults + sweep
+    assert load_config(tmp_path / "new.toml", env={}).cluster.gpu_memory_mb == 24576
+
+
 def test_psi_is_zero_for_the_same_sample_and_large_for_a_shift():
     from lucid_core.alerts import population_stability_index
 
