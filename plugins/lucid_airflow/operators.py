@@ -1,0 +1,181 @@
+"""Operators for a user's own pipeline: submit a training job to Lucid, wait for it, watch one submitted elsewhere."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import Any, ClassVar
+
+from airflow.sdk import BaseOperator, BaseSensorOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from lucid_airflow.connections import STORE_CONN_ID
+from lucid_airflow.hooks import LucidHook, is_terminal
+from lucid_airflow.triggers import LucidJobTrigger, job_outcome
+from lucid_core.domain import JobState
+
+XCOM_JOB_ID = "job_id"
+
+
+def task_idempotency_key(dag_id: str, task_id: str, run_id: str, map_index: int, try_number: int) -> str:
+    """A submission key unique to one try of one task instance (at most 128 characters, as the store allows).
+
+    Executing the same try again (a worker lost after submitting) finds the job it submitted; a retry
+    (the next try) submits a new one.
+    """
+    identity = json.dumps([dag_id, task_id, run_id, map_index, try_number])
+    return f"airflow:{hashlib.sha256(identity.encode()).hexdigest()}"
+
+
+class LucidSubmitJobOperator(BaseOperator):
+    """Submit a job to the Lucid GPU scheduler and, by default, wait for it to end.
+
+    The job id is pushed to XCom (key `job_id`, and as the return value). The task succeeds when the
+    job is COMPLETED and fails with the job's exit code and end reason when it is FAILED or CANCELLED.
+    Waiting defers to the triggerer (`deferrable=True`) or polls in the worker. Killing the task
+    cancels the job.
+
+    :param command: shell command line (or argv list) run on the GPU hosts; templated
+    :param gpus: GPUs the job needs
+    :param vc: the virtual cluster whose hosts run it; templated
+    :param user: the job's user (the OS user on hosts that run jobs as their submitter); templated;
+        defaults to the task's owner
+    :param name: a name people read in the queue; templated; defaults to `dag_id.task_id`
+    :param env: environment variables for the job; templated
+    :param amp: the job trains with mixed precision (a duration-model feature)
+    :param long_cold_start: the job needs long to start (the profiler then watches it longer)
+    :param wait_for_completion: wait for the job to end; otherwise succeed once it is submitted
+    :param deferrable: wait in the triggerer rather than holding a worker slot
+    :param poll_interval: seconds between status reads while waiting
+    :param lucid_conn_id: the connection to the Lucid store
+    """
+
+    template_fields: Sequence[str] = ("command", "name", "env", "user", "vc")
+    template_fields_renderers: ClassVar[dict[str, str]] = {"env": "json"}
+    ui_color = "#e8f1fb"
+
+    def __init__(self, *, command: str | Sequence[str], gpus: int = 1, vc: str = "default",
+                 user: str | None = None, name: str | None = None, env: Mapping[str, str] | None = None,
+                 amp: bool = False, long_cold_start: bool = False, wait_for_completion: bool = True,
+                 deferrable: bool = True, poll_interval: float = 30.0, lucid_conn_id: str = STORE_CONN_ID,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.command = command
+        self.gpus = gpus
+        self.vc = vc
+        self.user = user
+        self.name = name
+        self.env = dict(env or {})
+        self.amp = amp
+        self.long_cold_start = long_cold_start
+        self.wait_for_completion = wait_for_completion
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.lucid_conn_id = lucid_conn_id
+        self.job_id: str | None = None
+
+    @cached_property
+    def hook(self) -> LucidHook:
+        return LucidHook(lucid_conn_id=self.lucid_conn_id)
+
+    def build_request(self, context: Mapping[str, Any]) -> Any:
+        """The JobRequest for this try of this task instance, keyed so that a re-run of the try reattaches."""
+        from lucid_core.runtime.submission import JobRequest
+
+        ti = context["ti"]
+        key = task_idempotency_key(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
+        return JobRequest(command=self.command, gpus=self.gpus, user=self.user or self.owner, vc=self.vc,
+                          name=self.name or f"{ti.dag_id}.{ti.task_id}", amp=self.amp,
+                          long_cold_start=self.long_cold_start, env=self.env, idempotency_key=key)
+
+    def execute(self, context: Mapping[str, Any]) -> str:
+        try:
+            return self._submit_and_wait(context)
+        finally:
+            self.hook.close()
+
+    def _submit_and_wait(self, context: Mapping[str, Any]) -> str:
+        from lucid_core.runtime.submission import SubmissionError
+
+        try:
+            self.job_id = self.hook.submit_job(self.build_request(context))
+        except SubmissionError as exc:  # a bad request stays bad on every retry
+            raise AirflowFailException(f"Lucid refused the job: {exc}") from exc
+        context["ti"].xcom_push(key=XCOM_JOB_ID, value=self.job_id)
+        self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", self.job_id, self.gpus, self.vc)
+        if not self.wait_for_completion:
+            return self.job_id
+        info = self.hook.get_job(self.job_id)
+        if not is_terminal(info["state"]) and self.deferrable:
+            self.defer(trigger=LucidJobTrigger(job_id=self.job_id, lucid_conn_id=self.lucid_conn_id,
+                                               poll_interval=self.poll_interval),
+                       method_name="execute_complete", timeout=self.execution_timeout)
+        if not is_terminal(info["state"]):
+            timeout = self.execution_timeout.total_seconds() if isinstance(self.execution_timeout, timedelta) else None
+            info = self.hook.wait_for_job(self.job_id, poll_interval=self.poll_interval, timeout=timeout)
+        return self._finish(info["job_id"], info["state"], job_outcome(info))
+
+    def execute_complete(self, context: Mapping[str, Any], event: dict[str, Any]) -> str:
+        """Resumed from the trigger: succeed on COMPLETED, otherwise fail with the job's reason."""
+        self.job_id = event["job_id"]
+        return self._finish(event["job_id"], event.get("state"), event["message"])
+
+    def _finish(self, job_id: str, state: str | None, message: str) -> str:
+        if state != JobState.COMPLETED.value:
+            raise AirflowException(message)
+        self.log.info("%s", message)
+        return job_id
+
+    def on_kill(self) -> None:
+        """The task was killed while waiting in the worker: cancel the job (the next round stops it)."""
+        if self.job_id is not None and self.wait_for_completion:
+            try:
+                state = self.hook.cancel_job(self.job_id)
+            finally:
+                self.hook.close()
+            self.log.info("Asked Lucid to cancel job %s (was %s)", self.job_id, state)
+
+
+class LucidJobSensor(BaseSensorOperator):
+    """Wait for a Lucid job submitted elsewhere (by id) to end: succeed on COMPLETED, fail otherwise.
+
+    :param job_id: the job to watch; templated (e.g. an XCom of an upstream LucidSubmitJobOperator)
+    :param deferrable: wait in the triggerer instead of poking from a worker
+    """
+
+    template_fields: Sequence[str] = ("job_id",)
+
+    def __init__(self, *, job_id: str, lucid_conn_id: str = STORE_CONN_ID, deferrable: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job_id = job_id
+        self.lucid_conn_id = lucid_conn_id
+        self.deferrable = deferrable
+
+    def execute(self, context: Mapping[str, Any]) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        if self.poke(context):
+            return None
+        self.defer(trigger=LucidJobTrigger(job_id=self.job_id, lucid_conn_id=self.lucid_conn_id,
+                                           poll_interval=self.poke_interval, cancel_on_kill=False),
+                   method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def poke(self, context: Mapping[str, Any]) -> bool:
+        hook = LucidHook(lucid_conn_id=self.lucid_conn_id)
+        try:
+            info = hook.get_job(self.job_id)
+        finally:
+            hook.close()
+        if not is_terminal(info["state"]):
+            return False
+        if info["state"] != JobState.COMPLETED.value:
+            raise AirflowException(job_outcome(info))
+        return True
+
+    def execute_complete(self, context: Mapping[str, Any], event: dict[str, Any]) -> None:
+        if event.get("state") != JobState.COMPLETED.value:
+            raise AirflowException(event["message"])
