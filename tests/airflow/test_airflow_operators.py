@@ -1,0 +1,296 @@
+"""LucidSubmitJobOperator, LucidJobTrigger and LucidJobSensor against a store whose local hosts run real
+processes, while scheduling rounds run in a background thread (as the scheduling DAG would)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from lucid_af_support import REPO
+
+EXAMPLE = REPO / "include" / "airflow" / "example_lucid_training.py"
+# sleeps past the profiling window, then fails unless the manifest `prepare` wrote was passed on
+TRAIN_OK = "sh -c 'sleep 3; test -f \"$2\"' train"
+
+
+def _state(value) -> str:
+    return str(getattr(value, "value", value))
+
+
+class RoundLoop:
+    """Scheduling rounds on the local executor every 0.3 s in a thread, until stopped."""
+
+    def __init__(self, url: str) -> None:
+        from lucid_core.config import LucidConfig
+        from lucid_core.runtime.local_executor import local_executor
+        from lucid_core.runtime.round import RoundSettings, SchedulingRound
+        from lucid_core.runtime.store import Store
+
+        self.store = Store(url)
+        config = LucidConfig().with_overrides({"profiler.tprof_s": 1, "profiler.in_place": False,
+                                               "forecast.mode_check_interval_s": 1})
+        settings = RoundSettings(stop_grace_s=1.0, telemetry_interval_s=0.25, launch_grace_s=30, lease_ttl_s=5,
+                                 holder="operator-test")
+        self._round = lambda: SchedulingRound(self.store, local_executor(), config, settings).run()
+        self._stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._loop, name="lucid-rounds", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._round()
+            except Exception as exc:  # surfaced by the test, not swallowed
+                self.errors.append(exc)
+            self._stop.wait(0.3)
+
+    def __enter__(self) -> RoundLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.store.dispose()
+
+
+@pytest.fixture
+def lucid_store(airflow_db, lucid_home, tmp_path, monkeypatch):
+    """A migrated SQLite store with a 1-GPU local profiling host and a 2-GPU local main host in VC default,
+    reached by the tasks through the `lucid_db` connection."""
+    from lucid_core.runtime.inventory import HostSpec, add_host
+    from lucid_core.runtime.store import Store
+
+    db = lucid_home / "lucid.db"
+    monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))
+    store = Store(f"sqlite:///{db}")
+    add_host(store, HostSpec("p0", executor="local", pool="profiling", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "p0")))
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, workdir=str(tmp_path / "m0")))
+    yield store
+    store.dispose()
+
+
+def _jobs(store) -> dict:
+    from lucid_core.runtime.schema import JobRow
+
+    with store.session() as s:
+        return {j.job_id: j for j in s.query(JobRow).all()}
+
+
+def _example_dag():
+    """The example DAG, written to the metadata DB first: dag.test() only serializes the DAGs-folder bundle,
+    and the example lives outside dags/ on purpose."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    bag = DagBag(dag_folder=str(EXAMPLE))
+    assert not bag.import_errors, bag.import_errors
+    DagBundlesManager().sync_bundles_to_db()
+    sync_bag_to_db(bag, "dags-folder", None)
+    return bag.dags["example_lucid_training"]
+
+
+def _tis(run) -> dict:
+    return {ti.task_id: ti for ti in run.get_task_instances()}
+
+
+def _xcom(run, task_id: str, key: str = "return_value"):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id,
+                                                  key=key).one()
+        return XComModel.deserialize_value(row)
+
+
+def _conf(tmp_path, script: str) -> dict:
+    return {"data_root": str(tmp_path / "data"), "train_script": script, "vc": "default", "user": "ann"}
+
+
+@pytest.mark.parametrize("deferrable", [True, False], ids=["deferred", "polling-in-worker"])
+def test_example_dag_trains_on_the_fleet_then_evaluates(lucid_store, tmp_path, deferrable):
+    dag = _example_dag()
+    train = dag.task_dict["train"]
+    train.deferrable, train.poll_interval = deferrable, 1
+    with RoundLoop(lucid_store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, TRAIN_OK))
+    assert not rounds.errors, rounds.errors
+    tis = _tis(run)
+    assert {k: _state(ti.state) for k, ti in tis.items()} == {"prepare": "success", "train": "success",
+                                                             "evaluate": "success"}
+    assert _state(run.state) == "success"
+    (job_id, job), = _jobs(lucid_store).items()
+    assert job.state == "COMPLETED" and job.exit_code == 0
+    manifest = str(tmp_path / "data" / "manifest.json")
+    assert job.command.endswith(f"--manifest {manifest}") and job.env == {"DATA_MANIFEST": manifest}
+    assert job.user == "ann" and job.vc == "default" and job.name == f"example-{run.run_id}"
+    # the task waited for the job: it ended after the round recorded the job's end
+    assert tis["train"].end_date.timestamp() >= job.end_time > job.start_time
+    assert _xcom(run, "train") == job_id and _xcom(run, "train", "job_id") == job_id
+    assert _xcom(run, "evaluate") == {"job_id": job_id, "state": "COMPLETED",
+                                      "runtime_s": pytest.approx(job.end_time - job.start_time),
+                                      "ended_in_profiling": job.ended_in_profiling}
+    # deferred: the wait ran in a trigger (dag.test runs it in line); polling: it never left the worker
+    assert (tis["train"].trigger_id is not None) is deferrable
+
+
+def test_a_failing_job_fails_the_task_with_its_reason_and_each_retry_submits_anew(lucid_store, tmp_path, capfd):
+    from datetime import timedelta
+
+    dag = _example_dag()
+    train = dag.task_dict["train"]
+    train.poll_interval, train.retries, train.retry_delay = 1, 1, timedelta(0)
+    with RoundLoop(lucid_store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, "sleep 1; exit 1;"))
+    assert not rounds.errors, rounds.errors
+    tis = _tis(run)
+    assert _state(tis["train"].state) == "failed" and _state(tis["evaluate"].state) == "upstream_failed"
+    assert _state(run.state) == "failed"
+    jobs = _jobs(lucid_store)
+    assert len(jobs) == 2, "the retry (try 2) submits a job of its own"
+    assert [(j.state, j.exit_code) for j in jobs.values()] == [("FAILED", 1), ("FAILED", 1)]
+    assert len({j.idempotency_key for j in jobs.values()}) == 2
+    out = capfd.readouterr().out
+    for job_id, job in jobs.items():
+        assert f"Lucid job {job_id} FAILED: {job.end_reason}" in out
+    assert all(j.end_reason == "exited with code 1" for j in jobs.values())
+
+
+def test_executing_the_same_try_again_reattaches_to_its_job(lucid_store, tmp_path, capfd):
+    """A worker lost after submitting runs the same try again: the operator finds its job, submits nothing."""
+    from airflow.sdk.definitions.dag import _run_task  # dag.test()'s own way of running one task instance
+
+    dag = _example_dag()
+    dag.task_dict["train"].poll_interval = 1
+    with RoundLoop(lucid_store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, TRAIN_OK))
+        (job_id, first), = _jobs(lucid_store).items()
+        train_ti = _tis(run)["train"]
+        try_number = train_ti.try_number
+        _run_task(ti=train_ti, task=dag.task_dict["train"], run_triggerer=True)
+    assert not rounds.errors, rounds.errors
+    again = _tis(run)["train"]
+    assert again.try_number == try_number and _state(again.state) == "success"
+    jobs = _jobs(lucid_store)
+    assert list(jobs) == [job_id] and jobs[job_id].submit_time == first.submit_time
+    assert _xcom(run, "train") == job_id
+    assert capfd.readouterr().out.count(f"Lucid job {job_id} submitted") == 2, "the operator ran twice"
+
+
+def test_idempotency_key_is_per_try_and_fits_the_store():
+    from lucid_airflow.operators import task_idempotency_key
+
+    from lucid_core.runtime.submission import MAX_IDEMPOTENCY_KEY
+
+    key = task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 7, 1)
+    assert len(key) <= MAX_IDEMPOTENCY_KEY
+    assert key == task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 7, 1)
+    assert key != task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 7, 2)
+    assert key != task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 8, 1)
+    # the parts are JSON-quoted: ids with separators in them cannot collide
+    assert task_idempotency_key("a:b", "c", "r", -1, 1) != task_idempotency_key("a", "b:c", "r", -1, 1)
+
+
+def test_trigger_serializes_reports_unknown_jobs_cancels_on_kill_and_fires_on_the_end(lucid_store):
+    from lucid_airflow.triggers import LucidJobTrigger
+
+    from lucid_core.runtime.submission import JobRequest, submit
+
+    trigger = LucidJobTrigger(job_id="j404", poll_interval=0.1)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "lucid_airflow.triggers.LucidJobTrigger"
+    assert LucidJobTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+    async def first_event(t: LucidJobTrigger) -> dict:
+        async for event in t.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    missing = asyncio.run(first_event(trigger))
+    assert missing["status"] == "error" and "no job 'j404'" in missing["message"]
+
+    job = submit(lucid_store, JobRequest("sleep 30", gpus=1, user="ann", vc="default", name="killed"))
+    watching = LucidJobTrigger(job_id=job, poll_interval=0.1)
+    asyncio.run(watching.on_kill())  # the user marked the deferred task failed
+    assert _jobs(lucid_store)[job].cancel_requested
+    with RoundLoop(lucid_store.url) as rounds:
+        event = asyncio.run(asyncio.wait_for(first_event(watching), timeout=60))
+    assert not rounds.errors, rounds.errors
+    assert event["status"] == "error" and event["state"] == "CANCELLED" and event["job_id"] == job
+    assert event["message"] == f"Lucid job {job} CANCELLED: {_jobs(lucid_store)[job].end_reason}"
+    assert not LucidJobTrigger(job_id=job, cancel_on_kill=False).serialize()[1]["cancel_on_kill"]
+
+
+SENSOR_DAG = '''
+from datetime import datetime
+
+from airflow.sdk import DAG
+from lucid_airflow.operators import LucidJobSensor
+
+with DAG("lucid_sensor_check", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
+    LucidJobSensor(task_id="wait", job_id="{{ params.job_id }}", poke_interval=1, params={"job_id": ""})
+'''
+
+
+def test_sensor_waits_in_the_triggerer_for_a_job_submitted_elsewhere(lucid_store, tmp_path):
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.sdk.exceptions import AirflowException
+    from lucid_airflow.operators import LucidJobSensor
+
+    from lucid_core.runtime.submission import JobRequest, submit
+
+    (tmp_path / "sensor_dag.py").write_text(SENSOR_DAG)
+    bag = DagBag(dag_folder=str(tmp_path / "sensor_dag.py"))
+    assert not bag.import_errors, bag.import_errors
+    DagBundlesManager().sync_bundles_to_db()
+    sync_bag_to_db(bag, "dags-folder", None)
+    job = submit(lucid_store, JobRequest("sleep 3", gpus=1, user="ann", vc="default", name="elsewhere"))
+    with RoundLoop(lucid_store.url) as rounds:
+        run = bag.dags["lucid_sensor_check"].test(run_conf={"job_id": job})
+        failing = submit(lucid_store, JobRequest("exit 2", gpus=1, user="ann", vc="default", name="bad"))
+        deadline = time.monotonic() + 60
+        while _jobs(lucid_store)[failing].state != "FAILED":
+            assert time.monotonic() < deadline, _jobs(lucid_store)[failing].state
+            time.sleep(0.3)
+    assert not rounds.errors, rounds.errors
+    (ti,) = run.get_task_instances()
+    assert _state(ti.state) == "success" and ti.trigger_id is not None
+    ended = _jobs(lucid_store)[job]
+    assert ended.state == "COMPLETED" and ti.end_date.timestamp() >= ended.end_time
+    with pytest.raises(AirflowException, match=f"Lucid job {failing} FAILED: .*code 2"):
+        LucidJobSensor(task_id="direct", job_id=failing).poke({})
+
+
+def test_hook_reads_the_store_url_from_sqlite_postgres_and_lucid_connections(tmp_path):
+    from airflow.sdk import Connection
+    from lucid_airflow.hooks import LucidHook
+
+    assert LucidHook.default_conn_name == "lucid_db" and LucidHook.conn_name_attr == "lucid_conn_id"
+    db = tmp_path / "x.db"
+    assert LucidHook.url_from_connection(Connection(conn_id="a", conn_type="sqlite", host=str(db))) == f"sqlite:///{db}"
+    fields = {"host": "db.internal", "port": 5432, "login": "u", "password": "p", "schema": "lucid"}
+    expected = "postgresql+psycopg2://u:p@db.internal:5432/lucid"
+    assert LucidHook.url_from_connection(Connection(conn_id="b", conn_type="postgres", **fields)) == expected
+    assert LucidHook.url_from_connection(Connection(conn_id="c", conn_type="lucid", **fields)) == expected
+    explicit = Connection(conn_id="d", conn_type="lucid", extra=json.dumps({"sqlalchemy_url": f"sqlite:///{db}"}))
+    assert LucidHook.url_from_connection(explicit) == f"sqlite:///{db}"
+
+
+def test_killing_the_waiting_task_cancels_its_job(lucid_store):
+    from lucid_airflow.operators import LucidSubmitJobOperator
+
+    from lucid_core.runtime.submission import JobRequest, submit
+
+    job = submit(lucid_store, JobRequest("sleep 30", gpus=1, user="ann", vc="default", name="train"))
+    operator = LucidSubmitJobOperator(task_id="train", command="sleep 30", deferrable=False)
+    operator.on_kill()  # killed before it submitted: nothing to cancel
+    assert not _jobs(lucid_store)[job].cancel_requested
+    operator.job_id = job  # as execute() records it once the job is submitted
+    operator.on_kill()
+    assert _jobs(lucid_store)[job].cancel_requested
