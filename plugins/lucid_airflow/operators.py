@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import cached_property
@@ -13,7 +14,7 @@ from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from lucid_airflow.connections import STORE_CONN_ID
-from lucid_airflow.hooks import LucidHook, is_terminal
+from lucid_airflow.hooks import LucidHook, LucidJobTimeout, is_terminal
 from lucid_airflow.triggers import LucidJobTrigger, job_outcome
 from lucid_core.domain import JobState
 
@@ -109,19 +110,36 @@ class LucidSubmitJobOperator(BaseOperator):
         if not self.wait_for_completion:
             return self.job_id
         info = self.hook.get_job(self.job_id)
+        timeout = self.execution_timeout.total_seconds() if isinstance(self.execution_timeout, timedelta) else None
         if not is_terminal(info["state"]) and self.deferrable:
+            # the trigger itself ends the wait at the task's timeout, so the job is cancelled, not orphaned
             self.defer(trigger=LucidJobTrigger(job_id=self.job_id, lucid_conn_id=self.lucid_conn_id,
-                                               poll_interval=self.poll_interval),
-                       method_name="execute_complete", timeout=self.execution_timeout)
+                                               poll_interval=self.poll_interval,
+                                               deadline=None if timeout is None else time.time() + timeout),
+                       method_name="execute_complete")
         if not is_terminal(info["state"]):
-            timeout = self.execution_timeout.total_seconds() if isinstance(self.execution_timeout, timedelta) else None
-            info = self.hook.wait_for_job(self.job_id, poll_interval=self.poll_interval, timeout=timeout)
+            try:
+                info = self.hook.wait_for_job(self.job_id, poll_interval=self.poll_interval, timeout=timeout)
+            except LucidJobTimeout as exc:
+                self._cancel_after_timeout()
+                raise AirflowException(f"{exc}; cancelled it") from exc
         return self._finish(info["job_id"], info["state"], job_outcome(info))
 
     def execute_complete(self, context: Mapping[str, Any], event: dict[str, Any]) -> str:
-        """Resumed from the trigger: succeed on COMPLETED, otherwise fail with the job's reason."""
+        """Resumed from the trigger: succeed on COMPLETED, cancel the job at the task's timeout, else fail
+        with the job's reason."""
         self.job_id = event["job_id"]
+        if event.get("status") == "timeout":
+            try:
+                self._cancel_after_timeout()
+            finally:
+                self.hook.close()
+            raise AirflowException(f"{event['message']}; cancelled it")
         return self._finish(event["job_id"], event.get("state"), event["message"])
+
+    def _cancel_after_timeout(self) -> None:
+        state = self.hook.cancel_job(self.job_id)
+        self.log.info("Timed out: asked Lucid to cancel job %s (was %s)", self.job_id, state)
 
     def _finish(self, job_id: str, state: str | None, message: str) -> str:
         if state != JobState.COMPLETED.value:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,17 +22,20 @@ class LucidJobTrigger(BaseTrigger):
     """
 
     def __init__(self, job_id: str, lucid_conn_id: str = STORE_CONN_ID, poll_interval: float = 30.0,
-                 cancel_on_kill: bool = True) -> None:
+                 cancel_on_kill: bool = True, deadline: float | None = None) -> None:
         super().__init__()
         self.job_id = job_id
         self.lucid_conn_id = lucid_conn_id
         self.poll_interval = float(poll_interval)
         self.cancel_on_kill = cancel_on_kill
+        # epoch seconds: past it, the wait ends with status "timeout" (the task's execution_timeout, which
+        # Airflow does not enforce on a deferred task by killing anything)
+        self.deadline = deadline
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"job_id": self.job_id, "lucid_conn_id": self.lucid_conn_id, "poll_interval": self.poll_interval,
-                 "cancel_on_kill": self.cancel_on_kill})
+                 "cancel_on_kill": self.cancel_on_kill, "deadline": self.deadline})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = LucidHook(lucid_conn_id=self.lucid_conn_id)
@@ -46,8 +50,16 @@ class LucidJobTrigger(BaseTrigger):
                 if is_terminal(info["state"]):
                     yield TriggerEvent(job_event(info))
                     return
+                now = time.time()
+                if self.deadline is not None and now >= self.deadline:
+                    yield TriggerEvent({"status": "timeout", "job_id": self.job_id, "state": info["state"],
+                                        "exit_code": None, "end_reason": None,
+                                        "message": f"Lucid job {self.job_id} still {info['state']} at the task's "
+                                                   "execution_timeout"})
+                    return
                 self.log.info("Lucid job %s is %s", self.job_id, info["state"])
-                await asyncio.sleep(self.poll_interval)
+                wait = self.poll_interval if self.deadline is None else min(self.poll_interval, self.deadline - now)
+                await asyncio.sleep(max(0.0, wait))
         finally:
             await asyncio.to_thread(hook.close)
 

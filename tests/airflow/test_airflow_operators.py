@@ -161,6 +161,29 @@ def test_a_failing_job_fails_the_task_with_its_reason_and_each_retry_submits_ane
     assert all(j.end_reason == "exited with code 1" for j in jobs.values())
 
 
+@pytest.mark.parametrize("deferrable", [True, False], ids=["deferred", "polling-in-worker"])
+def test_a_task_that_times_out_cancels_its_job(lucid_store, tmp_path, capfd, deferrable):
+    """execution_timeout is a hard limit either way: the job is cancelled, not left holding GPUs. (Airflow
+    kills nothing when a deferred task's timeout passes, so the trigger ends the wait at the deadline.)"""
+    from datetime import timedelta
+
+    dag = _example_dag()
+    train = dag.task_dict["train"]
+    train.poll_interval, train.deferrable, train.execution_timeout = 1, deferrable, timedelta(seconds=8)
+    started = time.monotonic()
+    with RoundLoop(lucid_store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, "sleep 120;"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(j.state != "CANCELLED" for j in _jobs(lucid_store).values()):
+            time.sleep(0.5)
+    assert not rounds.errors, rounds.errors
+    assert time.monotonic() - started < 100, "the task waited for the 120 s job"
+    assert _state(_tis(run)["train"].state) == "failed"
+    (job,) = _jobs(lucid_store).values()
+    assert job.cancel_requested and job.state == "CANCELLED", (job.state, job.end_reason)
+    assert f"{job.job_id}" in capfd.readouterr().out
+
+
 def test_executing_the_same_try_again_reattaches_to_its_job(lucid_store, tmp_path, capfd):
     """A worker lost after submitting runs the same try again: the operator finds its job, submits nothing."""
     from airflow.sdk.definitions.dag import _run_task  # dag.test()'s own way of running one task instance
