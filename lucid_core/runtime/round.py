@@ -261,18 +261,7 @@ class SchedulingRound:
                                      .order_by(RunRow.planned_at, RunRow.node_rank)))
             stopping = list(s.scalars(select(RunRow).where(RunRow.state == "running",
                                                            RunRow.stop_reason.is_not(None))))
-        down: set[str] = set()
-        for run in stopping:
-            if run.host in down:
-                continue
-            try:
-                status = self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
-                                            run.stop_reason or "stop", self.settings.stop_grace_s)
-            except HostUnreachable as exc:
-                down.add(run.host)
-                self._host_failed(run.host, exc)
-                continue
-            self._settle(run, status)
+        down = self._stop_runs(stopping, "stop")
         still_stopping = {r.job_id for r in stopping if r.host in down}
         for run in planned:
             if run.host in down or run.job_id in still_stopping:
@@ -436,16 +425,23 @@ class SchedulingRound:
         with self.store.session() as s:
             peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run_id, RunRow.state == "running",
                                                         RunRow.stop_reason.is_not(None))))
+        return self._stop_runs(peers, "peer_ended")
+
+    def _stop_runs(self, runs: list[RunRow], default_reason: str) -> set[str]:
+        """Stop each run on its host (TERM, grace, KILL) and settle it; returns the hosts that did not
+        answer, whose runs stay `running` with their stop reason for a later round to retry."""
         down: set[str] = set()
-        for peer in peers:
-            try:
-                status = self.executor.stop(host_address(self._hosts[peer.host]), peer.run_id,
-                                            peer.stop_reason or "peer_ended", self.settings.stop_grace_s)
-            except HostUnreachable as exc:
-                down.add(peer.host)
-                self._host_failed(peer.host, exc)
+        for run in runs:
+            if run.host in down:
                 continue
-            self._settle(peer, status)
+            try:
+                status = self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
+                                            run.stop_reason or default_reason, self.settings.stop_grace_s)
+            except HostUnreachable as exc:
+                down.add(run.host)
+                self._host_failed(run.host, exc)
+                continue
+            self._settle(run, status)
         return down
 
     # ---------------------------------------------------------------------------- reconcile
