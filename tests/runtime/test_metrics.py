@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,6 +17,8 @@ from lucid_core.runtime.local_executor import local_executor
 from lucid_core.runtime.metrics import render
 from lucid_core.runtime.round import SchedulingRound
 from lucid_core.runtime.submission import JobRequest, cancel, submit
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -60,6 +63,18 @@ def test_metrics_show_queue_gpus_hosts_and_rounds(store, tmp_path):
     assert got[("lucid_rounds", ())] >= 1 and got[("lucid_rounds_failed", ())] == 0
     assert 100 <= got[("lucid_last_round_age_seconds", ())] < 130
     assert got[("lucid_last_round_decide_seconds", ())] >= 0
+
+    # the shipped alert rules use only metrics this exposition has
+    import re
+
+    import yaml
+
+    rules = yaml.safe_load((REPO / "include" / "prometheus" / "lucid_alerts.yml").read_text(encoding="utf-8"))
+    exposed = set(re.findall(r"^# TYPE (\w+) ", reply.text, flags=re.M))
+    for rule in rules["groups"][0]["rules"]:
+        assert rule["alert"] and rule["annotations"]["summary"], rule
+        used = set(re.findall(r"\blucid_\w+", rule["expr"]))
+        assert used and used <= exposed, (rule["alert"], used - exposed)
 
     # the CLI prints the same exposition (for node_exporter's textfile collector)
     cli = subprocess.run([sys.executable, "-m", "lucid_core.cli", "metrics", "--store", store.url],
