@@ -206,6 +206,18 @@ def _hosts(args: argparse.Namespace) -> int:
         elif args.hosts_cmd == "remove":
             remove_host(store, args.name)
             _print(args, {"name": args.name, "removed": True}, f"removed {args.name}")
+        elif args.hosts_cmd == "check":
+            from lucid_core.runtime.host_check import check_host
+
+            names = args.names or [h["name"] for h in list_hosts(store)]
+            executor = _executor(args)
+            try:
+                reports = [check_host(store, executor, n, as_user=args.as_user) for n in names]
+            finally:
+                executor.close()
+            _print(args, [{"host": r.host, "ok": r.ok, "checks": [vars(i) for i in r.items]} for r in reports],
+                   "\n".join(r.describe() for r in reports) or "no hosts")
+            return 0 if all(r.ok for r in reports) else 1
     except InventoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -273,7 +285,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("queue", help="running and waiting jobs with priority and pending reason")
     _common(p)
     p.set_defaults(func=_queue)
-    hosts = subparsers.add_parser("hosts", help="GPU hosts: add, list, drain, remove")
+    hosts = subparsers.add_parser("hosts", help="GPU hosts: add, list, drain, remove, check")
     hsub = hosts.add_subparsers(dest="hosts_cmd", required=True)
     add = hsub.add_parser("add")
     _common(add)
@@ -301,6 +313,12 @@ def add_parser(subparsers: Any) -> None:
             sp.add_argument("name")
         if name == "drain":
             sp.add_argument("--undo", action="store_true", help="accept new work again")
+    check = hsub.add_parser("check", help="is each host ready to run jobs? (reach, workdir, disk, python, "
+                                          "setsid, NVML, GPU count, sudo for submitter hosts)")
+    _common(check)
+    check.add_argument("names", nargs="*", help="hosts to check (default: all)")
+    check.add_argument("--as-user", default=None, help="on submitter hosts: check that sudo reaches this user")
+    check.add_argument("--known-hosts", default=None)
     hosts.set_defaults(func=_hosts)
     p = subparsers.add_parser("metrics", help="Prometheus metrics of the store (queue, GPUs, hosts, rounds)")
     _common(p)
