@@ -72,6 +72,8 @@ class RunStatus:
     exit_code: int | None = None
     stop_requested: bool = False
     disk_full: bool = False  # the run directory's disk was full when the command ended: its log writes failed
+    # a stop's count of the run's processes (by its environment marker) that had left its process group
+    escaped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +102,15 @@ class Transport(Protocol):
 def parse_status(words: Sequence[str]) -> RunStatus:
     """Turn the words of one poll line (after the run id) into a RunStatus."""
     state = words[0]
+    escaped = next((int(w[8:]) for w in words[1:] if w.startswith("escaped=") and w[8:].isdigit()), 0)
     if state == "RUNNING":
         return RunStatus("RUNNING", pid=int(words[1]))
     if state == "EXITED":
         code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
         return RunStatus("EXITED", exit_code=code, stop_requested="stopped" in words[2:],
-                         disk_full="disk_full" in words[2:])
+                         disk_full="disk_full" in words[2:], escaped=escaped)
     if state == "VANISHED":
-        return RunStatus("VANISHED", pid=int(words[1]), stop_requested="stopped" in words[2:])
+        return RunStatus("VANISHED", pid=int(words[1]), stop_requested="stopped" in words[2:], escaped=escaped)
     if state in {"MISSING", "NOPID"}:
         return RunStatus(state)
     raise HostCommandFailed(f"unexpected run status line: {' '.join(words)!r}")

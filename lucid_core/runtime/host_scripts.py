@@ -5,7 +5,7 @@ Every value the scheduler adds is shell-quoted; the user's command is written ve
 `mkdir` claims it atomically, so launching the same run twice starts one process.
 
 Files in a run directory: pid (the wrapper's process group), command.sh, run.sh (the wrapper),
-stdout.log, stderr.log, exit_code (written by the wrapper when the command ends: the exit status,
+marker (see below), stdout.log, stderr.log, exit_code (written by the wrapper when the command ends: the exit status,
 then `disk_full` when the run directory's disk had no room left as the command ended),
 stop_requested (written before the scheduler signals the job), telemetry.jsonl.
 
@@ -14,17 +14,27 @@ account (private to it), and only the command runs as the job's user through `su
 reading its environment and its text from `as_user.sh` on stdin (sudo resets the environment and the
 user cannot read the run directory). The user's processes stay in the wrapper's process group, so a
 stop signals them as that user (`sudo -u USER kill`) as well as the group as the SSH account.
+
+Every process of a run carries the marker `LUCID_RUN_MARKER=<run_id>.<random hex>` in its environment
+(children inherit it; the random part, kept in the run directory's `marker` file, tells apart runs of
+the same id from other work directories or stores). A stop also finds, by that exact
+`/proc/PID/environ` entry, the run's processes that left its process group (`setsid`, `set -m`,
+daemons) and signals them: a process that scrubs or overwrites its environment, or that the account
+and the job's user may no longer read (setuid), still escapes.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# the environment variable that marks every process of a run (its value: the run id and 16 random hex digits)
+RUN_MARKER = "LUCID_RUN_MARKER"
 # POSIX portable user names (portable filename characters, no leading hyphen), at most 32 as useradd allows
 OS_USER_PATTERN = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,31}$")
 # what sudo says when it will not run a command as the user (the launch prints it after this word)
@@ -142,6 +152,8 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
             raise ValueError(f"environment variable name {name!r} is not a valid identifier")
     if run_as is not None:
         check_os_user(run_as)
+    marker = f"{run_id}.{secrets.token_hex(8)}"  # what a stop finds processes that left the group by
+    env = {**env, RUN_MARKER: marker}
     w = quote_path(workdir)
     lines = ["set -u"]
     if run_as is not None:
@@ -162,6 +174,7 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
                       f"printf '%s\\n' {user} > run_as && ")
     lines += [
         f"printf '%s\\n' {shlex.quote(command)} > command.sh && "
+        f"printf '%s\\n' {shlex.quote(marker)} > marker && "
         f"printf '%s' {shlex.quote(wrapper_script(env, run_as))} > run.sh && "
         + user_files +
         # room for the exit code, taken now: the wrapper overwrites it in place, so a disk that fills
@@ -230,15 +243,41 @@ echo END
 """
 
 
+# Run by `sh -c` as the SSH account and, on run-as hosts, as the job's user (sudo): every process whose
+# environment holds the exact entry $2 (the run marker), other than the stop's own shells ($$, $3), is
+# sent signal $1 (or none: `list`) and printed as "pid pgid". grep -l only narrows the candidates; the
+# exact test turns NUL-separated entries into lines (and newlines inside values into \001, so a value
+# cannot forge an entry). A pid that ends mid-scan fails a read and is skipped.
+_MARKED_SWEEP = r"""a=$1 m=$2 me=$3
+for e in $(grep -l -F -e "$m" /proc/[0-9]*/environ 2>/dev/null); do
+  q=${e#/proc/}
+  q=${q%/environ}
+  case "$q" in ""|*[!0-9]*) continue ;; esac
+  if [ "$q" = "$$" ] || [ "$q" = "$me" ]; then continue; fi
+  tr '\n\000' '\001\n' 2>/dev/null < "$e" | grep -q -x -F -e "$m" || continue
+  s=$(cat "/proc/$q/stat" 2>/dev/null) || continue
+  s=${s##*\)}
+  set -- $s
+  [ "$a" = list ] || kill -s "$a" "$q" 2>/dev/null
+  echo "$q ${3:-0}"
+done
+exit 0
+"""
+
+
 def stop_script(workdir: str, run_id: str, reason: str, grace_s: float) -> str:
-    """TERM the run's process group, wait up to `grace_s`, then KILL what is left; prints the poll line after.
+    """TERM the run's process group and every process carrying its marker, wait up to `grace_s`, then KILL
+    what is left; prints the poll line after, with `escaped=N` when N marked processes had left the group.
 
     A run started as its submitter (a `run_as` file) is signalled as that user too: the SSH account may
-    signal its wrapper and sudo, but not the user's processes in the same group.
+    signal its wrapper and sudo, but not the user's processes in the same group. Marked processes are
+    swept even when the command had already ended (its exit code written), but the group only while it
+    had not: once its leader is gone the group's id may be another's.
     """
     ticks = max(1, round(grace_s * 10))
+    run = check_run_id(run_id)
     return f"""W={quote_path(workdir)}
-D="$W"/{shlex.quote(check_run_id(run_id))}
+D="$W"/{shlex.quote(run)}
 if [ ! -d "$D" ]; then echo MISSING; exit 0; fi
 printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
 p=$(cat "$D/pid" 2>/dev/null || cat "$D/pid.self" 2>/dev/null || true)
@@ -252,25 +291,49 @@ signal() {{
   kill -s "$1" -- -"$p" 2>/dev/null || kill -s "$1" "$p" 2>/dev/null
 }}
 group_alive() {{ kill -s 0 -- -"$p" 2>/dev/null || as_user 'kill -s 0 -- -"$2"' 0; }}
-if [ ! -f "$D/exit_code" ]; then
-  signal TERM
-  i=0
-  while [ $i -lt {ticks} ]; do
-    [ -f "$D/exit_code" ] && break
-    group_alive || break
-    sleep 0.1
-    i=$((i+1))
+unset {RUN_MARKER}
+k=$(cat "$D/marker" 2>/dev/null || true)
+case "$k" in *[!A-Za-z0-9._-]*) k= ;; esac
+m={RUN_MARKER}=$k
+sweep={shlex.quote(_MARKED_SWEEP)}
+marked() {{
+  [ -n "$k" ] || return 0  # a run launched before runs were marked: its group only
+  sh -c "$sweep" sh "$1" "$m" "$$" < /dev/null 2>/dev/null
+  if [ -n "$u" ]; then sudo -n -u "$u" -- /bin/sh -c "$sweep" sh "$1" "$m" "$$" < /dev/null 2>/dev/null; fi
+}}
+# a signalled process counts as gone once its /proc entry is gone or a zombie
+any_left() {{
+  for q in $(printf '%s\\n' "$found" | cut -d' ' -f1); do
+    s=$(cat "/proc/$q/stat" 2>/dev/null) || continue
+    s=${{s##*\\)}}
+    set -- $s
+    [ "$1" = Z ] || return 0
   done
-  # past the grace, or the command ended and left processes behind: nothing of the run outlives a stop
-  if group_alive; then
-    signal KILL
-    [ -f "$D/exit_code" ] || sleep 0.1
-  fi
+  return 1
+}}
+ran=
+if [ ! -f "$D/exit_code" ]; then ran=1; signal TERM; fi
+found=$(marked TERM)
+i=0
+while [ $i -lt {ticks} ]; do
+  if [ -z "$ran" ] || [ -f "$D/exit_code" ] || ! group_alive; then any_left || break; fi
+  sleep 0.1
+  i=$((i+1))
+done
+# past the grace, or the command ended and left processes behind: nothing of the run outlives a stop
+if [ -n "$ran" ] && group_alive; then
+  signal KILL
+  [ -f "$D/exit_code" ] || sleep 0.1
 fi
+late=$(marked KILL)
+n=$(printf '%s\\n%s\\n' "$found" "$late" | awk -v p="$p" 'NF == 2 && $2 != p && !seen[$1]++' | wc -l)
+n=$((n+0))
+e=
+if [ "$n" -gt 0 ]; then e=" escaped=$n"; fi
 if [ -f "$D/exit_code" ]; then
   rc=$(cat "$D/exit_code")
-  if [ -f "$D/term_received" ]; then echo "EXITED $rc stopped"; else echo "EXITED $rc"; fi
-else echo "VANISHED $p stopped"; fi
+  if [ -f "$D/term_received" ]; then echo "EXITED $rc stopped$e"; else echo "EXITED $rc$e"; fi
+else echo "VANISHED $p stopped$e"; fi
 """
 
 

@@ -571,6 +571,8 @@ class SchedulingRound:
             outcome = "stopped" if stopped else f"exited with code {status.exit_code}"
             if status.disk_full and not stopped:
                 outcome += f"; the disk of host {run.host} was full when it ended: its log may be cut short"
+        if status.escaped:
+            outcome += f"; the stop also killed {status.escaped} of its processes that had left its process group"
         with self.store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))
             if row is None or row.state == "ended":

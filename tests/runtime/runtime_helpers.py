@@ -75,3 +75,18 @@ def pid_alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return not (stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"))
+
+
+def marked_processes(marker: str) -> dict[int, int]:
+    """{pid: process group} of the live processes whose environment holds exactly the entry `marker`."""
+    entry = marker.encode()
+    found = {}
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            entries = environ.read_bytes().split(b"\0")
+            fields = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile, or it is not ours to read
+            continue
+        if entry in entries and fields[0] != "Z":
+            found[int(environ.parent.name)] = int(fields[2])
+    return found

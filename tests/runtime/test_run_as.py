@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from runtime_helpers import fast_config, jobs_by_id, runs_of
+from runtime_helpers import fast_config, jobs_by_id, marked_processes, runs_of
 from sqlalchemy import select
 
 from lucid_core.domain import JobState
+from lucid_core.runtime.host_scripts import RUN_MARKER
 from lucid_core.runtime.inventory import HostSpec, add_host
 from lucid_core.runtime.queries import logs
 from lucid_core.runtime.round import RoundReport, RoundSettings, SchedulingRound
@@ -236,6 +237,39 @@ def test_a_job_runs_as_its_submitter_its_log_comes_back_and_cancel_kills_it(stor
     while group_processes(run.pid):
         assert time.monotonic() < deadline, group_processes(run.pid)
         time.sleep(0.1)
+
+
+def test_cancel_kills_the_submitters_processes_that_left_the_group_and_not_another_users_job(
+        store, submitter_host, run_root):
+    """The stop finds the escaped process (a `setsid` child, owned by the job's user) by the run marker,
+    scanning as that user through sudo; user B's job beside it, with its own escaped child, runs on."""
+    victim = submit(store, JobRequest("setsid sleep 310 & sleep 311", 1, USER_A, "vc-u"))
+    bystander = submit(store, JobRequest("setsid sleep 312 & sleep 313", 1, USER_B, "vc-u"))
+    rounds_until(store, submitter_host, lambda jobs: all(
+        jobs[j].state == "RUNNING" and runs_of(store, j)[-1].pid is not None for j in (victim, bystander)))
+    marked: dict[str, tuple[str, dict[int, int]]] = {}
+    for job_id in (victim, bystander):
+        run = runs_of(store, job_id)[-1]
+        marker = f"{RUN_MARKER}=" + (run_root / run.run_id / "marker").read_text().strip()
+        deadline = time.monotonic() + 10
+        found = marked_processes(marker)
+        while not any(group != run.pid for group in found.values()):  # wait for the setsid child
+            assert time.monotonic() < deadline, (job_id, found)
+            time.sleep(0.1)
+            found = marked_processes(marker)
+        marked[job_id] = (marker, found)
+    escaped = [pid for pid, group in marked[victim][1].items() if group != runs_of(store, victim)[-1].pid]
+    assert Path(f"/proc/{escaped[0]}").stat().st_uid == pwd.getpwnam(USER_A).pw_uid
+
+    cancel(store, victim)
+    jobs = rounds_until(store, submitter_host, lambda jobs: jobs[victim].state in TERMINAL)
+    assert jobs[victim].state == "CANCELLED", jobs[victim].end_reason
+    assert marked_processes(marked[victim][0]) == {}, "a process of the cancelled run is left"
+    assert "killed 1 of its processes that had left its process group" in runs_of(store, victim)[-1].outcome
+    assert marked_processes(marked[bystander][0]) == marked[bystander][1], "the stop touched user B's job"
+    cancel(store, bystander)
+    rounds_until(store, submitter_host, lambda jobs: jobs[bystander].state in TERMINAL)
+    assert marked_processes(marked[bystander][0]) == {}
 
 
 def test_a_user_the_host_refuses_fails_the_job_with_the_reason_once(store, submitter_host, run_root):
