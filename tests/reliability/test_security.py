@@ -107,6 +107,26 @@ def test_any_env_value_or_argument_reaches_the_job_verbatim_and_runs_nothing(tmp
     assert not canary.exists()
 
 
+def test_a_job_that_rewrites_its_run_marker_with_metacharacters_runs_nothing_at_its_stop(tmp_path):
+    """The stop reads the run's marker back from the run directory, which a job on an `account` host can
+    write: whatever it holds, the stop runs nothing from it and still stops the job's group."""
+    canary = tmp_path / "canary"
+    executor = local_executor()
+    host = HostAddress("h", executor="local", workdir=str(tmp_path / "w"))
+    values = [*nasty(canary), "*", "-e", "../r0", "LUCID_RUN_MARKER=x\nLUCID_RUN_MARKER=y"]
+    for i, value in enumerate(values):
+        executor.launch(host, LaunchSpec(f"r{i}", f"printf '%s\\n' {shlex.quote(value)} > marker; sleep 60"))
+    for i, value in enumerate(values):
+        marker = tmp_path / "w" / f"r{i}" / "marker"
+        deadline = time.monotonic() + 10
+        while not marker.exists() or marker.read_text() != value + "\n":
+            assert time.monotonic() < deadline, (value, marker.read_text() if marker.exists() else None)
+            time.sleep(0.02)
+        status = executor.stop(host, f"r{i}", "cancel", grace_s=2)
+        assert (status.state, status.exit_code, status.stop_requested, status.escaped) == ("EXITED", 143, True, 0)
+    assert not canary.exists()
+
+
 # ------------------------------------------------------------------------------------------ host keys
 @pytest.mark.ssh
 def test_a_host_key_that_does_not_match_known_hosts_is_refused_without_retry(sshd_hosts, tmp_path):
