@@ -4,9 +4,9 @@ Every value the scheduler adds is shell-quoted; the user's command is written ve
 `command.sh` and run by `sh`. A run directory `<workdir>/<run_id>` is the idempotency marker:
 `mkdir` claims it atomically, so launching the same run twice starts one process.
 
-Files in a run directory: pid (the wrapper's process group), command.sh, run.sh (the wrapper),
-marker (see below), stdout.log, stderr.log, exit_code (written by the wrapper when the command ends: the exit status,
-then `disk_full` when the run directory's disk had no room left as the command ended),
+Files in a run directory: pid (the wrapper's process group), command.sh, run.sh (the wrapper), marker
+(see below), stdout.log, stderr.log, exit_code (written by the wrapper when the command ends: the exit
+status, then `disk_full` when the run directory's disk had no room left as the command ended),
 stop_requested (written before the scheduler signals the job), telemetry.jsonl.
 
 Run as the submitter (`run_as` given): the wrapper, the run files and the logs stay with the host's SSH
@@ -325,7 +325,16 @@ if [ -n "$ran" ] && group_alive; then
   signal KILL
   [ -f "$D/exit_code" ] || sleep 0.1
 fi
-late=$(marked KILL)
+# what still carries the marker (a survivor of the grace, or one started meanwhile): KILLed, a few passes
+# so that one forked by a process the pass before KILLed is found too
+late=
+for pass in 1 2 3; do
+  more=$(marked KILL)
+  [ -n "$more" ] || break
+  late="$late
+$more"
+  sleep 0.1
+done
 n=$(printf '%s\\n%s\\n' "$found" "$late" | awk -v p="$p" 'NF == 2 && $2 != p && !seen[$1]++' | wc -l)
 n=$((n+0))
 e=

@@ -253,10 +253,11 @@ def test_cancel_kills_the_submitters_processes_that_left_the_group_and_not_anoth
         marker = f"{RUN_MARKER}=" + (run_root / run.run_id / "marker").read_text().strip()
         deadline = time.monotonic() + 10
         found = marked_processes(marker)
-        while not any(group != run.pid for group in found.values()):  # wait for the setsid child
+        while len(found) < 2:  # both sleeps, one of them (the setsid child) out of the group
             assert time.monotonic() < deadline, (job_id, found)
             time.sleep(0.1)
             found = marked_processes(marker)
+        assert sorted(group == run.pid for group in found.values()) == [False, True], (job_id, run.pid, found)
         marked[job_id] = (marker, found)
     escaped = [pid for pid, group in marked[victim][1].items() if group != runs_of(store, victim)[-1].pid]
     assert Path(f"/proc/{escaped[0]}").stat().st_uid == pwd.getpwnam(USER_A).pw_uid

@@ -51,16 +51,27 @@ def marker_of(host: HostAddress, run_id: str) -> str:
     return f"{RUN_MARKER}=" + (Path(host.workdir) / run_id / "marker").read_text().strip()
 
 
-def started(host: HostAddress, run_id: str, outside_group: int, timeout_s: float = 10.0) -> dict[int, int]:
-    """The run's marked processes ({pid: pgid}) once `outside_group` of them have left the wrapper's group."""
+def started(host: HostAddress, run_id: str, sleeps: int, outside_group: int,
+            timeout_s: float = 10.0) -> dict[int, int]:
+    """The run's marked processes ({pid: pgid}) once all its `sleeps` sleeps run, `outside_group` of them
+    out of the wrapper's process group (checked: else the test would not cover what it says)."""
     pgid = int((Path(host.workdir) / run_id / "pid").read_text())
     deadline = time.monotonic() + timeout_s
     while True:
         found = marked_processes(marker_of(host, run_id))
-        if sum(group != pgid for group in found.values()) >= outside_group:
+        sleeping = {pid: group for pid, group in found.items() if command_of(pid).startswith("sleep ")}
+        if len(sleeping) >= sleeps:
+            assert sum(group != pgid for group in sleeping.values()) == outside_group, (run_id, pgid, found)
             return found
         assert time.monotonic() < deadline, (run_id, pgid, found)
         time.sleep(0.05)
+
+
+def command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def stop_and_wait(executor: HostExecutor, host: HostAddress, run_id: str, grace_s: float = 1.0) -> RunStatus:
@@ -74,7 +85,7 @@ def stop_and_wait(executor: HostExecutor, host: HostAddress, run_id: str, grace_
 
 def test_cancel_kills_processes_that_left_the_group_and_no_other_runs(executor, host, tmp_path):
     executor.launch(host, LaunchSpec("j1-main0", ESCAPING))
-    victim = started(host, "j1-main0", outside_group=2)
+    victim = started(host, "j1-main0", sleeps=3, outside_group=2)
     marker = marker_of(host, "j1-main0")
     # beside it: a run whose env values spell the victim's marker (as a substring, and after a newline:
     # an exact match on lines of the raw environ would take it), and the same run id from another store
@@ -82,7 +93,8 @@ def test_cancel_kills_processes_that_left_the_group_and_no_other_runs(executor, 
     executor.launch(host, LaunchSpec("j2-main0", "setsid sleep 303 & sleep 304", forged))
     twin = dataclasses.replace(host, workdir=str(tmp_path / "other-store"))
     executor.launch(twin, LaunchSpec("j1-main0", "setsid sleep 305 & sleep 306"))
-    bystanders = {**started(host, "j2-main0", outside_group=1), **started(twin, "j1-main0", outside_group=1)}
+    bystanders = {**started(host, "j2-main0", sleeps=2, outside_group=1),
+                  **started(twin, "j1-main0", sleeps=2, outside_group=1)}
     assert marker_of(twin, "j1-main0") != marker
 
     t0 = time.monotonic()
@@ -104,7 +116,7 @@ def test_a_stop_after_the_command_ended_still_reaps_what_it_left_outside_its_gro
     """The command exits 0 leaving a session leader behind (a daemon): a later stop (host-loss reaping,
     a peer ended) finds it by the marker, though the group is no longer signalled."""
     executor.launch(host, LaunchSpec("j3-main0", "setsid sleep 307 & exit 0"))
-    started(host, "j3-main0", outside_group=1)
+    started(host, "j3-main0", sleeps=1, outside_group=1)
     deadline = time.monotonic() + 10
     while executor.poll(host, ["j3-main0"])["j3-main0"].state != "EXITED":
         assert time.monotonic() < deadline
@@ -116,7 +128,7 @@ def test_a_stop_after_the_command_ended_still_reaps_what_it_left_outside_its_gro
 
 def test_an_escaped_process_that_ignores_term_is_killed_after_the_grace(executor, host):
     executor.launch(host, LaunchSpec("j4-main0", "setsid sh -c 'trap \"\" TERM; sleep 308' & sleep 309"))
-    started(host, "j4-main0", outside_group=1)
+    started(host, "j4-main0", sleeps=2, outside_group=1)
     t0 = time.monotonic()
     status = stop_and_wait(executor, host, "j4-main0", grace_s=1.0)
     took = time.monotonic() - t0
