@@ -141,7 +141,11 @@ def test_calibrate_command_line_validates_and_explains_a_host_without_gpu(tmp_pa
     err = capsys.readouterr().err
     assert "no working NVML" in err and "--emulate" in err  # no NVIDIA GPU here: says what to do instead
     code = main(["--host", "local", "--workloads", "ppo:32", "--out", str(tmp_path / "cat"), "--emulate",
-                 "--workdir", str(tmp_path / "runs"), "--no-progress"])
+                 str(tmp_path / "missing.csv"), "--workdir", str(tmp_path / "runs"), "--no-progress"])
+    assert code == 2 and "cannot read emulated profiles" in capsys.readouterr().err  # a clear error, no traceback
+    sample = Path(__file__).resolve().parents[1] / "include" / "sample" / "single_data.csv"
+    code = main(["--host", "local", "--workloads", "ppo:32", "--out", str(tmp_path / "cat"), "--emulate",
+                 str(sample), "--workdir", str(tmp_path / "runs"), "--no-progress"])
     assert code == 1
     assert "--gpu-memory-mb" in capsys.readouterr().err  # no nvidia-smi to read the GPU's memory from
     assert not (tmp_path / "cat" / "environment.json").exists()  # nothing half-written before the memory check

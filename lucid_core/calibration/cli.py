@@ -103,7 +103,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
             from lucid_core.models.datasets import shared_data_dir
 
             source = str(shared_data_dir() / "lucid_artifact" / "single_data.csv")
-        emulation = EmulatedProfiles.from_single_data(source)
+        try:
+            emulation = EmulatedProfiles.from_single_data(source)
+        except (OSError, KeyError, ValueError) as exc:
+            executor.close()
+            print(f"error: cannot read emulated profiles from {source}: {exc!r}; give --emulate "
+                  "PATH_TO_single_data.csv (or set LUCID_SHARED_DATA for the artifact's)", file=sys.stderr)
+            return 2
     settings = CalibrationSettings(seconds=args.seconds, warmup_s=args.warmup, startup_s=args.startup,
                                    hold_s=args.hold, telemetry_interval_s=args.interval, device=args.device,
                                    threads=args.threads, gpu_memory_mb=args.gpu_memory_mb,
