@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import distinct, func, select, update
@@ -480,9 +480,25 @@ class SchedulingRound:
                     if now - run.planned_at > self.settings.launch_grace_s:
                         self._launch_failed(run, "wrapper never started on the host")
                 else:
+                    if status.state == "EXITED" and run.stop_reason is None:
+                        status = self._sweep_leftovers(host, run, status)
                     self._settle(run, status)
         self._cancel_requested()
         self.collect_due_profiles(now)
+
+    def _sweep_leftovers(self, host: HostRow, run: RunRow, status: RunStatus) -> RunStatus:
+        """A run that ended on its own may leave processes behind (a daemon it started, workers that
+        left its group) holding GPU memory the next job needs: the stop script, run on an ended run,
+        kills only what still carries the run's marker. The poll's status stands if the host fails."""
+        try:
+            swept = self.executor.stop(host_address(host), run.run_id, "ended", self.settings.stop_grace_s)
+        except HostUnreachable as exc:
+            self._host_failed(run.host, exc)
+            return status
+        except HostCommandFailed as exc:
+            self.report.errors.append(str(exc))
+            return status
+        return replace(status, escaped=swept.escaped) if swept.state == "EXITED" else status
 
     def give_up_lost_hosts(self) -> None:
         """With `host_lost_after_s` set: end the runs of hosts silent that long (fail or requeue their jobs),
@@ -571,7 +587,10 @@ class SchedulingRound:
             outcome = "stopped" if stopped else f"exited with code {status.exit_code}"
             if status.disk_full and not stopped:
                 outcome += f"; the disk of host {run.host} was full when it ended: its log may be cut short"
-        if status.escaped:
+        if status.escaped and run.stop_reason is None:
+            outcome += (f"; {status.escaped} of its processes outlived it (they had left its process group) "
+                        "and were killed")
+        elif status.escaped:
             outcome += f"; the stop also killed {status.escaped} of its processes that had left its process group"
         with self.store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))

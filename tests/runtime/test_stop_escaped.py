@@ -134,3 +134,28 @@ def test_an_escaped_process_that_ignores_term_is_killed_after_the_grace(executor
     took = time.monotonic() - t0
     assert status.escaped == 2 and status.stop_requested, status  # the TERM-ignoring shell and its sleep
     assert 0.9 <= took < 5, took  # it was given the grace before the KILL
+
+
+def test_a_job_that_ends_on_its_own_leaves_nothing_running(sshd_hosts, tmp_path):
+    """The round sweeps a naturally ended run: a daemon the job started (`setsid`, so outside its group)
+    would otherwise keep its GPU memory after the scheduler gave the GPU to the next job."""
+    from runtime_helpers import fast_config, jobs_by_id, one_round, register, runs_of
+
+    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.submission import JobRequest, submit
+
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    register(store, sshd_hosts, tmp_path / "hosts", gpus={"main0": 1})
+    config = fast_config(**{"profiler.enabled": False})
+    job = submit(store, JobRequest("setsid sleep 300 < /dev/null > /dev/null 2>&1 & exit 0", gpus=1,
+                                   user="ann", vc="vc-a", name="leaves-a-daemon"))
+    deadline = time.monotonic() + 30
+    while jobs_by_id(store)[job].state != "COMPLETED":
+        one_round(store, sshd_hosts, config)
+        assert time.monotonic() < deadline, jobs_by_id(store)[job].state
+        time.sleep(0.2)
+    (run,) = runs_of(store, job)
+    marker = f"{RUN_MARKER}=" + (tmp_path / "hosts" / "main0" / run.run_id / "marker").read_text().strip()
+    assert marked_processes(marker) == {}, "the daemon outlived the round that saw its job end"
+    assert "1 of its processes outlived it" in run.outcome, run.outcome
+    store.dispose()
