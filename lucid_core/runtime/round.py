@@ -697,6 +697,11 @@ class SchedulingRound:
         with self.store.session() as s:
             for decision in decisions:
                 self._record(s, decision, view, now)
+            for job_id, estimate in self._speeds.items():  # kept: eta, explain and the pages use what was measured
+                s.execute(_update(RunRow).where(RunRow.job_id == job_id, RunRow.kind == "main",
+                                                RunRow.state == "running")
+                          .values(observed_speed=estimate.speed, observed_speed_at=now,
+                                  observed_speed_samples=estimate.samples, observed_speed_emulated=estimate.emulated))
             windowed = {r.job_id for r in snapshot.runs if r.profiling_until is not None}
             changes = []
             for job_id, job in view.jobs.items():
@@ -795,7 +800,8 @@ class SchedulingRound:
                              profiling_until=until, state="planned", decision_id=row.id, planned_at=now))
             if partner is not None:
                 s.execute(_update(RunRow).where(RunRow.job_id == partner, RunRow.state.in_(("planned", "running")))
-                          .values(partner=job.job_id))
+                          .values(partner=job.job_id, observed_speed=None, observed_speed_at=None,
+                                  observed_speed_samples=None, observed_speed_emulated=None))  # a new pair
             if isinstance(decision, StartProfiling):
                 job.state = JobState.PROFILING.value
             else:

@@ -128,6 +128,11 @@ class RunRow(Base):
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     outcome: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # latest speed estimate while sharing its GPUs (rank-0 main run of a settled pair; None: never measured)
+    observed_speed: Mapped[float | None] = mapped_column(Float, nullable=True)
+    observed_speed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    observed_speed_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    observed_speed_emulated: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
 
 class ProfileRow(Base):

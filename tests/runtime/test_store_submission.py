@@ -19,12 +19,12 @@ def _hosts(store):
 
 def test_open_migrates_to_head_and_reopening_is_a_no_op(store_url):
     first = Store(store_url)
-    assert first.revision() == "0004"
+    assert first.revision() == "0005"
     tables = set(sa.inspect(first.engine).get_table_names())
     assert {"jobs", "job_events", "hosts", "gpus", "runs", "profiles", "profile_samples", "decisions",
             "leases", "model_versions", "scheduler_state", "rounds"} <= tables
     second = Store(store_url)
-    assert second.revision() == "0004"
+    assert second.revision() == "0005"
     first.dispose()
     second.dispose()
 
@@ -105,7 +105,7 @@ def test_upgrade_from_the_first_schema_keeps_the_data(tmp_path):
                              "'', 'vc-a', 'main', 'local', 'nvml', '/tmp', 'python3', 1.0, 0, 1, 0.0)"))
     old.dispose()
     new = Store(url)
-    assert new.revision() == "0004"
+    assert new.revision() == "0005"
     hosts = list_hosts(new)
     assert [h["name"] for h in hosts] == ["h"]
     with new.session() as s:
@@ -113,6 +113,8 @@ def test_upgrade_from_the_first_schema_keeps_the_data(tmp_path):
 
         assert s.get(HostRow, "h").cooldown_until is None
         assert s.get(HostRow, "h").run_as == "account"  # hosts added before 0004 keep today's behaviour
+    run_columns = {c["name"] for c in sa.inspect(new.engine).get_columns("runs")}
+    assert {"observed_speed", "observed_speed_at", "observed_speed_samples", "observed_speed_emulated"} <= run_columns
     new.dispose()
 
 
