@@ -136,3 +136,35 @@ def test_until_stops_at_a_job_end_or_a_round_limit_and_a_start_state_brings_its_
     view = ClusterView(CONFIG, now=100.0)
     with pytest.raises(ValueError, match="start view's nodes"):
         simulate([], _policy(records), CONFIG, main_nodes=2, start=StartState(view, view.now, ()))
+
+
+def test_measured_rates_slow_a_resumed_pair_and_leave_a_lone_job_alone():
+    records, workloads = _submitted_by_t()
+    view, policy = _stopped_at_t(records, workloads)
+    durations = policy.duration_model.durations
+    pairs = sorted((j, a.partner) for j, a in view.allocations.items()
+                   if a.partner is not None and j < a.partner and a.profiling_until is None
+                   and view.allocations[a.partner].profiling_until is None)
+    lone = sorted(j for j, a in view.allocations.items() if a.partner is None and a.profiling_until is None)
+    assert pairs and lone, (pairs, lone)
+    (a, b), alone = pairs[0], lone[0]
+    untouched = StartState.from_view(view, lambda jobs: [durations[j.job_id] for j in jobs])
+    plain = {o.job_id: o.end_time for o in simulate([], policy, CONFIG, start=untouched).outcomes}
+
+    view, policy = _stopped_at_t(records, workloads)
+    rates = {a: 0.4, b: 0.5, alone: 0.3, "gone": 0.5}
+    start = StartState.from_view(view, lambda jobs: [durations[j.job_id] for j in jobs], rates=rates)
+    assert start.rates == {a: 0.4, b: 0.5, alone: 0.3}  # only jobs the state carries on
+    ends = {o.job_id: o.end_time for o in simulate([], policy, CONFIG, start=start).outcomes}
+    # the first of the pair to end does so after its remaining work at its measured rate
+    first = min((a, b), key=lambda j: start.remaining[j] / rates[j])
+    assert ends[first] == pytest.approx(start.now + start.remaining[first] / rates[first], abs=1e-6)
+    assert ends[first] > plain[first] + 1.0  # the profiles' speeds (1.0 here) would end it sooner
+    assert ends[alone] == pytest.approx(plain[alone], abs=1e-6)  # a rate slows pairs only
+
+
+def test_a_start_state_refuses_a_rate_outside_zero_to_one():
+    view = ClusterView(CONFIG, now=100.0)
+    for rate in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="rates must lie in"):
+            StartState(view, view.now, (), rates={"j": rate})

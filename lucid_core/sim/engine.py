@@ -334,7 +334,8 @@ def _resume(start: StartState, runs: dict[str, _Run], speeds: SpeedFn,
             wake: Callable[[float], None]) -> None:
     """Bring the start state's running jobs into the engine as if it had started them itself.
 
-    A pair runs at its co-located speeds from now on; a profiling-pool run that outlives its
+    A pair runs at its co-located speeds from now on (a member's measured rate in `start.rates`
+    taking the place of its workload's speed); a profiling-pool run that outlives its
     window gets no end, only a wake-up when the window closes (the policy then stops it); the
     policy is asked to decide at `start.now` first.
     """
@@ -349,6 +350,7 @@ def _resume(start: StartState, runs: dict[str, _Run], speeds: SpeedFn,
             a, b = workload_of(job_id), workload_of(partner)
             pair_speeds = speeds(a, b) if a is not None and b is not None else (1.0, 1.0)
             for member, speed in zip((job_id, partner), pair_speeds, strict=True):
+                speed = start.rates.get(member, speed)
                 runs[member].rate = min(1.0, speed)
                 if speed < 1.0:
                     runs[member].shared_since = now

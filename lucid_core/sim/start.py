@@ -8,7 +8,7 @@ replay agree on how pairs slow down, how profiling windows end and when queued j
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lucid_core.domain import Job
@@ -28,20 +28,31 @@ class StartState:
     `jobs` has one record per running or waiting job, its `duration` the job's whole work in
     exclusive seconds; `remaining` the work left of each running one. Allocations with no record
     (GPUs held out of service) keep their GPUs for the whole run.
+    `rates` holds measured speeds (exclusive seconds of work per second, in (0, 1]) of running
+    pair members: such a member runs at its rate until the pair changes, instead of the engine's
+    co-located speed of the two workloads; a rate of a job running alone is ignored.
     """
 
     view: ClusterView
     now: float
     jobs: tuple[TraceRecord, ...]
     remaining: dict[str, float] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = {job_id: rate for job_id, rate in self.rates.items() if not 0.0 < rate <= 1.0}
+        if bad:
+            raise ValueError(f"rates must lie in (0, 1] (a job at rate 0 never ends): {bad}")
 
     @classmethod
-    def from_view(cls, view: ClusterView, durations_of: DurationsOf, *, held: Collection[str] = ()) -> StartState:
+    def from_view(cls, view: ClusterView, durations_of: DurationsOf, *, held: Collection[str] = (),
+                  rates: Mapping[str, float] | None = None) -> StartState:
         """The start state of `view`: every running job (but `held`) and every waiting one.
 
         `durations_of(jobs)` gives each job's whole work (a what-if takes predicted durations); a
         running job is assumed to have run at full speed so far, so it has its duration less
-        the time since its run started left (never below zero).
+        the time since its run started left (never below zero). `rates`: measured pair speeds
+        (see the class), kept for the running jobs carried.
         """
         waiting = set(view.profiling_queue) | set(view.unpredicted)
         carried = [job for job_id, job in view.jobs.items()
@@ -57,7 +68,8 @@ class StartState:
             alloc = view.allocations.get(rec.job_id)
             if alloc is not None:
                 remaining[rec.job_id] = max(0.0, rec.duration - max(0.0, view.now - alloc.start))
-        return cls(view, view.now, records, remaining)
+        kept = {job_id: float(rate) for job_id, rate in (rates or {}).items() if job_id in remaining}
+        return cls(view, view.now, records, remaining, kept)
 
 
 @dataclass(frozen=True)
