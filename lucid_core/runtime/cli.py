@@ -134,7 +134,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.explain import explain
+    from lucid_core.runtime.explain import explain, shared_speed_line
 
     try:
         data = explain(_store(args), args.job, _config(args), time.time())
@@ -154,6 +154,8 @@ def _explain(args: argparse.Namespace) -> int:
         lines.append(f"packing class {packing['class']}: " + " / ".join(packing["path"]))
     if data["partner"]:
         lines.append(f"shares with {data['partner']['job_id']}: {data['partner']['why']}")
+    if data["shared"]:
+        lines.append(shared_speed_line(data["shared"]))
     sharing = data["sharing"]
     if not sharing["allowed"]:
         lines.append(f"may not share a GPU: {sharing['why']}")

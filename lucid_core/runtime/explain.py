@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -10,6 +12,7 @@ from sqlalchemy import select
 from lucid_core.config import LucidConfig
 from lucid_core.domain import ShareClass
 from lucid_core.policy.models import HistoryDurationPredictor, UtilizationRuleClassifier
+from lucid_core.runtime.queries import shared_speeds
 from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.view_builder import PolicyFactory, default_policy, job_of, load_snapshot
@@ -73,6 +76,18 @@ def _sharing(row: JobRow, splits: list[DecisionRow], events: Any) -> dict[str, A
             "split_at": split.time, "partner": partner, "measured": measured or None}
 
 
+def shared_speed_line(shared: dict[str, Any] | None) -> str | None:
+    """What `explain` says of a job sharing GPUs: its measured speed, when and from how many samples."""
+    if shared is None:
+        return None
+    if shared["speed"] is None:
+        return f"speed while shared with {shared['partner']}: not measured yet (the pair has not settled)"
+    at = datetime.fromtimestamp(shared["measured_at"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    source = "emulated telemetry" if shared["emulated"] else "telemetry"
+    return (f"speed while shared with {shared['partner']}: {shared['speed']:.2f} of its speed alone, measured "
+            f"{at} ({shared['age_s']:.0f} s ago) over {shared['samples']} samples of {source}")
+
+
 def explain(store: Store, job_id: str, config: LucidConfig, now: float,
             policy_factory: PolicyFactory | None = None) -> dict[str, Any]:
     with store.session() as s:
@@ -84,6 +99,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
         events = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)).all()
         splits = [d for d in s.scalars(select(DecisionRow).where(DecisionRow.kind == "Unpair").order_by(DecisionRow.id))
                   if job_id in (d.job_id, d.payload.get("partner"))]
+        shared = shared_speeds(s, [job_id]).get(job_id)
     policy = (policy_factory or default_policy)(config, load_snapshot(store, now))
     job = job_of(row)
     duration_model = getattr(policy, "duration_model", None)
@@ -123,6 +139,8 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
         },
         "partner": {"job_id": partner, "why": partner_reason} if partner else None,
         "sharing": _sharing(row, splits, events),
+        "shared": None if shared is None else {
+            **asdict(shared), "age_s": None if shared.measured_at is None else max(0.0, now - shared.measured_at)},
         "pending": {"position": row.queue_position, "reason": row.pending_reason} if row.pending_reason else None,
         "runs": [{"run_id": r.run_id, "host": r.host, "kind": r.kind, "gpus": r.gpu_indices, "state": r.state,
                   "exit_code": r.exit_code, "outcome": r.outcome} for r in runs],

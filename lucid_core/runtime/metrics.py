@@ -4,7 +4,8 @@ Served at `GET /metrics` of the HTTP API (so at `/lucid/api/metrics` behind Airf
 printed by `lucid metrics` (for node_exporter's textfile collector). Each scrape builds a fresh
 registry from the store, so any number of API processes agree and nothing is kept in memory.
 The ones to alert on: `lucid_oldest_wait_seconds` (a starving queue), `lucid_last_round_age_seconds`
-(rounds stopped), `lucid_hosts{state="unreachable"}`.
+(rounds stopped), `lucid_hosts{state="unreachable"}`; `lucid_shared_speed_min` shows how much the
+worst-hit sharing job of a VC is slowed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from lucid_core.domain import JobState
+from lucid_core.runtime.queries import shared_speeds
 from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, ModelVersionRow, RoundRow, RunRow
 from lucid_core.runtime.store import Store
 
@@ -46,6 +48,7 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
         failed_rounds = s.scalar(select(func.count()).select_from(RoundRow).where(RoundRow.error.is_not(None))) or 0
         models = s.execute(select(ModelVersionRow.kind, ModelVersionRow.version)
                            .where(ModelVersionRow.active.is_(True))).all()
+        shared = list(shared_speeds(s).values())
 
     jobs = gauge("lucid_jobs", "Jobs in the store by state (terminal states count every job ever ended)",
                  ["state"])
@@ -76,6 +79,17 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
     for pool, vc in set(host_pool.values()):
         for state in ("idle", "busy", "shared"):
             gpu_state.labels(pool, vc, state).set(counts[(pool, vc, state)])
+
+    # per VC, not per job: job ids as labels would grow the series without bound
+    shared_jobs = gauge("lucid_shared_jobs", "Running jobs sharing their GPUs with a running partner, per VC", ["vc"])
+    lowest = gauge("lucid_shared_speed_min", "Lowest measured speed (relative to running alone) among the VC's "
+                   "sharing jobs; absent until one has been measured", ["vc"])
+    for vc in {x.vc for x in shared} | {h.vc for h in hosts}:  # 0, not missing, for a VC with none
+        mine = [x for x in shared if x.vc == vc]
+        shared_jobs.labels(vc).set(len(mine))
+        measured = [x.speed for x in mine if x.speed is not None]
+        if measured:
+            lowest.labels(vc).set(min(measured))
 
     host_state = gauge("lucid_hosts", "GPU hosts by state", ["state"])
     host_state.labels("reachable").set(sum(1 for h in hosts if h.reachable))

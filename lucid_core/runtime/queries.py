@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from lucid_core.domain import TERMINAL_STATES, JobState
 from lucid_core.runtime.executor import HostExecutor
@@ -15,6 +17,40 @@ from lucid_core.runtime.submission import UnknownJob
 
 _STATE_ORDER = {JobState.RUNNING.value: 0, JobState.PROFILING.value: 1, JobState.QUEUED.value: 2,
                 JobState.SUBMITTED.value: 3}
+
+
+@dataclass(frozen=True)
+class SharedSpeed:
+    """A running job sharing its GPUs with a running partner, and the speed the round last measured
+    for it there (relative to running alone; None until the pair has settled and been measured)."""
+
+    job_id: str
+    partner: str
+    vc: str
+    speed: float | None
+    measured_at: float | None
+    samples: int | None
+    emulated: bool | None
+
+
+def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[str, SharedSpeed]:
+    """Running jobs whose rank-0 main run shares GPUs with a running partner (of `job_ids` if given).
+
+    A stored speed belongs to the current pair: a new partner clears it (round.py), and a run whose
+    partner has ended is not listed, so what is shown is never a past pair's figure.
+    """
+    query = (select(RunRow, JobRow.vc).join(JobRow, JobRow.job_id == RunRow.job_id)
+             .where(RunRow.kind == "main", RunRow.node_rank == 0, RunRow.state == "running",
+                    RunRow.partner.is_not(None)))
+    rows = {run.job_id: (run, vc) for run, vc in session.execute(query).all()}
+    out = {}
+    for job_id, (run, vc) in rows.items():
+        other = rows.get(run.partner or "")
+        if other is None or other[0].partner != job_id or (job_ids is not None and job_id not in job_ids):
+            continue
+        out[job_id] = SharedSpeed(job_id, other[0].job_id, vc, run.observed_speed, run.observed_speed_at,
+                                  run.observed_speed_samples, run.observed_speed_emulated)
+    return out
 
 
 def queue(store: Store) -> list[dict[str, Any]]:
@@ -36,12 +72,15 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
         if r is None:
             raise UnknownJob(job_id)
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
+        shared = shared_speeds(s, [job_id]).get(job_id)
     return {"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
             "command": r.command, "submit_time": r.submit_time, "start_time": r.start_time, "end_time": r.end_time,
             "exit_code": r.exit_code, "end_reason": r.end_reason, "ended_in_profiling": r.ended_in_profiling,
             "cancel_requested": r.cancel_requested, "pending_reason": r.pending_reason,
             "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
-                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome} for x in runs]}
+                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome} for x in runs],
+            # the speed measured while it shares GPUs with `partner` (null: running alone or not yet measured)
+            "shared": asdict(shared) if shared is not None else None}
 
 
 def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdout",

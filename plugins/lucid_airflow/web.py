@@ -113,10 +113,12 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
     def running() -> HTMLResponse:
         from sqlalchemy import select
 
+        from lucid_core.runtime.queries import shared_speeds
         from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, RunRow
 
         with session() as s:
             runs = s.scalars(select(RunRow).where(RunRow.ended_at.is_(None))).all()
+            shared = shared_speeds(s)
             hosts = s.scalars(select(HostRow).order_by(HostRow.name)).all()
             gpus = s.scalars(select(GpuRow).order_by(GpuRow.host, GpuRow.index)).all()
             names = {j.job_id: j for j in s.scalars(select(JobRow).where(
@@ -127,7 +129,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                 on_gpu.setdefault((r.host, int(index)), []).append(r)
         rows = [[f'<a href="{prefix}/jobs/{esc(r.job_id)}">{esc(r.job_id)}</a>',
                  esc(names[r.job_id].name if r.job_id in names else ""), esc(r.kind), esc(r.host),
-                 esc(",".join(str(i) for i in r.gpu_indices or [])), esc(r.partner or ""), esc(r.state),
+                 esc(",".join(str(i) for i in r.gpu_indices or [])), esc(r.partner or ""),
+                 _shared_speed_cell(shared.get(r.job_id) if r.kind == "main" else None), esc(r.state),
                  hours(time.time() - r.started_at) if r.started_at else "starting"] for r in runs]
         cards = []
         for host in hosts:
@@ -135,13 +138,18 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             for g in (g for g in gpus if g.host == host.name):
                 here = on_gpu.get((host.name, g.index), [])
                 cls = "gpu shared" if len(here) > 1 else "gpu busy" if here else "gpu"
-                who = "<br>".join(esc(r.job_id) for r in here) or "<span class='muted'>idle</span>"
+                who = "<br>".join(esc(r.job_id) + _speed_suffix(shared.get(r.job_id) if r.kind == "main" else None)
+                                  for r in here) or "<span class='muted'>idle</span>"
                 cells.append(f"<div class='{cls}'><b>GPU {g.index}</b><br>{who}</div>")
             flag = " (draining)" if host.draining else "" if host.reachable else " (unreachable)"
             cards.append(f"<h3>{esc(host.name)} <span class='muted'>{esc(host.pool)} pool, VC {esc(host.vc)}"
                          f"{flag}</span></h3><div id='gpumap-{esc(host.name)}'>{''.join(cells)}</div>")
-        body = (table(["job", "name", "run", "host", "GPUs", "shares with", "state", "running for"], rows, "running")
-                + "<h2>GPU map</h2><p>Green: one job; amber: two jobs sharing the GPU.</p>" + "".join(cards))
+        body = (table(["job", "name", "run", "host", "GPUs", "shares with", "speed while shared", "state",
+                       "running for"], rows, "running")
+                + "<p>Speed while shared: the job's speed beside its partner relative to running alone, as its "
+                  "telemetry last measured it.</p>"
+                + "<h2>GPU map</h2><p>Green: one job; amber: two jobs sharing the GPU (with the speed measured "
+                  "there).</p>" + "".join(cards))
         return page("Running jobs and GPU map", body, prefix)
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -246,6 +254,22 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
     return app
 
 
+def _shared_speed_cell(shared: Any) -> str:
+    """The running page's "speed while shared" cell: the measured speed, its age and sample count."""
+    if shared is None:
+        return ""
+    if shared.speed is None:
+        return "<span class='muted'>not measured yet</span>"
+    age = hours(max(0.0, time.time() - (shared.measured_at or 0.0)))
+    tag = ", emulated" if shared.emulated else ""
+    return f"{shared.speed:.2f} <span class='muted'>({age} ago, {shared.samples} samples{tag})</span>"
+
+
+def _speed_suffix(shared: Any) -> str:
+    """A GPU map cell's note of a sharing job's measured speed ("" when alone or not measured)."""
+    return "" if shared is None or shared.speed is None else f" <span class='muted'>@ {shared.speed:.2f}</span>"
+
+
 def _field_text(name: str, value: Any) -> str:
     """Times as UTC date-times, durations and measurements rounded, the rest as is."""
     if value is None:
@@ -323,6 +347,10 @@ def explanation_text(data: dict[str, Any]) -> str:
     partner = data.get("partner")
     if partner:
         lines.append(f"Shares GPUs with {partner['job_id']}: {partner.get('why') or ''}")
+    if data.get("shared"):
+        from lucid_core.runtime.explain import shared_speed_line
+
+        lines.append(shared_speed_line(data["shared"]) or "")
     pending = data.get("pending")
     if pending:
         lines.append(f"Waiting (position {pending.get('position')}): {pending.get('reason')}")

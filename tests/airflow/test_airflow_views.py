@@ -54,6 +54,7 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     running = client.get("/running")
     assert running.status_code == 200 and "gpumap-main0" in running.text
     assert "GPU 0" in running.text and any(i in running.text for i in ids)
+    assert "<th>speed while shared</th>" in running.text
 
     detail = client.get(f"/jobs/{ids[0]}")
     assert detail.status_code == 200 and "Why it is where it is" in detail.text
@@ -75,3 +76,26 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     api = client.get("/api/queue")
     assert api.status_code == 200 and isinstance(api.json(), list | dict), api.text
     assert json.dumps(api.json())
+
+    # a pair with the speed a round keeps for it (the round's own write is tested over sshd in
+    # tests/runtime/test_pair_speed_live.py): a waiting job is entered as the running one's partner
+    from sqlalchemy import select, update
+
+    from lucid_core.runtime.schema import RunRow
+
+    with store.session() as s:
+        [alone] = s.scalars(select(RunRow).where(RunRow.kind == "main", RunRow.state == "running")).all()
+        other = next(i for i in ids if i != alone.job_id)
+        s.add(RunRow(run_id=f"{other}-main1", host=alone.host, job_id=other, kind="main", pool="main",
+                     gpu_indices=alone.gpu_indices, node_rank=0, partner=alone.job_id, state="running",
+                     planned_at=time.time(), started_at=time.time()))
+        s.execute(update(RunRow).where(RunRow.run_id == alone.run_id).values(
+            partner=other, observed_speed=0.57, observed_speed_at=time.time() - 90, observed_speed_samples=12,
+            observed_speed_emulated=True))
+    running = client.get("/running").text
+    assert "0.57 <span class='muted'>(1.5 min ago, 12 samples, emulated)</span>" in running
+    assert "not measured yet" in running  # the partner's speed is not known yet
+    assert f"{alone.job_id} <span class='muted'>@ 0.57</span>" in running  # in the GPU map cell too
+    detail = client.get(f"/jobs/{alone.job_id}").text
+    assert f"speed while shared with {other}: 0.57 of its speed alone" in detail
+    assert "over 12 samples of emulated telemetry" in detail

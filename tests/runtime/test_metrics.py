@@ -59,6 +59,8 @@ def test_metrics_show_queue_gpus_hosts_and_rounds(store, tmp_path):
     assert got[("lucid_gpus", (("pool", "main"), ("state", "idle"), ("vc", "vc-a")))] == 1
     assert got[("lucid_gpus", (("pool", "main"), ("state", "idle"), ("vc", "vc-b")))] == 2
     assert got[("lucid_hosts", (("state", "draining"),))] == 1
+    assert got[("lucid_shared_jobs", (("vc", "vc-a"),))] == got[("lucid_shared_jobs", (("vc", "vc-b"),))] == 0
+    assert not any(name == "lucid_shared_speed_min" for name, _ in got)  # nothing shares, nothing measured
     assert got[("lucid_hosts", (("state", "reachable"),))] == 2
     assert got[("lucid_rounds", ())] >= 1 and got[("lucid_rounds_failed", ())] == 0
     assert 100 <= got[("lucid_last_round_age_seconds", ())] < 130
