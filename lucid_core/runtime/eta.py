@@ -4,12 +4,13 @@ The view is rebuilt exactly as a round builds it, taken as the simulator's start
 simulator's own engine runs the same policy forward from it until the asked-for job has ended:
 a what-if and a trace replay share one forward loop (pair slowdowns, profiling windows, wake-ups).
 Jobs are assumed to run for their predicted durations and nobody else submits: it is a what-if,
-not a promise.
+not a promise. A running pair member whose speed the round has measured runs at that speed
+until its pair changes, not at the speed its profile predicts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -19,10 +20,12 @@ from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.view import ClusterView
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.view_builder import HOLD_PREFIX, PolicyFactory, build_view, default_policy, load_snapshot
+from lucid_core.runtime.view_builder import Snapshot as StoreSnapshot
 from lucid_core.sim.engine import simulate
 from lucid_core.sim.start import StartState, Until
 
 UNKNOWN_DURATION_S = 3600.0  # assumed when the policy has no duration model at all
+MIN_MEASURED_RATE = 0.01  # a pair measured as stalled still ends in the what-if (at 100x its duration)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,17 @@ def assumed_durations(policy: SchedulingPolicy, jobs: Sequence[Job]) -> list[flo
             for job in jobs]
 
 
+def measured_rates(snapshot: StoreSnapshot) -> dict[str, float]:
+    """The speed the round last measured for each running main run that has a partner (rank 0).
+
+    A new partner clears the stored speed, so each figure belongs to the job's current pair; one
+    of a job whose partner has ended is ignored by the engine (it only slows pairs).
+    """
+    return {r.job_id: max(MIN_MEASURED_RATE, min(1.0, r.observed_speed)) for r in snapshot.runs
+            if r.kind == "main" and r.node_rank == 0 and r.state == "running" and r.partner is not None
+            and r.observed_speed is not None}
+
+
 def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
              policy_factory: PolicyFactory | None = None, horizon_s: float = 30 * 86400.0,
              max_steps: int = 100000) -> Eta:
@@ -63,17 +77,20 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
         state = JobState(row.state)
         if state in TERMINAL_STATES:
             return Eta(job_id, state.value, row.start_time, row.end_time, row.predicted_duration, 0, "already ended")
-    built = build_view(load_snapshot(store, now), config, now, policy_factory or default_policy)
+    snapshot = load_snapshot(store, now)
+    rates = measured_rates(snapshot)
+    built = build_view(snapshot, config, now, policy_factory or default_policy)
     held = [j for j in built.view.allocations if j.startswith(HOLD_PREFIX)]
     return estimate_in_view(built.view, built.policy, job_id, state=state.value, held=held,
-                            horizon_s=horizon_s, max_steps=max_steps)
+                            horizon_s=horizon_s, max_steps=max_steps, rates=rates)
 
 
 def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *, state: str | None = None,
                      held: Collection[str] = (), horizon_s: float = 30 * 86400.0,
-                     max_steps: int = 100000) -> Eta:
+                     max_steps: int = 100000, rates: Mapping[str, float] | None = None) -> Eta:
     """Start and end of `job_id` when the simulator's engine runs `policy` on from `view` (at
-    `view.now`, which the run changes): no submissions, `held` allocations never end.
+    `view.now`, which the run changes): no submissions, `held` allocations never end, running
+    pair members in `rates` run at those measured speeds (see `StartState`).
 
     `steps` is the number of scheduling rounds the what-if took.
     """
@@ -83,7 +100,7 @@ def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *
     state = state or target.state.value
     alloc = view.allocations.get(job_id)
     was_running = alloc is not None and alloc.pool is Pool.MAIN
-    start = StartState.from_view(view, partial(assumed_durations, policy), held=held)
+    start = StartState.from_view(view, partial(assumed_durations, policy), held=held, rates=rates)
     duration = next((r.duration for r in start.jobs if r.job_id == job_id), None)
     if duration is None:
         return Eta(job_id, state, target.start_time, target.end_time, target.predicted_duration, 0,

@@ -8,6 +8,8 @@ SM and bandwidth shares add up past 100 % slow each other down. A pair below the
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -183,3 +185,70 @@ def one_round_jobs(store: Store, cluster, kwargs) -> dict[str, JobRow]:
     one_round(store, cluster, fast_config(), **kwargs)
     time.sleep(0.2)
     return jobs_by_id(store)
+
+
+def test_a_measured_pair_speed_is_stored_shown_and_slows_the_eta(live_pair):
+    """A pair at the emulated 0.62 that may stay (unstable_speed lowered): its measured speed is
+    kept per run, shown by explain, the job status and the metrics, and paces `lucid eta`."""
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lucid_core.runtime.api import create_app
+    from lucid_core.runtime.eta import estimate
+    from lucid_core.runtime.explain import shared_speed_line
+    from lucid_core.runtime.metrics import render
+    from lucid_core.runtime.queries import status
+
+    store, cluster, submit_gated, kwargs = live_pair
+    config = fast_config(**{"binder.unstable_speed": 0.3})  # 0.62 is slow, but not slow enough to split
+    a, b = submit_gated("busy-a"), submit_gated("busy-b")
+    rounds_until(store, cluster, config, running(a, b), timeout_s=30, **kwargs)
+    assert {main_run(store, a).partner, main_run(store, b).partner} == {a, b}
+    assert main_run(store, a).observed_speed is None  # nothing kept before the pair has settled
+    deadline = time.monotonic() + 30
+    while True:
+        round_started = time.time()
+        report = one_round(store, cluster, config, **kwargs)
+        if {a, b} <= set(report.pair_speeds):
+            break
+        assert time.monotonic() < deadline, f"no speed observed for both jobs: {report.pair_speeds}"
+        time.sleep(0.2)
+    stored = {j: main_run(store, j) for j in (a, b)}
+    for job_id, run in stored.items():
+        assert run.observed_speed == report.pair_speeds[job_id]  # what the round estimated, kept
+        assert 0.55 <= run.observed_speed < 0.7, run.observed_speed  # the emulated 0.62, as telemetry saw it
+        assert run.observed_speed_emulated is True and run.observed_speed_samples >= PAIR_SETTINGS.speed_min_samples
+        assert round_started - 1.0 <= run.observed_speed_at <= time.time()
+    assert unpairs(store) == []
+
+    # explain, the job status (library and HTTP API) and the metrics say it
+    now = time.time()
+    shared = explain(store, a, config, now)["shared"]
+    assert shared["partner"] == b and shared["speed"] == stored[a].observed_speed
+    assert shared["samples"] == stored[a].observed_speed_samples and 0 <= shared["age_s"] < 30
+    line = shared_speed_line(shared)
+    assert line.startswith(f"speed while shared with {b}: {stored[a].observed_speed:.2f} of its speed alone")
+    assert f"over {stored[a].observed_speed_samples} samples of emulated telemetry" in line
+    cli = subprocess.run([sys.executable, "-m", "lucid_core.cli", "explain", a, "--store", store.url],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert f"speed while shared with {b}: {stored[a].observed_speed:.2f} of its speed alone" in cli.stdout
+    assert status(store, a)["shared"]["speed"] == stored[a].observed_speed
+    api = TestClient(create_app(store.url, store=store)).get(f"/jobs/{b}").json()
+    assert api["shared"]["partner"] == a and api["shared"]["speed"] == stored[b].observed_speed
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for family in text_string_to_metric_families(render(store).decode()) for s in family.samples}
+    assert got[("lucid_shared_jobs", (("vc", "vc-a"),))] == 2
+    assert got[("lucid_shared_speed_min", (("vc", "vc-a"),))] == min(r.observed_speed for r in stored.values())
+
+    # eta: the pair runs at its measured speeds, the survivor alone at full speed once the other ends
+    etas = {j: estimate(store, j, config, now) for j in (a, b)}
+    rates = {j: stored[j].observed_speed for j in (a, b)}
+    left = {j: max(0.0, etas[j].predicted_duration - (now - stored[j].started_at)) for j in (a, b)}
+    assert all(v > 10.0 for v in left.values()), left  # long enough for the rate to matter
+    first = min((a, b), key=lambda j: left[j] / rates[j])
+    second = b if first == a else a
+    first_end = now + left[first] / rates[first]
+    second_end = first_end + left[second] - (first_end - now) * rates[second]
+    assert etas[first].end == pytest.approx(first_end, abs=1e-3)
+    assert etas[second].end == pytest.approx(second_end, abs=1e-3)
+    assert etas[first].end > now + left[first] / (1 / 1.4) + 1.0  # the profiles' speed, 1/1.4, ends sooner
