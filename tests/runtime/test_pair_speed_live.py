@@ -143,6 +143,7 @@ def test_a_pair_at_a_healthy_speed_is_left_alone_and_may_share_again(live_pair, 
         assert time.monotonic() < deadline, f"no speed observed for both jobs: {seen}"
         time.sleep(0.2)
     assert set(seen) == {a, b} and all(v >= 0.9 for v in seen.values()), seen  # measured, and healthy
+    assert main_run(store, b).observed_speed >= 0.9  # kept
     for _ in range(3):
         one_round(store, cluster, fast_config(), **kwargs)
     jobs = jobs_by_id(store)
@@ -155,6 +156,7 @@ def test_a_pair_at_a_healthy_speed_is_left_alone_and_may_share_again(live_pair, 
     c = submit_gated("tiny-c")
     rounds_until(store, cluster, fast_config(), running(c), timeout_s=30, **kwargs)
     assert main_run(store, c).partner == b and main_run(store, c).gpu_indices == [0]
+    assert main_run(store, b).observed_speed is None  # b's speed beside a is not its speed beside c
     # b's watching agent wrote its first sample, then only samples taken while a or c shared its GPU,
     # none while it ran alone in between: the file the round reads stays bounded (TelemetryLog)
     run_b = main_run(store, b)
