@@ -14,7 +14,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import distinct, func, select, update
 
@@ -77,6 +77,9 @@ WATCH_S = 30 * 86400.0  # a watching agent's limit; it stops with its job long b
 
 class InjectedCrash(BaseException):
     """Raised at a named step to simulate the round's process dying there (tests only)."""
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -490,15 +493,20 @@ class SchedulingRound:
         """A run that ended on its own may leave processes behind (a daemon it started, workers that
         left its group) holding GPU memory the next job needs: the stop script, run on an ended run,
         kills only what still carries the run's marker. The poll's status stands if the host fails."""
+        swept = self._on_host(run.host, lambda: self.executor.stop(host_address(host), run.run_id, "ended",
+                                                                   self.settings.stop_grace_s))
+        return replace(status, escaped=swept.escaped) if swept is not None and swept.state == "EXITED" else status
+
+    def _on_host(self, name: str, call: Callable[[], T]) -> T | None:
+        """`call()` against host `name`; None when the host did not answer (marked failed) or answered
+        garbage (reported; its runs are judged again next round)."""
         try:
-            swept = self.executor.stop(host_address(host), run.run_id, "ended", self.settings.stop_grace_s)
+            return call()
         except HostUnreachable as exc:
-            self._host_failed(run.host, exc)
-            return status
+            self._host_failed(name, exc)
         except HostCommandFailed as exc:
             self.report.errors.append(str(exc))
-            return status
-        return replace(status, escaped=swept.escaped) if swept.state == "EXITED" else status
+        return None
 
     def give_up_lost_hosts(self) -> None:
         """With `host_lost_after_s` set: end the runs of hosts silent that long (fail or requeue their jobs),
@@ -662,14 +670,7 @@ class SchedulingRound:
         with self.store.session() as s:
             stopping = list(s.scalars(select(RunRow).where(RunRow.state == "running",
                                                            RunRow.stop_reason.is_not(None))))
-        for run in stopping:
-            try:
-                status = self.executor.stop(host_address(self._hosts[run.host]), run.run_id, run.stop_reason or "stop",
-                                            self.settings.stop_grace_s)
-            except HostUnreachable as exc:
-                self._host_failed(run.host, exc)
-                continue
-            self._settle(run, status)
+        self._stop_runs(stopping, "stop")
 
     # ------------------------------------------------------------------------------- decide
     def decide(self) -> list[Decision]:
@@ -746,14 +747,8 @@ class SchedulingRound:
             host = self._hosts.get(run.host)
             if host is None or not host.reachable:
                 return None
-            try:
-                return self.executor.read(host_address(host), run.run_id, "telemetry.jsonl", TELEMETRY_TAIL_BYTES)
-            except HostUnreachable as exc:
-                self._host_failed(run.host, exc)
-                return None
-            except HostCommandFailed as exc:
-                self.report.errors.append(str(exc))
-                return None
+            return self._on_host(run.host, lambda: self.executor.read(host_address(host), run.run_id,
+                                                                      "telemetry.jsonl", TELEMETRY_TAIL_BYTES))
 
         observed = observe_pair_speeds(snapshot, read, now, settings)
         self._speeds = observed.estimates
