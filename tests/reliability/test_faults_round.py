@@ -85,13 +85,22 @@ def test_state_database_restarting_mid_round_loses_nothing(fresh_pg_store, throw
     store = fresh_pg_store
     add_local_hosts(store, tmp_path / "hosts")
     ledger = tmp_path / "ledger"
-    jobs = [(submit(store, JobRequest(ledger_command(ledger, job_mix(i)[0]), job_mix(i)[1], "u", "vc-a")), i)
-            for i in range(8)]
+    jobs: list[tuple[str, int]] = []
+
+    def submit_batch(count: int) -> None:
+        for i in range(len(jobs), len(jobs) + count):
+            jobs.append((submit(store, JobRequest(ledger_command(ledger, job_mix(i)[0]), job_mix(i)[1], "u",
+                                                  "vc-a")), i))
+
+    submit_batch(8)
     restarts, failures = [], []
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 150
     cycle = 0
     while True:
-        step = DB_RESTART_STEPS[cycle % len(DB_RESTART_STEPS)]
+        # the steps not hit yet come round first; a step bites only in a round that reaches it (after_launch:
+        # one that launches), so when every job has ended with a step still missing, more jobs are submitted
+        missing = [step for step in DB_RESTART_STEPS if step not in restarts] or DB_RESTART_STEPS
+        step = missing[cycle % len(missing)]
         rnd = RestartingRound(store, local_executor(), fast_config(), SETTINGS, server=throwaway_pg, restart_at=step)
         try:
             rnd.run()
@@ -101,9 +110,12 @@ def test_state_database_restarting_mid_round_loses_nothing(fresh_pg_store, throw
             restarts.append(step)
         cycle += 1
         rows = jobs_by_id(store)
-        if all(r.state in TERMINAL for r in rows.values()) and set(restarts) >= set(DB_RESTART_STEPS):
-            break
-        assert time.monotonic() < deadline, (restarts, {j: (r.state, r.pending_reason) for j, r in rows.items()})
+        if all(r.state in TERMINAL for r in rows.values()):
+            if set(restarts) >= set(DB_RESTART_STEPS):
+                break
+            submit_batch(4)
+        assert time.monotonic() < deadline, (sorted(set(restarts)), {j: (r.state, r.pending_reason)
+                                                                      for j, r in rows.items()})
         time.sleep(0.1)
     assert failures, "no round ever saw its database go away: the restart did not bite"
     states = check_invariants(store, [j for j, _ in jobs], ledger)
