@@ -266,12 +266,8 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         view.add_job(Job(job_id=hold_id, user="~", vc="~", gpus=len(free), submit_time=now, no_share=True))
         view.start(hold_id, pool, tuple(GpuRef(host, i) for i in free))
 
-    # observed speeds reach the binder only for jobs that run as a pair and may still share
-    for job_id, speed in snapshot.speed_reports:
-        alloc = view.allocations.get(job_id)
-        partner = view.jobs.get(alloc.partner) if alloc is not None and alloc.partner is not None else None
-        if partner is not None and not view.jobs[job_id].no_share and not partner.no_share:
-            view.speed_reports.append((job_id, speed))
+    # observed speeds go to the binder, whose rule judges them (pairs only, each split once)
+    view.speed_reports.extend(snapshot.speed_reports)
 
     # waiting jobs re-enter their queues through the policy's own hooks
     for job_id, job in jobs.items():
