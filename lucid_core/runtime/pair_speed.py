@@ -8,7 +8,7 @@ estimated speed to the binder, which splits pairs below `binder.unstable_speed`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from lucid_core.runtime.schema import RunRow
@@ -36,19 +36,22 @@ class PairObservation:
     reports: list[tuple[str, float]]
 
 
+def mutual_pairs(runs: Iterable[RunRow]) -> list[tuple[RunRow, RunRow]]:
+    """Rank-0 main runs of two jobs sharing GPUs now: both running, each naming the other; each pair
+    once (lower job id first)."""
+    main = {r.job_id: r for r in runs if r.kind == "main" and r.node_rank == 0 and r.state == "running"}
+    return [(run, main[run.partner]) for job_id, run in sorted(main.items())
+            if run.partner in main and main[run.partner].partner == job_id and job_id < run.partner]
+
+
 def running_pairs(snapshot: Snapshot) -> list[tuple[RunRow, RunRow]]:
     """Rank-0 main runs of two jobs sharing GPUs: both running, neither stopping nor split already."""
-    main = {r.job_id: r for r in snapshot.runs if r.kind == "main" and r.node_rank == 0}
     stopping = {r.job_id for r in snapshot.runs if r.stop_reason}
     pairs = []
-    for job_id, run in sorted(main.items()):
-        other = main.get(run.partner or "")
-        if (other is None or other.partner != job_id or job_id > other.job_id or run.state != "running"
-                or other.state != "running" or run.started_at is None or other.started_at is None):
+    for run, other in mutual_pairs(snapshot.runs):
+        if run.started_at is None or other.started_at is None or {run.job_id, other.job_id} & stopping:
             continue
-        if {job_id, other.job_id} & stopping:
-            continue
-        jobs = [snapshot.jobs.get(job_id), snapshot.jobs.get(other.job_id)]
+        jobs = [snapshot.jobs.get(run.job_id), snapshot.jobs.get(other.job_id)]
         if any(j is None or j.no_share for j in jobs):
             continue  # gone, or already split: nothing left to decide
         pairs.append((run, other))

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from lucid_core.domain import TERMINAL_STATES, JobState
 from lucid_core.runtime.executor import HostExecutor
 from lucid_core.runtime.inventory import host_address
+from lucid_core.runtime.pair_speed import mutual_pairs
 from lucid_core.runtime.schema import HostRow, JobRow, RunRow
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.submission import UnknownJob
@@ -42,14 +43,15 @@ def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[st
     query = (select(RunRow, JobRow.vc).join(JobRow, JobRow.job_id == RunRow.job_id)
              .where(RunRow.kind == "main", RunRow.node_rank == 0, RunRow.state == "running",
                     RunRow.partner.is_not(None)))
-    rows = {run.job_id: (run, vc) for run, vc in session.execute(query).all()}
+    rows = session.execute(query).all()
+    vc_of = {run.job_id: vc for run, vc in rows}
     out = {}
-    for job_id, (run, vc) in rows.items():
-        other = rows.get(run.partner or "")
-        if other is None or other[0].partner != job_id or (job_ids is not None and job_id not in job_ids):
-            continue
-        out[job_id] = SharedSpeed(job_id, other[0].job_id, vc, run.observed_speed, run.observed_speed_at,
-                                  run.observed_speed_samples, run.observed_speed_emulated)
+    for pair in mutual_pairs(run for run, _ in rows):
+        for run, other in (pair, pair[::-1]):
+            if job_ids is None or run.job_id in job_ids:
+                out[run.job_id] = SharedSpeed(run.job_id, other.job_id, vc_of[run.job_id], run.observed_speed,
+                                              run.observed_speed_at, run.observed_speed_samples,
+                                              run.observed_speed_emulated)
     return out
 
 
