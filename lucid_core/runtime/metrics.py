@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 from functools import partial
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from lucid_core.domain import JobState
+from lucid_core.runtime.inventory import ACTIVE_RUN_STATES
 from lucid_core.runtime.queries import shared_speeds
 from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, ModelVersionRow, RoundRow, RunRow
 from lucid_core.runtime.store import Store
@@ -41,7 +43,7 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
         hosts = s.scalars(select(HostRow)).all()
         gpus = s.execute(select(GpuRow.host, GpuRow.index)).all()
         runs = s.execute(select(RunRow.host, RunRow.gpu_indices)
-                         .where(RunRow.state.in_(("planned", "running")))).all()
+                         .where(RunRow.state.in_(ACTIVE_RUN_STATES))).all()
         last_round = s.scalars(select(RoundRow).where(RoundRow.ended_at.is_not(None))
                                .order_by(RoundRow.id.desc()).limit(1)).first()
         rounds = s.scalar(select(func.count()).select_from(RoundRow)) or 0
@@ -58,8 +60,10 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
     queued = gauge("lucid_queue_jobs", "Jobs waiting (submitted, profiling or queued) per VC", ["vc"])
     queued_gpus = gauge("lucid_queue_gpus", "GPUs asked for by waiting jobs per VC", ["vc"])
     oldest = gauge("lucid_oldest_wait_seconds", "Longest time a waiting job of the VC has waited", ["vc"])
-    for vc in {row.vc for row in waiting}:
-        mine = [row for row in waiting if row.vc == vc]
+    by_vc: dict[str, list[Any]] = {}
+    for row in waiting:
+        by_vc.setdefault(row.vc, []).append(row)
+    for vc, mine in by_vc.items():
         queued.labels(vc).set(len(mine))
         queued_gpus.labels(vc).set(sum(row.gpus for row in mine))
         oldest.labels(vc).set(max(0.0, now - min(row.submit_time for row in mine)))

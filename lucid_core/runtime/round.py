@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from sqlalchemy import distinct, func, select, update
@@ -109,14 +109,8 @@ class RoundSettings:
     @classmethod
     def from_config(cls, config: LucidConfig, **overrides: Any) -> RoundSettings:
         """Settings from the config's `runtime` section (what `lucid round` and the round DAG use)."""
-        rt = config.runtime
-        values: dict[str, Any] = {
-            "lease_ttl_s": rt.lease_ttl_s, "stop_grace_s": rt.stop_grace_s, "launch_grace_s": rt.launch_grace_s,
-            "telemetry_interval_s": rt.telemetry_interval_s, "monitor_interval_s": rt.monitor_interval_s,
-            "speed_settle_s": rt.speed_settle_s, "speed_min_samples": rt.speed_min_samples,
-            "max_launch_failures": rt.max_launch_failures, "host_cooldown_s": rt.host_cooldown_s,
-            "host_lost_after_s": rt.host_lost_after_s or None, "requeue_lost": rt.requeue_lost,
-        }
+        values: dict[str, Any] = {f.name: getattr(config.runtime, f.name) for f in fields(config.runtime)}
+        values["host_lost_after_s"] = values["host_lost_after_s"] or None  # 0 in the config: wait forever
         return cls(**{**values, **overrides})
 
 
