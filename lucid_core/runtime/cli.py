@@ -183,6 +183,7 @@ def _eta(args: argparse.Namespace) -> int:
 
 def _hosts(args: argparse.Namespace) -> int:
     from lucid_core.runtime.inventory import HostSpec, InventoryError, add_host, drain_host, list_hosts, remove_host
+    from lucid_core.runtime.lease import LeaseHeld
 
     store = _store(args)
     try:
@@ -202,11 +203,13 @@ def _hosts(args: argparse.Namespace) -> int:
                              for h in rows)
             _print(args, rows, text or "no hosts")
         elif args.hosts_cmd == "drain":
-            drain_host(store, args.name, not args.undo)
-            _print(args, {"name": args.name, "draining": not args.undo},
-                   f"{args.name}: {'draining' if not args.undo else 'accepting work'}")
+            drain_host(store, args.name, not args.undo, remove=args.remove, wait_s=args.wait)
+            state = ("accepting work" if args.undo else
+                     "draining; a round removes it once its runs have ended" if args.remove else "draining")
+            _print(args, {"name": args.name, "draining": not args.undo, "remove_when_empty": args.remove},
+                   f"{args.name}: {state}")
         elif args.hosts_cmd == "remove":
-            remove_host(store, args.name)
+            remove_host(store, args.name, wait_s=args.wait)
             _print(args, {"name": args.name, "removed": True}, f"removed {args.name}")
         elif args.hosts_cmd == "check":
             from lucid_core.runtime.host_check import check_host
@@ -220,7 +223,7 @@ def _hosts(args: argparse.Namespace) -> int:
             _print(args, [{"host": r.host, "ok": r.ok, "checks": [vars(i) for i in r.items]} for r in reports],
                    "\n".join(r.describe() for r in reports) or "no hosts")
             return 0 if all(r.ok for r in reports) else 1
-    except InventoryError as exc:
+    except (InventoryError, LeaseHeld) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -233,6 +236,18 @@ def _metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """A duration such as 30, 30s, 2m or 1h, in seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 2m or 1h") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
 def _round(args: argparse.Namespace) -> int:
     from lucid_core.runtime.round import RoundSettings, SchedulingRound
 
@@ -243,7 +258,24 @@ def _round(args: argparse.Namespace) -> int:
         return 2
     given = {"stop_grace_s": args.stop_grace, "lease_ttl_s": args.lease_ttl}
     settings = RoundSettings.from_config(config, **{k: v for k, v in given.items() if v is not None})
-    report = SchedulingRound(_store(args), _executor(args), config, settings).run()
+    store = _store(args)
+    if args.every is None:
+        return _one_round(args, SchedulingRound(store, _executor(args), config, settings).run())
+    done, code = 0, 0
+    while args.rounds is None or done < args.rounds:
+        began = time.monotonic()
+        try:
+            code = _one_round(args, SchedulingRound(store, _executor(args), config, settings).run())
+        except Exception as exc:  # a failed round is repaired by the next one: report it and go on
+            print(f"round failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            code = 1
+        done += 1
+        if args.rounds is None or done < args.rounds:
+            time.sleep(max(0.0, args.every - (time.monotonic() - began)))
+    return code
+
+
+def _one_round(args: argparse.Namespace, report: Any) -> int:
     if not report.acquired:
         print("another round holds the lease; nothing done", file=sys.stderr)
         return 3
@@ -252,9 +284,13 @@ def _round(args: argparse.Namespace) -> int:
     lines += [f"  {kind} {job or ''}: {reason}" for kind, job, reason in report.decisions]
     lines += [f"  ended {job}: {state}" for job, state in report.ended.items()]
     lines += [f"  unreachable: {h}" for h in report.unreachable]
+    lines += [f"  conflict: {c}" for c in report.conflicts]
+    lines += [f"  removed drained host: {h}" for h in report.removed_hosts]
     lines += [f"  error: {e}" for e in report.errors]
+    if report.fenced:
+        lines.append(f"  FENCED: {report.fenced}")
     _print(args, asdict(report), "\n".join(lines))
-    return 0
+    return 4 if report.fenced else 0
 
 
 def add_parser(subparsers: Any) -> None:
@@ -315,6 +351,11 @@ def add_parser(subparsers: Any) -> None:
             sp.add_argument("name")
         if name == "drain":
             sp.add_argument("--undo", action="store_true", help="accept new work again")
+            sp.add_argument("--remove", action="store_true",
+                            help="remove the host once its runs have ended (a round does it)")
+        if name != "list":
+            sp.add_argument("--wait", type=float, default=60.0,
+                            help="seconds to wait for a running scheduling round to finish (default 60)")
     check = hsub.add_parser("check", help="is each host ready to run jobs? (reach, workdir, disk, python, "
                                           "setsid, NVML, GPU count, sudo for submitter hosts)")
     _common(check)
@@ -331,4 +372,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--stop-grace", type=float, default=None,
                    help="seconds between TERM and KILL (default: runtime.stop_grace_s)")
     p.add_argument("--lease-ttl", type=float, default=None, help="default: runtime.lease_ttl_s")
+    p.add_argument("--every", type=_seconds, default=None, metavar="INTERVAL",
+                   help="keep running rounds this often (e.g. 30s, 1m), one connection to the store")
+    p.add_argument("--rounds", type=int, default=None, help="with --every: stop after this many rounds")
     p.set_defaults(func=_round)

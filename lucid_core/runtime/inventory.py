@@ -10,10 +10,12 @@ from sqlalchemy import select
 from lucid_core.domain import Pool
 from lucid_core.runtime.executor import GpuInfo, HostAddress, HostExecutor
 from lucid_core.runtime.host_scripts import os_user_problem
+from lucid_core.runtime.lease import admin_lease
 from lucid_core.runtime.schema import GpuRow, HostRow, RunRow
 from lucid_core.runtime.store import Store
 
 ACTIVE_RUN_STATES = ("planned", "running")
+ADMIN_WAIT_S = 60.0  # how long an inventory change waits for a running round to give the lease back
 RUN_AS_MODES = ("account", "submitter")  # whom a host runs jobs as: its SSH account, or each job's user
 
 
@@ -66,8 +68,10 @@ def _check(spec: HostSpec) -> None:
         raise InventoryError("; ".join(problems))
 
 
-def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None) -> list[GpuInfo]:
-    """Register a host; GPUs are declared (spec.gpus) or discovered with nvidia-smi over the executor."""
+def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None, *,
+             wait_s: float = ADMIN_WAIT_S) -> list[GpuInfo]:
+    """Register a host; GPUs are declared (spec.gpus) or discovered with nvidia-smi over the executor.
+    Discovery runs before the lease is taken; the write is serialised with rounds."""
     _check(spec)
     row = HostRow(name=spec.name, address=spec.address, port=spec.port, user=spec.user, key_path=spec.key_path,
                   vc=spec.vc, pool=spec.pool, executor=spec.executor, telemetry=spec.telemetry,
@@ -84,7 +88,7 @@ def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None)
             raise InventoryError(f"host {spec.name}: no NVIDIA GPU found; declare the count with gpus=N")
         row.gpu_memory_mb = min(g.memory_mb for g in gpus)
         declared = False
-    with store.session() as s:
+    with admin_lease(store, f"add {spec.name}", wait_s=wait_s) as fenced, fenced.session() as s:
         if s.get(HostRow, spec.name) is not None:
             raise InventoryError(f"host {spec.name} already exists")
         s.add(row)
@@ -125,26 +129,32 @@ def submitter_user_problem(store: Store, user: str, vc: str) -> str | None:
     return None if problem is None else f"{problem} (host {hosts[0]} runs each job as its user)"
 
 
-def drain_host(store: Store, name: str, draining: bool = True) -> None:
-    """A draining host keeps its running jobs but gets no new ones."""
-    with store.session() as s:
+def drain_host(store: Store, name: str, draining: bool = True, *, remove: bool = False,
+               wait_s: float = ADMIN_WAIT_S) -> None:
+    """A draining host keeps its running jobs but gets no new ones; with `remove`, the round deletes it
+    once nothing of it is planned or running. Serialised with rounds through the lease."""
+    with admin_lease(store, f"drain {name}", wait_s=wait_s) as fenced, fenced.session() as s:
         row = s.get(HostRow, name)
         if row is None:
             raise InventoryError(f"no host {name!r}")
-        row.draining = draining
+        row.draining = draining or remove
+        row.remove_when_empty = remove and draining
 
 
-def remove_host(store: Store, name: str) -> None:
-    """Forget a host that runs nothing (drain it and wait first)."""
-    with store.session() as s:
+def remove_host(store: Store, name: str, *, wait_s: float = ADMIN_WAIT_S) -> None:
+    """Forget a host that runs nothing (drain it and wait first).
+
+    Holds the round lease while it checks and deletes, so a round cannot place work on the host between
+    the check and the delete (a round's uncommitted placement is not visible to the check)."""
+    with admin_lease(store, f"remove {name}", wait_s=wait_s) as fenced, fenced.session() as s:
         row = s.get(HostRow, name)
         if row is None:
             raise InventoryError(f"no host {name!r}")
         active = s.scalars(select(RunRow.run_id).where(RunRow.host == name,
-                                                       RunRow.state.in_(ACTIVE_RUN_STATES))).all()
+                                                       RunRow.state.in_((*ACTIVE_RUN_STATES, "lost")))).all()
         if active:
             raise InventoryError(f"host {name} still runs {len(active)} job run(s) ({', '.join(active[:3])}); "
-                                 "drain it and wait for them to end")
+                                 "drain it and wait for them to end (lucid hosts drain --remove does both)")
         for gpu in s.scalars(select(GpuRow).where(GpuRow.host == name)).all():
             s.delete(gpu)
         s.delete(row)

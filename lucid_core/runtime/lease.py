@@ -1,13 +1,25 @@
-"""The round lease: one row that at most one scheduling round holds at a time.
+"""The round lease: one row that at most one writer (a scheduling round or an admin command) holds.
 
-A holder takes the row when it is free or expired (a crashed round's lease lapses after its
-TTL), renews it while it works and gives it back at the end. The take is a single conditional
-UPDATE (or the first INSERT), so two rounds racing on SQLite or PostgreSQL cannot both win.
+Every take of the lease bumps its fencing generation, which only grows: a take-over, and also a
+second take by the same holder (an Airflow task retried while its first try still runs), fences the
+previous one. A holder writes through `Store.fenced(lease)`: the first write of each transaction
+first renews the row *if its generation is still the holder's*, inside that same transaction, so a
+holder that was taken over changes nothing (`Fenced`), and a take-over waits for (or is ordered after)
+the transaction that renewed (a row lock on PostgreSQL, the write lock on SQLite). The take is a
+single conditional UPDATE (or the first INSERT), so two holders racing cannot both win.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import or_, update
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from lucid_core.runtime.schema import LeaseRow
@@ -17,34 +29,90 @@ ROUND_LEASE = "scheduling-round"
 
 
 class LeaseHeld(RuntimeError):
-    """Another round holds the lease."""
+    """Another holder has the lease (and did not give it back in time)."""
 
 
-def acquire(store: Store, holder: str, ttl_s: float, now: float, name: str = ROUND_LEASE) -> bool:
-    """Take (or renew) the lease until now + ttl_s; False when someone else holds it."""
+class Fenced(BaseException):
+    """This holder's lease was taken over: it must write nothing more.
+
+    A BaseException, like a KeyboardInterrupt, so that no `except Exception` on the way (a host call
+    that failed, a step that reports and goes on) can swallow it and let the holder keep acting.
+    """
+
+    def __init__(self, lease: Lease, found: tuple[str, int] | None) -> None:
+        self.lease = lease
+        self.found = found
+        now = f"held by {found[0]} at generation {found[1]}" if found else "gone"
+        super().__init__(f"lease {lease.name!r} generation {lease.generation} of {lease.holder} was taken "
+                         f"over (now {now}): this holder writes nothing more")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One take of the lease: who, which generation, and how long each renewal extends it."""
+
+    name: str
+    holder: str
+    generation: int
+    ttl_s: float
+
+
+def acquire(store: Store, holder: str, ttl_s: float, now: float, name: str = ROUND_LEASE) -> Lease | None:
+    """Take the lease until now + ttl_s with a new generation; None when someone else holds it.
+
+    The holder's own unexpired lease is taken again (a new generation), which fences its earlier take.
+    """
     with store.session() as s:
         taken = s.execute(
             update(LeaseRow)
             .where(LeaseRow.name == name, or_(LeaseRow.expires_at < now, LeaseRow.holder == holder))
-            .values(holder=holder, expires_at=now + ttl_s)
+            .values(holder=holder, expires_at=now + ttl_s, generation=LeaseRow.generation + 1)
             .execution_options(synchronize_session=False)).rowcount
         if taken == 1:
-            return True
+            generation = s.scalar(select(LeaseRow.generation).where(LeaseRow.name == name))
+            return Lease(name, holder, int(generation), ttl_s)
         if s.get(LeaseRow, name) is not None:
-            return False
+            return None
     try:
         with store.session() as s:
-            s.add(LeaseRow(name=name, holder=holder, expires_at=now + ttl_s))
-        return True
+            s.add(LeaseRow(name=name, holder=holder, expires_at=now + ttl_s, generation=1))
+        return Lease(name, holder, 1, ttl_s)
     except IntegrityError:
-        return False
+        return None
 
 
-def release(store: Store, holder: str, name: str = ROUND_LEASE) -> None:
-    """Give the lease back (only if still ours)."""
+def renew_in(conn: Connection, lease: Lease, now: float) -> bool:
+    """Extend the lease inside the caller's transaction if it is still this take's; False when fenced."""
+    return conn.execute(
+        update(LeaseRow)
+        .where(LeaseRow.name == lease.name, LeaseRow.holder == lease.holder, LeaseRow.generation == lease.generation)
+        .values(expires_at=now + lease.ttl_s)).rowcount == 1
+
+
+def current(store: Store, name: str = ROUND_LEASE) -> tuple[str, int] | None:
+    """(holder, generation) of the lease row, expired or not; None before its first take."""
     with store.session() as s:
-        s.execute(update(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder)
-                  .values(expires_at=0.0).execution_options(synchronize_session=False))
+        row = s.get(LeaseRow, name)
+        return None if row is None else (row.holder, int(row.generation))
+
+
+def renew(store: Store, lease: Lease, now: float) -> None:
+    """Extend the lease now (a long step between writes); raises `Fenced` when it was taken over."""
+    with store.engine.begin() as conn:
+        if renew_in(conn, lease, now):
+            return
+    raise Fenced(lease, current(store, lease.name))
+
+
+def release(store: Store, lease: Lease | str, name: str = ROUND_LEASE) -> None:
+    """Give the lease back (only if this take still holds it; a bare holder name gives back any take)."""
+    where = [LeaseRow.name == (lease.name if isinstance(lease, Lease) else name)]
+    if isinstance(lease, Lease):
+        where += [LeaseRow.holder == lease.holder, LeaseRow.generation == lease.generation]
+    else:
+        where.append(LeaseRow.holder == lease)
+    with store.session() as s:
+        s.execute(update(LeaseRow).where(*where).values(expires_at=0.0).execution_options(synchronize_session=False))
 
 
 def holder_of(store: Store, now: float, name: str = ROUND_LEASE) -> str | None:
@@ -52,3 +120,29 @@ def holder_of(store: Store, now: float, name: str = ROUND_LEASE) -> str | None:
     with store.session() as s:
         row = s.get(LeaseRow, name)
         return row.holder if row is not None and row.expires_at >= now else None
+
+
+def admin_holder(what: str) -> str:
+    """The holder name of an admin command on this machine (shown to a round that waits for it)."""
+    return f"admin:{socket.gethostname()}:{os.getpid()}:{what}"[:128]
+
+
+@contextmanager
+def admin_lease(store: Store, what: str, *, wait_s: float = 30.0, ttl_s: float = 60.0,
+                clock: Callable[[], float] = time.time, poll_s: float = 0.2) -> Iterator[Store]:
+    """Hold the round lease for an inventory change, so it is serialised with rounds; yields a store
+    whose writes are fenced on it. Waits up to `wait_s` for a running round to finish, then refuses."""
+    holder = admin_holder(what)
+    deadline = time.monotonic() + wait_s
+    while True:
+        taken = acquire(store, holder, ttl_s, clock())
+        if taken is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise LeaseHeld(f"a scheduling round holds the store's lease ({holder_of(store, clock()) or 'just now'}); "
+                            f"waited {wait_s:g} s: try again when it has finished")
+        time.sleep(poll_s)
+    try:
+        yield store.fenced(taken, clock)
+    finally:
+        release(store, taken)

@@ -9,6 +9,7 @@ A lease row keeps two rounds from deciding at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
-from sqlalchemy import distinct, func, select, update
+from sqlalchemy import bindparam, delete, distinct, func, select, true, update
 
 from lucid_core.config import LucidConfig, RuntimeConfig
 from lucid_core.domain import TERMINAL_STATES, GpuRef, JobState, Pool
@@ -40,11 +41,12 @@ from lucid_core.runtime.executor import (
     RunStatus,
 )
 from lucid_core.runtime.host_scripts import TelemetryLaunch
-from lucid_core.runtime.inventory import host_address
+from lucid_core.runtime.inventory import ACTIVE_RUN_STATES, host_address
 from lucid_core.runtime.pair_speed import TELEMETRY_TAIL_BYTES, PairSpeedSettings, observe_pair_speeds
 from lucid_core.runtime.pending import pending_reasons
 from lucid_core.runtime.schema import (
     DecisionRow,
+    GpuRow,
     HostRow,
     JobEventRow,
     JobRow,
@@ -70,6 +72,8 @@ from lucid_core.runtime.view_builder import (
     load_snapshot,
 )
 
+_log = logging.getLogger("lucid.round")
+TERMINAL_VALUES = tuple(state.value for state in TERMINAL_STATES)
 EmulatedProfileFn = Callable[[JobRow], tuple[float, float, float]]
 MAX_STORED_SAMPLES = 2000
 WATCH_S = 30 * 86400.0  # a watching agent's limit; it stops with its job long before
@@ -124,9 +128,12 @@ class RoundReport:
     unreachable: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     pair_speeds: dict[str, float] = field(default_factory=dict)  # job id -> speed observed while sharing
+    conflicts: list[str] = field(default_factory=list)  # writes that found the row changed under them
+    removed_hosts: list[str] = field(default_factory=list)  # drained hosts deleted once empty
     decide_ms: float = 0.0
     total_ms: float = 0.0
     acquired: bool = True
+    fenced: str | None = None  # why the round stopped: another took its lease over
 
 
 def emulated_profile_from_catalog(catalog: Any) -> EmulatedProfileFn:
@@ -153,7 +160,9 @@ class SchedulingRound:
                  settings: RoundSettings | None = None, *, policy_factory: PolicyFactory | None = None,
                  emulated_profile: EmulatedProfileFn | None = None,
                  clock: Callable[[], float] = time.time, crash_at: str | None = None) -> None:
-        self.store = store
+        self.raw_store = store
+        self.store = store  # fenced on the round's lease once taken (take_lease)
+        self.lease: lease.Lease | None = None
         self.executor = executor
         self.config = config
         self.settings = settings or RoundSettings()
@@ -164,23 +173,20 @@ class SchedulingRound:
         self.report = RoundReport()
         self._hosts: dict[str, HostRow] = {}
         self._speeds: dict[str, SpeedEstimate] = {}  # this round's pair speed estimates, per job
+        self._recorded_states: dict[str, str] = {}  # job states this round's decisions just set
         self.now = clock()
 
     # ------------------------------------------------------------------------------ driver
     def run(self) -> RoundReport:
         started = time.perf_counter()
-        now = self.now = self.clock()
-        holder = self.settings.holder
-        if not lease.acquire(self.store, holder, self.settings.lease_ttl_s, now):
+        self.now = self.clock()
+        if not self.take_lease():
             self.report.acquired = False
             return self.report
-        with self.store.session() as s:
-            row = RoundRow(holder=holder, started_at=now)
-            s.add(row)
-            s.flush()
-            self.report.round_id = row.id
         try:
+            self.open_round()
             self._load_hosts()
+            self.repair_unknown_hosts()
             self.carry_out_pending()
             self._crash("after_repair")
             self.reconcile()
@@ -190,27 +196,71 @@ class SchedulingRound:
             self._crash("after_record")
             self.carry_out_pending()
             self._crash("after_execute")
+            self.remove_drained_hosts()
+        except lease.Fenced as exc:
+            self.stop_fenced(exc)
+            self._finish_round(started)
+            return self.report
         except Exception as exc:
             self.report.errors.append(f"{type(exc).__name__}: {exc}")
             self._finish_round(started)
-            lease.release(self.store, holder)
+            self.give_back_lease()
             raise
         finally:
             self.executor.close()
         self._finish_round(started)
-        lease.release(self.store, holder)
+        self.give_back_lease()
         return self.report
+
+    def take_lease(self) -> bool:
+        """Take the store's round lease with a new fencing generation; from here on every write of this
+        round is conditional on it (see `lease`). False when another round or an admin command holds it."""
+        taken = lease.acquire(self.raw_store, self.settings.holder, self.settings.lease_ttl_s, self.clock())
+        if taken is None:
+            return False
+        self.lease = taken
+        self.store = self.raw_store.fenced(taken, self.clock)
+        return True
+
+    def give_back_lease(self) -> None:
+        if self.lease is not None:
+            lease.release(self.raw_store, self.lease)
+
+    def open_round(self) -> None:
+        """Write this round's row in the rounds table (a fenced write: a stale take records nothing)."""
+        with self.store.session() as s:
+            row = RoundRow(holder=self.settings.holder, started_at=self.now,
+                           generation=self.lease.generation if self.lease else None)
+            s.add(row)
+            s.flush()
+            self.report.round_id = row.id
+
+    def renew_lease(self) -> None:
+        """Before acting on a host: make sure this round still holds the lease (and extend it); raises
+        `lease.Fenced` when another took it over, so a stale round launches and stops nothing."""
+        if self.lease is not None:
+            lease.renew(self.raw_store, self.lease, self.clock())
+
+    def stop_fenced(self, exc: lease.Fenced) -> None:
+        """The lease was taken over mid-round: stop here, say so (report, log, this round's own row)."""
+        self.report.fenced = str(exc)
+        _log.warning("round %s stopped: %s", self.report.round_id, exc)
 
     def _crash(self, step: str) -> None:
         if self.crash_at == step:
             raise InjectedCrash(step)
 
     def _finish_round(self, started: float) -> None:
+        """Close this round's own row. Written unfenced: it is this round's record only (a fenced round says
+        so there), and it touches nothing another round reads to decide."""
         self.report.total_ms = (time.perf_counter() - started) * 1000
-        with self.store.session() as s:
+        if self.report.round_id is None:
+            return
+        errors = self.report.errors + ([f"fenced: {self.report.fenced}"] if self.report.fenced else [])
+        with self.raw_store.session() as s:
             s.execute(_update(RoundRow).where(RoundRow.id == self.report.round_id).values(
                 ended_at=self.clock(), decide_ms=self.report.decide_ms, decisions=len(self.report.decisions),
-                error="; ".join(self.report.errors)[:2000] or None))
+                fenced=self.report.fenced is not None, error="; ".join(errors)[:2000] or None))
 
     def load_hosts(self) -> None:
         """Read the host inventory (the steps below need it; `run` calls it first)."""
@@ -250,6 +300,48 @@ class SchedulingRound:
             s.execute(_update(HostRow).where(HostRow.name == name).values(
                 reachable=True, last_seen=self.clock(), last_error=None))
 
+    # ------------------------------------------------------------------ inventory changes
+    def repair_unknown_hosts(self) -> None:
+        """Runs on a host the inventory no longer has (removed while a round had placed work there): a
+        planned run never started, so its job waits again; a running one cannot be reached or stopped, so
+        its job fails with the reason. Either way the round goes on instead of failing on the name."""
+        with self.store.session() as s:
+            known = select(HostRow.name)
+            orphans = list(s.scalars(select(RunRow).where(RunRow.state.in_(ACTIVE_RUN_STATES),
+                                                          RunRow.host.not_in(known))))
+        for run in orphans:
+            with self.store.session() as s:
+                ended = s.execute(_update(RunRow).where(
+                    RunRow.run_id == run.run_id, RunRow.host == run.host, RunRow.state == run.state).values(
+                    state="ended", ended_at=self.clock(),
+                    outcome=f"host {run.host} was removed from the inventory "
+                            + ("before launch" if run.state == "planned" else "while it ran"))).rowcount
+                job = s.get(JobRow, run.job_id)
+                if not ended or job is None or JobState(job.state) in TERMINAL_STATES:
+                    continue
+                if run.state == "planned" and not job.cancel_requested:
+                    back = JobState.SUBMITTED if run.kind == "profiling" and not job.profiled else JobState.QUEUED
+                    if self._move_job(s, job, back, f"host {run.host} was removed before run {run.run_id} started"):
+                        self.report.requeued.append(job.job_id)
+                else:
+                    self._end_job(s, job, JobState.FAILED, None,
+                                  f"host {run.host} was removed from the inventory while run {run.run_id} ran "
+                                  "there; its processes were not stopped by the scheduler", run)
+
+    def remove_drained_hosts(self) -> None:
+        """Delete hosts drained to be removed (`lucid hosts drain --remove`) once nothing of theirs is active."""
+        with self.store.session() as s:
+            waiting = list(s.scalars(select(HostRow).where(HostRow.remove_when_empty.is_(True))))
+            for host in waiting:
+                busy = s.scalar(select(RunRow.run_id).where(
+                    RunRow.host == host.name, RunRow.state.in_((*ACTIVE_RUN_STATES, "lost"))).limit(1))
+                if busy is not None:
+                    continue
+                s.execute(delete(GpuRow).where(GpuRow.host == host.name))
+                s.execute(delete(HostRow).where(HostRow.name == host.name))
+                self.report.removed_hosts.append(host.name)
+                _log.info("host %s drained and removed", host.name)
+
     # ------------------------------------------------------------------ carry out pending rows
     def carry_out_pending(self) -> None:
         """Launch planned runs and stop runs that have a stop reason; mark decisions done."""
@@ -272,6 +364,7 @@ class SchedulingRound:
             if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
                 self._abandon(run, "job cancelled before launch")
                 continue
+            self.renew_lease()  # a round that lost its lease launches nothing
             try:
                 result = self.executor.launch(host_address(self._hosts[run.host]), self._launch_spec(run, job))
             except HostUnreachable as exc:
@@ -412,8 +505,9 @@ class SchedulingRound:
                 self._end_job(s, job, JobState.FAILED, None,
                               f"could not be launched ({failures} tries); last error: {why[:500]}", run)
                 return
-            job.state = (JobState.SUBMITTED if run.kind == "profiling" and not job.profiled
-                         else JobState.QUEUED).value
+            back = JobState.SUBMITTED if run.kind == "profiling" and not job.profiled else JobState.QUEUED
+            if not self._move_job(s, job, back):
+                return
         self.report.requeued.append(run.job_id)
 
     def _stop_started_peers(self, run_id: str) -> set[str]:
@@ -431,6 +525,7 @@ class SchedulingRound:
         for run in runs:
             if run.host in down:
                 continue
+            self.renew_lease()
             try:
                 status = self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
                                             run.stop_reason or default_reason, self.settings.stop_grace_s)
@@ -629,17 +724,45 @@ class SchedulingRound:
             else:
                 self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run)
 
-    def _end_job(self, s: Any, job: JobRow, state: JobState, exit_code: int | None, why: str, run: RunRow) -> None:
+    def _end_job(self, s: Any, job: JobRow, state: JobState, exit_code: int | None, why: str, run: RunRow) -> bool:
+        """Move a job to a terminal state once (compare-and-set: only from a state that is not terminal);
+        False, with a logged conflict, when another writer ended it first."""
         now = self.clock()
         ran = run.started_at is not None
         in_window = ran and (run.kind == "profiling" or (run.profiling_until is not None
                                                            and now <= run.profiling_until + 1))
-        job.state, job.end_time, job.exit_code, job.end_reason = state.value, now, exit_code, why
-        job.ended_in_profiling = in_window and state is not JobState.CANCELLED
-        job.pending_reason, job.queue_position = None, None
-        where = " inside its profiling window" if job.ended_in_profiling else ""
+        in_profiling = in_window and state is not JobState.CANCELLED
+        ended = s.execute(_update(JobRow).where(JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES))
+                          .values(state=state.value, end_time=now, exit_code=exit_code, end_reason=why,
+                                  ended_in_profiling=in_profiling, pending_reason=None, queue_position=None)).rowcount
+        if not ended:
+            self._conflict(job.job_id, f"ending it as {state.value}: it had already ended")
+            return False
+        s.expire(job)
+        where = " inside its profiling window" if in_profiling else ""
         self._event(s, job.job_id, state.value.lower(), f"{why}{where}")
         self.report.ended[job.job_id] = state.value
+        return True
+
+    def _move_job(self, s: Any, job: JobRow, state: JobState, why: str | None = None,
+                  expect: tuple[str, ...] | None = None) -> bool:
+        """Compare-and-set a job's state: from `expect` (default: any state that is not terminal) to `state`."""
+        allowed = JobRow.state.in_(expect) if expect is not None else JobRow.state.not_in(TERMINAL_VALUES)
+        moved = s.execute(_update(JobRow).where(JobRow.job_id == job.job_id, allowed)
+                          .values(state=state.value)).rowcount
+        if not moved:
+            self._conflict(job.job_id, f"moving it to {state.value}: its state changed meanwhile")
+            return False
+        s.expire(job)
+        if why:
+            self._event(s, job.job_id, state.value.lower(), why)
+        return True
+
+    def _conflict(self, job_id: str, what: str) -> None:
+        """Another writer changed the row first: back off, say so, change nothing (no host is blamed)."""
+        message = f"job {job_id}: conflict {what}"
+        self.report.conflicts.append(message)
+        _log.info("round %s: %s", self.report.round_id, message)
 
     def _cancel_requested(self) -> None:
         active = [st.value for st in JobState if st not in TERMINAL_STATES]
@@ -654,8 +777,13 @@ class SchedulingRound:
                     else:
                         run.stop_reason = "cancel"
                 if not any(r.state == "running" for r in runs):
-                    job.state, job.end_time, job.end_reason = JobState.CANCELLED.value, self.clock(), "cancelled"
-                    job.pending_reason = job.queue_position = None
+                    ended = s.execute(_update(JobRow).where(
+                        JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES)).values(
+                        state=JobState.CANCELLED.value, end_time=self.clock(), end_reason="cancelled",
+                        pending_reason=None, queue_position=None)).rowcount
+                    if not ended:
+                        self._conflict(job.job_id, "cancelling it: it had already ended")
+                        continue
                     self._event(s, job.job_id, "cancelled", "cancelled before it ran")
                     self.report.ended[job.job_id] = JobState.CANCELLED.value
         self.carry_out_pending_stops()
@@ -689,9 +817,10 @@ class SchedulingRound:
             if isinstance(decision, SetSharingMode):
                 sharing_reason = decision.reason
         reasons = pending_reasons(view, built.policy, sharing_reason)
+        self._crash("after_snapshot")  # decided from the snapshot, nothing written yet
         with self.store.session() as s:
             for decision in decisions:
-                self._record(s, decision, view, now)
+                self._record(s, decision, view, now, snapshot)
             for job_id, estimate in self._speeds.items():  # kept: eta, explain and the pages use what was measured
                 s.execute(_update(RunRow).where(RunRow.job_id == job_id, RunRow.kind == "main",
                                                 RunRow.state == "running")
@@ -717,9 +846,11 @@ class SchedulingRound:
                     s.execute(_update(RunRow).where(RunRow.job_id == job_id, RunRow.state.in_(("planned", "running")),
                                                     RunRow.profiling_until.is_not(None)).values(profiling_until=None))
             s.flush()
-            for key_set in {tuple(sorted(c)) for c in changes}:  # one executemany per column set
-                batch = [c for c in changes if tuple(sorted(c)) == key_set]
+            moves = [c for c in changes if "state" in c]
+            for key_set in {tuple(sorted(c)) for c in changes if "state" not in c}:  # one executemany per column set
+                batch = [c for c in changes if "state" not in c and tuple(sorted(c)) == key_set]
                 s.execute(update(JobRow), batch)
+            self._write_moves(s, moves, snapshot)
             state = {"sharing_mode": view.sharing_mode.value, "tprof_s": view.tprof_s,
                      "nprof_gpus": view.nprof_gpus, "borrowed_nodes": list(view.borrowed_nodes),
                      "last_mode_check": view.last_mode_check, "sharing_reason": sharing_reason}
@@ -732,6 +863,23 @@ class SchedulingRound:
                 elif row.value != value:
                     row.value = value
         return decisions
+
+    def _write_moves(self, s: Any, moves: list[dict[str, Any]], snapshot: Snapshot) -> None:
+        """Job field changes that include a state: each a compare-and-set on the state the snapshot saw."""
+        if not moves:
+            return
+        table = JobRow.__table__
+        for key_set in {tuple(sorted(c)) for c in moves}:
+            batch = [{**{f"v_{k}": v for k, v in c.items()},
+                      "seen": self._recorded_states.get(c["job_id"], snapshot.jobs[c["job_id"]].state)}
+                     for c in moves if tuple(sorted(c)) == key_set]
+            columns = [k for k in key_set if k != "job_id"]
+            statement = (table.update()
+                         .where(table.c.job_id == bindparam("v_job_id"), table.c.state == bindparam("seen"))
+                         .values({k: bindparam(f"v_{k}") for k in columns}))
+            changed = s.execute(statement, batch).rowcount
+            if changed is not None and 0 <= changed < len(batch):
+                self._conflict("(several)", f"{len(batch) - changed} job(s) changed state after this round read them")
 
     def _observe_pairs(self, snapshot: Snapshot, now: float) -> None:
         """Read the telemetry of settled pairs and hand their observed speeds to the policy's view."""
@@ -749,7 +897,7 @@ class SchedulingRound:
         self.report.pair_speeds = {job_id: e.speed for job_id, e in observed.estimates.items()}
         snapshot.speed_reports = observed.reports
 
-    def _record(self, s: Any, decision: Decision, view: Any, now: float) -> None:
+    def _record(self, s: Any, decision: Decision, view: Any, now: float, snapshot: Snapshot) -> None:
         kind = type(decision).__name__
         job_id = getattr(decision, "job_id", None)
         if job_id is not None and job_id.startswith(HOLD_PREFIX):
@@ -762,6 +910,23 @@ class SchedulingRound:
             elif hasattr(value, "value"):
                 value = value.value
             payload[name] = value
+        seen = snapshot.jobs.get(job_id) if job_id is not None else None
+        if isinstance(decision, (StartProfiling, Place, StopProfiling, Preempt)):
+            # compare-and-set: the job must still be in the state this round's snapshot saw
+            target = {StartProfiling: JobState.PROFILING, Place: JobState.RUNNING}.get(type(decision), JobState.QUEUED)
+            extra = {"attempts": JobRow.attempts + 1} if isinstance(decision, (StartProfiling, Place)) else {}
+            if isinstance(decision, (StartProfiling, Place)):
+                extra.update(pending_reason=None, queue_position=None)
+            expected = self._recorded_states.get(job_id or "", seen.state if seen is not None else None)
+            moved = expected is not None and s.execute(_update(JobRow).where(
+                JobRow.job_id == job_id, JobRow.state == expected,
+                JobRow.cancel_requested.is_not(True) if isinstance(decision, (StartProfiling, Place)) else true())
+                .values(state=target.value, **extra)).rowcount == 1
+            if not moved:
+                self._conflict(job_id or "?", f"{kind}: the job left state {expected or 'unknown'} "
+                                              "after this round read it; nothing recorded")
+                return
+            self._recorded_states[job_id] = target.value
         row = DecisionRow(round_id=self.report.round_id or 0, time=now, kind=kind, job_id=job_id,
                           payload=payload, reason=decision.reason, status="pending")
         s.add(row)
@@ -769,13 +934,13 @@ class SchedulingRound:
         self.report.decisions.append((kind, job_id, decision.reason))
         if isinstance(decision, (StartProfiling, Place)):
             job = s.get(JobRow, decision.job_id)
+            s.refresh(job)  # attempts as just counted
             alloc = view.allocations.get(decision.job_id)
             pool = alloc.pool if alloc is not None else (Pool.PROFILING if isinstance(decision, StartProfiling)
                                                          else Pool.MAIN)
             until = alloc.profiling_until if alloc is not None else None
             if isinstance(decision, StartProfiling):
                 until = now + decision.window_s
-            job.attempts += 1
             run_id = f"{job.job_id}-{'prof' if isinstance(decision, StartProfiling) else 'main'}{job.attempts}"
             by_host: dict[str, list[int]] = {}
             for ref in decision.gpus:
@@ -791,11 +956,6 @@ class SchedulingRound:
                 s.execute(_update(RunRow).where(RunRow.job_id == partner, RunRow.state.in_(("planned", "running")))
                           .values(partner=job.job_id, observed_speed=None, observed_speed_at=None,
                                   observed_speed_samples=None, observed_speed_emulated=None))  # a new pair
-            if isinstance(decision, StartProfiling):
-                job.state = JobState.PROFILING.value
-            else:
-                job.state = JobState.RUNNING.value
-            job.pending_reason = job.queue_position = None
             self._event(s, job.job_id, kind, f"{_gpus_text(decision.gpus)}: {decision.reason}")
         elif isinstance(decision, (StopProfiling, Preempt)):
             reason = "profiling_window" if isinstance(decision, StopProfiling) else "preempt"
@@ -803,9 +963,7 @@ class SchedulingRound:
                       .values(stop_reason=reason))
             s.execute(_update(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "planned")
                       .values(state="ended", outcome=f"{reason} before launch", ended_at=now))
-            job = s.get(JobRow, decision.job_id)
-            job.state = JobState.QUEUED.value
-            self._event(s, job.job_id, kind, decision.reason)
+            self._event(s, decision.job_id, kind, decision.reason)
         elif isinstance(decision, Unpair):
             measured = "; ".join(f"{j}: {self._speeds[j].describe()}" for j in (decision.job_id, decision.partner)
                                  if j in self._speeds)

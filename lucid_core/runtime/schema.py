@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import false as sa_false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -83,6 +84,8 @@ class HostRow(Base):
     python: Mapped[str] = mapped_column(String(256), default="python3")
     gpu_memory_mb: Mapped[float] = mapped_column(Float, default=24576.0)
     draining: Mapped[bool] = mapped_column(Boolean, default=False)
+    # drained to be removed: a round deletes the host once no run of it is planned or running
+    remove_when_empty: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
     reachable: Mapped[bool] = mapped_column(Boolean, default=True)
     last_seen: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -192,6 +195,8 @@ class RoundRow(Base):
     decide_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     decisions: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    generation: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the lease take it wrote under
+    fenced: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())  # stopped: lease lost
 
 
 class LeaseRow(Base):
@@ -202,6 +207,8 @@ class LeaseRow(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     holder: Mapped[str] = mapped_column(String(128))
     expires_at: Mapped[float] = mapped_column(Float)
+    # fencing token: grows by one at every take; a holder's writes count only while it is theirs
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class SchedulerStateRow(Base):

@@ -5,8 +5,10 @@ SQLite under LUCID_HOME by default (one file, WAL journal); PostgreSQL by URL fo
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,8 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 
 class Store:
     """Engine + session factory of one store; `open` migrates it to the newest schema."""
+
+    fence: Any = None  # the lease whose generation guards this view's writes (see `fenced`)
 
     def __init__(self, url: str, *, migrate: bool = True, echo: bool = False) -> None:
         self.url = url
@@ -112,8 +116,47 @@ class Store:
             else:
                 row.value = value
 
+    def fenced(self, lease: Any, clock: Callable[[], float] = time.time) -> Store:
+        """This store seen by a lease holder: the first write of every transaction renews `lease` inside
+        that transaction, and raises `lease.Fenced` (writing nothing) when another take replaced it."""
+        view = copy.copy(self)
+        view._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        view.fence = lease
+        view.unfenced = getattr(self, "unfenced", self)
+        _install_fence(view._sessions, lease, clock, view.unfenced)
+        return view
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _install_fence(factory: sessionmaker, lease: Any, clock: Callable[[], float], raw: Store) -> None:
+    """Hook a session factory so that each transaction's first write checks (and renews) the lease first."""
+    from lucid_core.runtime import lease as leases
+
+    def check(session: Session) -> None:
+        if session.info.get("fence_checked"):
+            return
+        session.info["fence_checked"] = True
+        if not leases.renew_in(session.connection(), lease, clock()):
+            session.info.pop("fence_checked", None)
+            raise leases.Fenced(lease, leases.current(raw, lease.name))
+
+    def on_execute(state: Any) -> None:
+        if state.is_update or state.is_insert or state.is_delete:
+            check(state.session)
+
+    def on_flush(session: Session, _context: Any, _instances: Any) -> None:
+        if session.new or session.dirty or session.deleted:
+            check(session)
+
+    def on_end(session: Session, *_args: Any) -> None:
+        session.info.pop("fence_checked", None)
+
+    sa.event.listen(factory, "do_orm_execute", on_execute)
+    sa.event.listen(factory, "before_flush", on_flush)
+    sa.event.listen(factory, "after_commit", on_end)
+    sa.event.listen(factory, "after_rollback", on_end)
 
 
 def open_store(url: str | None = None) -> Store:

@@ -217,7 +217,9 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     runs_by_job: dict[str, list[RunRow]] = {}
     for run in snapshot.runs:
         runs_by_job.setdefault(run.job_id, []).append(run)
-    frozen = {j for j, runs in runs_by_job.items() if any(r.stop_reason for r in runs)}
+    placed_on = {name for pool in (view.main, view.profiling) for name in pool.nodes}
+    # frozen: a stop is pending, or a run sits on a host the inventory no longer has (the round repairs it)
+    frozen = {j for j, runs in runs_by_job.items() if any(r.stop_reason or r.host not in placed_on for r in runs)}
     jobs = {job_id: job_of(row) for job_id, row in snapshot.jobs.items()}
     profiles = snapshot.profiles
     view.profile_of = lambda job_id: (profile_of_row(profiles[job_id], jobs[job_id].amp)

@@ -99,39 +99,39 @@ def _round(url: str, workdir: Path):
     return SchedulingRound(Store(url), executor, config, RoundSettings.from_config(config, holder=_holder()))
 
 
-def _acquire(rnd) -> bool:
-    from lucid_core.runtime import lease
-
-    return lease.acquire(rnd.store, rnd.settings.holder, rnd.settings.lease_ttl_s, rnd.clock())
-
-
-def _release(rnd) -> None:
-    from lucid_core.runtime import lease
-
-    lease.release(rnd.store, rnd.settings.holder)
+def _fenced(rnd, step: str, exc: BaseException) -> dict[str, Any]:
+    """The lease was taken over while this task ran (a retried try, a round started elsewhere): stop."""
+    rnd.stop_fenced(exc)
+    return _summary(rnd, step, acquired=True, fenced=rnd.report.fenced)
 
 
 def _summary(rnd, step: str, **extra: Any) -> dict[str, Any]:
     report = rnd.report
     return {"step": step, "holder": rnd.settings.holder, "launched": list(report.launched),
             "ended": dict(report.ended), "requeued": list(report.requeued), "unreachable": list(report.unreachable),
-            "errors": list(report.errors), **extra}
+            "errors": list(report.errors), "conflicts": list(report.conflicts),
+            "removed_hosts": list(report.removed_hosts), **extra}
 
 
 def reconcile(url: str) -> dict[str, Any]:
     """Take the lease, finish what a crashed round left pending, poll every host."""
+    from lucid_core.runtime.lease import Fenced
+
     with tempfile.TemporaryDirectory(prefix="lucid-ssh-") as tmp:
         rnd = _round(url, Path(tmp))
         try:
-            if not _acquire(rnd):
+            if not rnd.take_lease():
                 return _summary(rnd, "reconcile", acquired=False)
             try:
                 rnd.load_hosts()
+                rnd.repair_unknown_hosts()
                 rnd.carry_out_pending()
                 rnd.reconcile()
                 rnd.give_up_lost_hosts()
+            except Fenced as exc:
+                return _fenced(rnd, "reconcile", exc)
             except Exception:
-                _release(rnd)  # a failed step must not block the next round for the lease's TTL
+                rnd.give_back_lease()  # a failed step must not block the next round for the lease's TTL
                 raise
             return _summary(rnd, "reconcile", acquired=True)
         finally:
@@ -140,29 +140,33 @@ def reconcile(url: str) -> dict[str, Any]:
 
 
 def profile_bind_and_place(url: str, reconciled: dict[str, Any]) -> dict[str, Any]:
-    """Let the policy decide (profiler, binder, orchestrator) and record each decision with its reason."""
-    if not reconciled.get("acquired"):
+    """Let the policy decide (profiler, binder, orchestrator) and record each decision with its reason.
+
+    The lease is taken again with a new generation, so a retried try of this task fences the one before.
+    """
+    from lucid_core.runtime.lease import Fenced
+
+    if not reconciled.get("acquired") or reconciled.get("fenced"):
         return {"step": "decide", "acquired": False, "decisions": []}
     with tempfile.TemporaryDirectory(prefix="lucid-ssh-") as tmp:
         rnd = _round(url, Path(tmp))
         try:
-            if not _acquire(rnd):
+            if not rnd.take_lease():
                 return {"step": "decide", "acquired": False, "decisions": []}
-            from lucid_core.runtime.schema import RoundRow
-
             started = time.perf_counter()
-            with rnd.store.session() as s:
-                row = RoundRow(holder=rnd.settings.holder, started_at=rnd.clock())
-                s.add(row)
-                s.flush()
-                rnd.report.round_id = row.id
             try:
+                rnd.open_round()
                 decisions = rnd.decide()
+            except Fenced as exc:
+                rnd.stop_fenced(exc)
+                rnd.finish(started)
+                return {"step": "decide", "acquired": True, "fenced": rnd.report.fenced, "decisions": []}
             except Exception:
-                _release(rnd)
+                rnd.give_back_lease()
                 raise
             rnd.finish(started)
             return {"step": "decide", "acquired": True, "decide_ms": rnd.report.decide_ms,
+                    "conflicts": list(rnd.report.conflicts),
                     "decisions": [{"kind": type(d).__name__, "job": getattr(d, "job_id", None), "reason": d.reason}
                                   for d in decisions]}
         finally:
@@ -171,18 +175,24 @@ def profile_bind_and_place(url: str, reconciled: dict[str, Any]) -> dict[str, An
 
 
 def carry_out(url: str, decided: dict[str, Any]) -> dict[str, Any]:
-    """Launch and stop what was recorded; give the lease back."""
-    if not decided.get("acquired"):
+    """Launch and stop what was recorded; remove drained hosts that emptied; give the lease back."""
+    from lucid_core.runtime.lease import Fenced
+
+    if not decided.get("acquired") or decided.get("fenced"):
         return {"step": "carry_out", "acquired": False}
     with tempfile.TemporaryDirectory(prefix="lucid-ssh-") as tmp:
         rnd = _round(url, Path(tmp))
         try:
-            if not _acquire(rnd):
+            if not rnd.take_lease():
                 return {"step": "carry_out", "acquired": False}
-            rnd.load_hosts()
-            rnd.carry_out_pending()
+            try:
+                rnd.load_hosts()
+                rnd.carry_out_pending()
+                rnd.remove_drained_hosts()
+            except Fenced as exc:
+                return _fenced(rnd, "carry_out", exc)
             return _summary(rnd, "carry_out", acquired=True, decisions=len(decided.get("decisions", [])))
         finally:
-            _release(rnd)
+            rnd.give_back_lease()
             rnd.executor.close()
             rnd.store.dispose()

@@ -31,8 +31,8 @@ class RestartingRound(SchedulingRound):
         if step == self.restart_at:
             self._restart()
 
-    def _record(self, s, decision, view, now):
-        result = super()._record(s, decision, view, now)
+    def _record(self, s, decision, *args):
+        result = super()._record(s, decision, *args)
         if self.restart_at == "during_record":
             s.flush()  # the decision's rows are in an open transaction on a live connection ...
             self._restart()  # ... which dies under it before the commit

@@ -39,8 +39,8 @@ class KilledRound(SchedulingRound):
         if step == self.kill_at:
             die()
 
-    def _record(self, s, decision, view, now):
-        result = super()._record(s, decision, view, now)
+    def _record(self, s, decision, *args):
+        result = super()._record(s, decision, *args)
         if self.kill_at == "during_record":
             s.flush()  # the rows are in the open transaction, not committed
             die()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from alembic.script import ScriptDirectory
 
 from lucid_core.runtime import lease
 from lucid_core.runtime.inventory import HostSpec, InventoryError, add_host, drain_host, list_hosts, remove_host
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.store import MIGRATIONS_DIR, Store
 from lucid_core.runtime.submission import JobRequest, SubmissionError, UnknownJob, cancel, submit
+
+HEAD = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()  # the newest packaged migration
 
 
 def _hosts(store):
@@ -19,12 +22,12 @@ def _hosts(store):
 
 def test_open_migrates_to_head_and_reopening_is_a_no_op(store_url):
     first = Store(store_url)
-    assert first.revision() == "0005"
+    assert first.revision() == HEAD
     tables = set(sa.inspect(first.engine).get_table_names())
     assert {"jobs", "job_events", "hosts", "gpus", "runs", "profiles", "profile_samples", "decisions",
             "leases", "model_versions", "scheduler_state", "rounds"} <= tables
     second = Store(store_url)
-    assert second.revision() == "0005"
+    assert second.revision() == HEAD
     first.dispose()
     second.dispose()
 
@@ -76,6 +79,48 @@ def test_lease_admits_one_holder_until_it_expires_or_is_released(store):
     assert lease.acquire(store, "c", ttl_s=10, now=117.0)
 
 
+def test_every_take_of_the_lease_gets_a_higher_generation(store):
+    first = lease.acquire(store, "a", ttl_s=10, now=100.0)
+    again = lease.acquire(store, "a", ttl_s=10, now=101.0)  # the same holder again (a retried task)
+    other = lease.acquire(store, "b", ttl_s=10, now=120.0)  # a take-over after it lapsed
+    assert first.generation < again.generation < other.generation
+    assert lease.current(store) == ("b", other.generation)
+
+
+def test_a_fenced_holder_writes_nothing_and_renewal_fails(store):
+    from lucid_core.runtime.schema import SchedulerStateRow
+
+    old = lease.acquire(store, "a", ttl_s=2, now=100.0)
+    stale = store.fenced(old, clock=lambda: 101.0)
+    stale.set_state("written_by", "a")  # still current: the write lands and renews the lease to 103
+    assert lease.holder_of(store, 102.5) == "a"
+    new = lease.acquire(store, "b", ttl_s=10, now=104.0)  # a stalled past its TTL; b takes over
+    with pytest.raises(lease.Fenced, match="taken over"):
+        stale.set_state("written_by", "a-late")
+    with pytest.raises(lease.Fenced), stale.session() as s:
+        s.add(SchedulerStateRow(key="other", value=1))
+    with pytest.raises(lease.Fenced):
+        lease.renew(store, old, now=105.0)
+    assert store.get_state("written_by") == "a" and store.get_state("other") is None
+    assert stale.get_state("written_by") == "a"  # reads are not fenced
+    store.fenced(new, clock=lambda: 105.0).set_state("written_by", "b")
+    lease.release(store, old)  # giving back a lost take leaves the new holder's lease alone
+    assert lease.holder_of(store, 106.0) == "b" and store.get_state("written_by") == "b"
+
+
+def test_admin_lease_waits_for_a_round_then_refuses(store):
+    import time as _time
+
+    round_lease = lease.acquire(store, "round", ttl_s=60, now=_time.time())
+    with pytest.raises(lease.LeaseHeld, match="round"), lease.admin_lease(store, "remove h", wait_s=0.3):
+        pass
+    lease.release(store, round_lease)
+    with lease.admin_lease(store, "remove h", wait_s=0.3) as fenced:
+        fenced.set_state("admin", True)
+        assert lease.holder_of(store, _time.time()).startswith("admin:")
+    assert lease.holder_of(store, _time.time()) is None and store.get_state("admin") is True
+
+
 def test_inventory_add_list_drain_remove(store):
     _hosts(store)
     with pytest.raises(InventoryError, match="already exists"):
@@ -105,7 +150,7 @@ def test_upgrade_from_the_first_schema_keeps_the_data(tmp_path):
                              "'', 'vc-a', 'main', 'local', 'nvml', '/tmp', 'python3', 1.0, 0, 1, 0.0)"))
     old.dispose()
     new = Store(url)
-    assert new.revision() == "0005"
+    assert new.revision() == HEAD
     hosts = list_hosts(new)
     assert [h["name"] for h in hosts] == ["h"]
     with new.session() as s:
@@ -129,7 +174,7 @@ def test_racing_holders_never_both_win_the_lease(store):
 
         def take(i: int, now: float = now, barrier: threading.Barrier = barrier, won: list = won) -> None:
             barrier.wait()
-            won[i] = lease.acquire(store, f"holder-{i}", ttl_s=100, now=now)
+            won[i] = lease.acquire(store, f"holder-{i}", ttl_s=100, now=now) is not None
 
         threads = [threading.Thread(target=take, args=(i,)) for i in range(3)]
         for t in threads:
