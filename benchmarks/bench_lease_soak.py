@@ -2,7 +2,7 @@
 
     python benchmarks/bench_lease_soak.py --minutes 10 [--loops 3] [--ttl 4] [--stall 7]
 
-Each loop is a real `lucid round --every 1s` process (local hosts: a 2-GPU profiling host and four
+Each loop is a real `lucid round --every 1s` process (local hosts: a 4-GPU profiling host and four
 2-GPU main hosts, emulated telemetry). Once a minute one of the loops, in turn, stalls for `--stall`
 seconds (past the lease TTL) between its snapshot and its writes, as a slow host read would stall it.
 Meanwhile short jobs are submitted and some cancelled, and an admin loop adds a host, drains it to be
@@ -132,6 +132,8 @@ def main() -> int:
     parser.add_argument("--loops", type=int, default=3)
     parser.add_argument("--ttl", type=float, default=4.0, help="lease TTL of the loops (s)")
     parser.add_argument("--stall", type=float, default=7.0, help="how long a stalled round sleeps (s), > --ttl")
+    parser.add_argument("--gap", type=float, default=2.0, help="mean seconds between submissions")
+    parser.add_argument("--drain", type=float, default=600.0, help="seconds the queue may take to empty at the end")
     parser.add_argument("--store", default=None, help="PostgreSQL URL (default: a fresh database, dropped after)")
     parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -153,8 +155,8 @@ def main() -> int:
         url = PG_ADMIN.rsplit("/", 1)[0] + "/" + dbname
     store = Store(url)
     for name, pool in (("p0", "profiling"), ("m0", "main"), ("m1", "main"), ("m2", "main"), ("m3", "main")):
-        add_host(store, HostSpec(name, executor="local", pool=pool, vc="vc-a", telemetry="emulated", gpus=2,
-                                 workdir=str(root / "hosts" / name)))
+        add_host(store, HostSpec(name, executor="local", pool=pool, vc="vc-a", telemetry="emulated",
+                                 gpus=4 if pool == "profiling" else 2, workdir=str(root / "hosts" / name)))
     config, ledger, stall_log = root / "lucid.toml", root / "ledger", root / "stalls"
     config.write_text(CONFIG)
     env = {**os.environ, "LUCID__RUNTIME__LEASE_TTL_S": str(args.ttl), "PYTHONPATH": str(REPO)}
@@ -169,6 +171,7 @@ def main() -> int:
     rng = random.Random(1)
     jobs: list[str] = []
     began = time.monotonic()
+    drained_s = float("nan")
     print(f"soak: {args.loops} round loops, lease TTL {args.ttl:g} s, stall {args.stall:g} s once a minute, "
           f"store {url.rsplit('/', 1)[-1]}, files in {root}", flush=True)
     try:
@@ -181,11 +184,12 @@ def main() -> int:
                     cancel(store, rng.choice(jobs))
                 except Exception as exc:  # an unknown or finished job: say so, keep going
                     counts[f"cancel {type(exc).__name__}"] += 1
-            time.sleep(rng.uniform(0.3, 1.2))
+            time.sleep(rng.uniform(args.gap / 2, args.gap * 1.5))
             if len(jobs) % 50 == 0:
                 print(f"  {time.monotonic() - began:6.0f} s: {len(jobs)} jobs submitted", flush=True)
         stop.set()
-        drain_deadline = time.monotonic() + 180
+        drain_began = time.monotonic()
+        drain_deadline = time.monotonic() + args.drain
         from lucid_core.runtime.schema import JobRow
 
         while time.monotonic() < drain_deadline:
@@ -194,6 +198,7 @@ def main() -> int:
             if not open_jobs:
                 break
             time.sleep(1.0)
+        drained_s = time.monotonic() - drain_began
     finally:
         stop.set()
         for loop in loops:
@@ -214,7 +219,8 @@ def main() -> int:
         fenced = s.scalar(sa.select(sa.func.count()).where(RoundRow.fenced.is_(True)))
         rounds = s.scalar(sa.select(sa.func.count()).select_from(RoundRow))
     minutes = (time.monotonic() - began) / 60
-    print(f"rounds {rounds} (fenced {fenced}, failed {failures}), admin {dict(counts)}")
+    print(f"rounds {rounds} (fenced {fenced}, failed {failures}), admin {dict(counts)}, "
+          f"queue drained in {drained_s:.0f} s")
     store.dispose()
     if args.store is None:
         with admin.connect() as conn:

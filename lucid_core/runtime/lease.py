@@ -129,7 +129,7 @@ def admin_holder(what: str) -> str:
 
 @contextmanager
 def admin_lease(store: Store, what: str, *, wait_s: float = 30.0, ttl_s: float = 60.0,
-                clock: Callable[[], float] = time.time, poll_s: float = 0.2) -> Iterator[Store]:
+                clock: Callable[[], float] = time.time, poll_s: float = 0.05) -> Iterator[Store]:
     """Hold the round lease for an inventory change, so it is serialised with rounds; yields a store
     whose writes are fenced on it. Waits up to `wait_s` for a running round to finish, then refuses."""
     holder = admin_holder(what)

@@ -163,6 +163,7 @@ class SchedulingRound:
         self.raw_store = store
         self.store = store  # fenced on the round's lease once taken (take_lease)
         self.lease: lease.Lease | None = None
+        self._renewed_at = 0.0
         self.executor = executor
         self.config = config
         self.settings = settings or RoundSettings()
@@ -218,7 +219,7 @@ class SchedulingRound:
         taken = lease.acquire(self.raw_store, self.settings.holder, self.settings.lease_ttl_s, self.clock())
         if taken is None:
             return False
-        self.lease = taken
+        self.lease, self._renewed_at = taken, self.clock()
         self.store = self.raw_store.fenced(taken, self.clock)
         return True
 
@@ -240,6 +241,12 @@ class SchedulingRound:
         `lease.Fenced` when another took it over, so a stale round launches and stops nothing."""
         if self.lease is not None:
             lease.renew(self.raw_store, self.lease, self.clock())
+            self._renewed_at = self.clock()
+
+    def keep_lease(self) -> None:
+        """Renew the lease during a long step once a quarter of its TTL has passed since the last renewal."""
+        if self.lease is not None and self.clock() - self._renewed_at > self.lease.ttl_s / 4:
+            self.renew_lease()
 
     def stop_fenced(self, exc: lease.Fenced) -> None:
         """The lease was taken over mid-round: stop here, say so (report, log, this round's own row)."""
@@ -549,6 +556,7 @@ class SchedulingRound:
             host_runs = by_host.get(name, [])
             if not host_runs and host.reachable:
                 continue
+            self.keep_lease()  # a long poll of many hosts writes little: renew as it goes
             try:
                 if host_runs:
                     statuses = self.executor.poll(host_address(host), [r.run_id for r in host_runs])
