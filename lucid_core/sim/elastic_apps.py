@@ -1,0 +1,306 @@
+"""Measured training applications for elastic jobs: step times, gradient statistics, epochs.
+
+One application is a folder in the Pollux artifact's layout (see the data README):
+`placements.csv` and `scalability.csv` hold seconds per step of one replica for a placement and a
+per-replica ("local") batch size, `validation-B.csv` the progress and gradient statistics per epoch
+when training with total batch size B. From these a job's speed at any allocation follows:
+
+* throughput: the step time of its placement (GPUs per node) at its local batch size, linearly
+  interpolated between measured batch sizes; a placement not measured is interpolated linearly in
+  (nodes, replicas, local batch size) over every measurement (each placement averaged per shape);
+* statistical efficiency: one step at total batch size M does the work of
+  ``gain = (var + sqr) / (var / scale + sqr)`` steps at the initial batch size (``scale = M / M0``,
+  `sqr` and `var` the gradient's squared norm and variance, interpolated between the measured batch
+  sizes at the current epoch), i.e. the gradient noise scale ``var / sqr * M0`` decides how much a
+  larger batch helps;
+* goodput (progress per second) = gain / seconds per step; work is progress, in initial-batch steps;
+  epoch e ends at progress ``min_B progress_B[e - 1]``; a job ends with its last epoch.
+
+Progress units, interpolation rules, gradient accumulation and the local batch rules follow the
+Pollux simulator (OSDI '21 artifact), so a run on its data reproduces its job model.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+GPUS_PER_NODE_MEASURED = 4  # the testbed's nodes (g4dn.12xlarge: 4 x T4); placements have digits 1..4
+EPS = 1e-8
+
+
+@dataclass(frozen=True, slots=True)
+class AppLimits:
+    """What the artifact fixed per application (data README): epochs, batch limits, Pollux pins."""
+
+    max_epochs: int | None = None  # None: as many epochs as every validation file has
+    max_local_bsz: int | None = None  # None: the largest measured local batch size
+    pollux_batch_size: int | None = None  # a batch size Pollux may not change (ncf)
+    pollux_max_replicas: int | None = None  # a replica cap Pollux must keep (ncf: 1)
+
+
+#: Limits of the six measured applications, as the artifact ran them (data README).
+KNOWN_LIMITS: dict[str, AppLimits] = {
+    "bert": AppLimits(max_epochs=2),
+    "cifar10": AppLimits(max_epochs=100),
+    "ncf": AppLimits(max_epochs=10, pollux_batch_size=32768, pollux_max_replicas=1),
+    "imagenet": AppLimits(max_epochs=90),
+    "deepspeech2": AppLimits(max_epochs=80),
+    "yolov3": AppLimits(max_epochs=50, max_local_bsz=8),
+}
+
+
+class AppFormatError(ValueError):
+    """An application folder is missing a file or holds a value that cannot be a measurement."""
+
+
+def normalize_placement(placement: tuple[int, ...]) -> tuple[int, ...]:
+    """GPUs per node, zeros dropped, smallest first: one name for every order of the same nodes."""
+    return tuple(sorted(c for c in placement if c > 0))
+
+
+def placement_id(placement: tuple[int, ...]) -> str:
+    """The file's placement name: its digits, e.g. (1, 3) -> "13"."""
+    return "".join(str(c) for c in placement)
+
+
+@dataclass(slots=True)
+class Application:
+    """One measured application: step-time tables, per-epoch progress and gradient statistics."""
+
+    name: str
+    batch_sizes: np.ndarray  # validated total batch sizes, ascending
+    epoch_progress: np.ndarray  # progress at the end of epoch e (index e - 1)
+    grad_sqr: np.ndarray  # [batch size index, epoch]
+    grad_var: np.ndarray
+    placements: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # id -> (bsz, step, sync)
+    shape_points: np.ndarray  # rows (nodes, replicas, local bsz) of every measurement shape
+    shape_values: np.ndarray  # rows (step, sync)
+    max_epochs: int
+    min_local_bsz: int
+    max_local_bsz: int
+    limits: AppLimits = field(default_factory=AppLimits)
+    _interp: object = None
+    _nearest: object = None
+    _memo: dict = field(default_factory=dict)
+    _goodput_memo: dict = field(default_factory=dict)
+
+    @property
+    def init_batch_size(self) -> int:
+        return int(self.batch_sizes[0])
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.batch_sizes[-1])
+
+    @property
+    def total_progress(self) -> float:
+        """Work of a whole job: progress at the end of its last epoch."""
+        return float(self.epoch_progress[self.max_epochs - 1])
+
+    def epoch_end(self, epoch: int) -> float:
+        """Progress at which epoch `epoch` (0-based) ends."""
+        return float(self.epoch_progress[epoch])
+
+    def epoch_of(self, progress: float) -> int:
+        """The epoch (0-based) a job at `progress` is in."""
+        return int(np.searchsorted(self.epoch_progress[: self.max_epochs], progress, side="right"))
+
+    # --- throughput ------------------------------------------------------------------------
+    def step_time(self, placement: tuple[int, ...], local_bsz: float) -> tuple[float, float]:
+        """(seconds per step, of which gradient sync) of one replica on `placement` at `local_bsz`."""
+        hit = self._memo.get((placement, local_bsz))
+        if hit is not None:
+            return hit
+        raw = (placement, local_bsz)
+        placement = normalize_placement(placement)
+        measured = self.placements.get(placement_id(placement))
+        if measured is not None:
+            bsz, step, sync = measured
+            value = (float(np.interp(local_bsz, bsz, step)), float(np.interp(local_bsz, bsz, sync)))
+        else:
+            shaped = self._by_shape(len(placement), sum(placement), local_bsz)[0]
+            value = (float(shaped[0]), float(shaped[1]))
+        self._memo[raw] = value
+        return value
+
+    def step_times(self, placement: tuple[int, ...], local_bsz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`step_time` for many local batch sizes at once (one interpolation call)."""
+        local_bsz = np.asarray(local_bsz, dtype=float)
+        normal = normalize_placement(placement)
+        measured = self.placements.get(placement_id(normal))
+        if measured is not None:
+            bsz, step, sync = measured
+            steps, syncs = np.interp(local_bsz, bsz, step), np.interp(local_bsz, bsz, sync)
+        else:
+            values = self._by_shape(len(normal), sum(normal), local_bsz)
+            steps, syncs = values[:, 0], values[:, 1]
+        for b, st, sy in zip(local_bsz.tolist(), steps.tolist(), syncs.tolist(), strict=True):
+            self._memo[(placement, b)] = (st, sy)
+        return steps, syncs
+
+    def _by_shape(self, nodes: int, replicas: int, local_bsz: float | np.ndarray) -> np.ndarray:
+        """Linear interpolation over (nodes, replicas, local batch size); nearest outside the hull."""
+        from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+
+        if self._interp is None:
+            self._interp = LinearNDInterpolator(self.shape_points, self.shape_values)
+            self._nearest = NearestNDInterpolator(self.shape_points, self.shape_values)
+        sizes = np.atleast_1d(np.asarray(local_bsz, dtype=float))
+        points = np.column_stack([np.full(sizes.size, min(nodes, 16)), np.full(sizes.size, replicas), sizes])
+        values = self._interp(points)
+        outside = ~np.all(np.isfinite(values), axis=1)
+        if outside.any():
+            values[outside] = self._nearest(points[outside])
+        return values
+
+    # --- statistical efficiency ------------------------------------------------------------
+    def grad_stats(self, batch_size: float, epoch: int) -> tuple[float, float]:
+        """(squared gradient norm, gradient variance) at `batch_size` in `epoch`, interpolated."""
+        epoch = min(epoch, self.grad_sqr.shape[1] - 1)
+        sizes = self.batch_sizes
+        b = min(max(batch_size, sizes[0]), sizes[-1])
+        hi = int(np.searchsorted(sizes, b, side="left"))
+        if sizes[hi] == b:
+            return float(self.grad_sqr[hi, epoch]), float(self.grad_var[hi, epoch])
+        lo = hi - 1
+        w = (b - sizes[lo]) / (sizes[hi] - sizes[lo])
+        sqr = (1 - w) * self.grad_sqr[lo, epoch] + w * self.grad_sqr[hi, epoch]
+        var = (1 - w) * self.grad_var[lo, epoch] + w * self.grad_var[hi, epoch]
+        return float(sqr), float(var)
+
+    def gain(self, batch_size: float, sqr: float, var: float) -> float:
+        """Initial-batch steps of progress one step at `batch_size` makes, from the noise scale."""
+        scale = batch_size / self.init_batch_size
+        denom = var / scale + sqr
+        return (var + sqr) / denom if denom > 0 else 1.0
+
+    # --- batch layout ----------------------------------------------------------------------
+    def fixed_layout(self, replicas: int, batch_size: int) -> tuple[int, int]:
+        """(atomic batch, accumulation steps) for a total batch a user fixed: split it over the
+        replicas, accumulate when a replica's share exceeds its largest batch (and at least once
+        on one replica above the initial batch: gradient statistics need two micro-batches)."""
+        local = math.ceil(batch_size / replicas - EPS)
+        accum = math.ceil(local / self.max_local_bsz - EPS) - 1
+        if replicas == 1 and batch_size > self.init_batch_size:
+            accum = max(1, accum)
+        atomic = math.ceil(local / (accum + 1) - EPS)
+        atomic = min(atomic, int(self.max_batch_size / (replicas * (accum + 1))))
+        return max(atomic, 1), accum
+
+    def goodput(self, placement: tuple[int, ...], atomic: int, accum: int, epoch: int) -> float:
+        """True progress per second of a job on `placement` with this batch layout in `epoch`."""
+        key = (placement, atomic, accum, epoch)
+        hit = self._goodput_memo.get(key)
+        if hit is not None:
+            return hit
+        replicas = sum(placement)
+        batch = replicas * atomic * (accum + 1)
+        step, sync = self.step_time(placement, atomic)
+        total = step + (step - sync) * accum
+        sqr, var = self.grad_stats(batch, epoch)
+        value = self._goodput_memo[key] = self.gain(batch, sqr, var) / total
+        return value
+
+
+def _floats(path: Path, row: Mapping[str, str], column: str, line: int) -> float:
+    try:
+        value = float(row[column])
+    except (KeyError, TypeError, ValueError):
+        raise AppFormatError(f"{path} line {line}: {column}={row.get(column)!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise AppFormatError(f"{path} line {line}: {column}={value} is not a finite non-negative number")
+    return value
+
+
+def _read_rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    if not path.exists():
+        raise AppFormatError(f"{path}: missing (an application folder needs placements.csv, "
+                             "scalability.csv and validation-B.csv files)")
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise AppFormatError(f"{path}: header lacks {missing} (has {reader.fieldnames})")
+        rows = [(line, row) for line, row in enumerate(reader, start=2)]
+    if not rows:
+        raise AppFormatError(f"{path}: no data rows")
+    return rows
+
+
+def load_application(folder: str | Path, limits: AppLimits | None = None) -> Application:
+    """Read one application folder (`placements.csv`, `scalability.csv`, `validation-B.csv`)."""
+    folder = Path(folder)
+    name = folder.name
+    limits = limits or KNOWN_LIMITS.get(name, AppLimits())
+    by_placement: dict[str, list[tuple[float, float, float]]] = {}
+    path = folder / "placements.csv"
+    for line, row in _read_rows(path, ("placement", "local_bsz", "step_time", "sync_time")):
+        pid = row["placement"].strip()
+        if not pid.isdigit() or "0" in pid or any(int(c) > GPUS_PER_NODE_MEASURED for c in pid):
+            raise AppFormatError(f"{path} line {line}: placement {pid!r} is not GPUs per node (digits 1-4)")
+        values = tuple(_floats(path, row, c, line) for c in ("local_bsz", "step_time", "sync_time"))
+        by_placement.setdefault(placement_id(normalize_placement(tuple(int(c) for c in pid))), []).append(values)
+    placements = {}
+    shapes: dict[tuple[float, float, float], list[tuple[float, float]]] = {}
+    for pid, rows in by_placement.items():
+        rows.sort()
+        arr = np.array(rows)
+        placements[pid] = (arr[:, 0], arr[:, 1], arr[:, 2])
+        nodes, replicas = len(pid), sum(int(c) for c in pid)
+        for bsz, step, sync in rows:
+            shapes.setdefault((nodes, replicas, bsz), []).append((step, sync))
+    points = [k for k in shapes]
+    values = [tuple(np.mean(shapes[k], axis=0)) for k in points]
+    path = folder / "scalability.csv"
+    for line, row in _read_rows(path, ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")):
+        point = tuple(_floats(path, row, c, line) for c in ("num_nodes", "num_replicas", "local_bsz"))
+        points.append(point)
+        values.append(tuple(_floats(path, row, c, line) for c in ("step_time", "sync_time")))
+    validation: dict[int, list[tuple[float, float, float]]] = {}
+    for vpath in sorted(folder.glob("validation-*.csv")):
+        try:
+            batch = int(vpath.stem.split("-", 1)[1])
+        except ValueError:
+            raise AppFormatError(f"{vpath}: name must be validation-<total batch size>.csv") from None
+        rows = _read_rows(vpath, ("progress", "grad_sqr", "grad_var"))
+        validation[batch] = [tuple(_floats(vpath, r, c, line) for c in ("progress", "grad_sqr", "grad_var"))
+                             for line, r in rows]
+    if not validation:
+        raise AppFormatError(f"{folder}: no validation-B.csv files")
+    sizes = sorted(validation)
+    epochs = min(len(v) for v in validation.values())
+    max_epochs = min(limits.max_epochs or epochs, epochs)
+    progress = np.array([[validation[b][e][0] for e in range(epochs)] for b in sizes])
+    local_sizes = [b for rows in by_placement.values() for b, _, _ in rows]
+    app = Application(
+        name=name, batch_sizes=np.array(sizes, dtype=float), epoch_progress=progress.min(axis=0),
+        grad_sqr=np.array([[validation[b][e][1] for e in range(epochs)] for b in sizes]),
+        grad_var=np.array([[validation[b][e][2] for e in range(epochs)] for b in sizes]),
+        placements=placements, shape_points=np.array(points, dtype=float), shape_values=np.array(values, dtype=float),
+        max_epochs=max_epochs, min_local_bsz=int(min(local_sizes)),
+        max_local_bsz=int(limits.max_local_bsz or max(local_sizes)), limits=limits)
+    if np.any(np.diff(app.epoch_progress[:max_epochs]) < 0) or app.total_progress <= 0:
+        raise AppFormatError(f"{folder}: validation progress must grow epoch by epoch")
+    return app
+
+
+def load_applications(traces_dir: str | Path) -> tuple[dict[str, Application], dict[str, str]]:
+    """Every application folder under `traces_dir`, and why each unusable one is (one bad folder
+    fails only the jobs that name it)."""
+    traces_dir = Path(traces_dir)
+    if not traces_dir.is_dir():
+        raise AppFormatError(f"{traces_dir}: not a folder of application profiles")
+    apps: dict[str, Application] = {}
+    broken: dict[str, str] = {}
+    for folder in sorted(p for p in traces_dir.iterdir() if p.is_dir()):
+        try:
+            apps[folder.name] = load_application(folder)
+        except AppFormatError as error:
+            broken[folder.name] = str(error)
+    return apps, broken
