@@ -17,13 +17,18 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("simulate", help="replay a trace under Lucid and the baselines, side by side")
     p.add_argument("--trace", default=str(_repo_include() / "sample" / "trace.csv"),
                    help="trace file (default: the embedded synthetic sample)")
-    p.add_argument("--format", default="auto", help="auto, philly, helios or generic")
+    p.add_argument("--format", default="auto", help="auto, philly, helios, generic or pollux (elastic-job "
+                                                    "workloads over measured applications)")
     p.add_argument("--policy", default="fifo,sjf,qssf,tiresias,lucid",
-                   help="comma-separated: fifo,sjf,qssf,tiresias,lucid and lucid ablations "
-                        "(lucid-nosharing, lucid-noprofiler, lucid-noestimator, lucid-fixedtprof)")
+                   help="comma-separated: fifo,sjf,qssf,horus,tiresias,lucid and lucid ablations "
+                        "(lucid-nosharing, lucid-noprofiler, lucid-noestimator, lucid-fixedtprof); "
+                        "pollux workloads: pollux,tiresias,lucid,fifo,sjf")
     p.add_argument("--start", help="first submit day/time simulated (earlier jobs train the predictors)")
     p.add_argument("--end", help="end of the submit window (exclusive)")
-    p.add_argument("--nodes", default="3", help="cluster size in 8-GPU nodes; several as 108,72,54")
+    p.add_argument("--nodes", default="3", help="cluster size in nodes; several as 108,72,54")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the config's cluster.gpus_per_node)")
+    p.add_argument("--profiles", help="pollux format: folder of application profiles "
+                                      "(default: the nearest traces/ folder above the workload)")
     p.add_argument("--vc-config", help="virtual clusters as CSV rows 'name,nodes' (e.g. Venus vc_config.csv); "
                                         "each VC's jobs run on its own nodes and --nodes is ignored")
     p.add_argument("--catalog", default=str(_repo_include() / "sample"),
@@ -46,11 +51,14 @@ def _simulate(args: argparse.Namespace) -> int:
     from lucid_core.sim.workloads import WorkloadCatalog
 
     config = load_config(args.config)
+    pairs: dict[str, str] = {}
     if args.set:
         pairs = dict(item.split("=", 1) for item in args.set if "=" in item)
         if len(pairs) != len(args.set):
             raise ConfigError(f"--set takes SECTION.KNOB=VALUE, got {args.set}")
         config = config.with_overrides(pairs)
+    if args.gpus_per_node is not None:
+        config = config.with_overrides({"cluster.gpus_per_node": args.gpus_per_node})
     try:
         node_counts = [int(n) for n in str(args.nodes).split(",")]
     except ValueError:
@@ -63,6 +71,10 @@ def _simulate(args: argparse.Namespace) -> int:
         node_counts = [sum(vc_nodes.values())]
     catalog = WorkloadCatalog.from_artifact(args.catalog)
     out = Path(args.out)
+    if args.format == "pollux":
+        from lucid_core.sim.pollux_experiment import simulate_pollux_cli
+
+        return simulate_pollux_cli(args, config, pairs, catalog, node_counts, policies, out)
     for nodes in node_counts:
         exp, problems = load_experiment(args.trace, args.format, args.start, args.end, nodes=nodes,
                                         catalog=catalog, config=config, seed=args.seed, vc_nodes=vc_nodes)

@@ -1,0 +1,114 @@
+"""Pollux workloads (8 workloads x 4 loads) under Pollux, Tiresias and Lucid, beside the published means.
+
+    nice -n 5 .venv/bin/python benchmarks/bench_pollux.py                # all 32 workloads, 2 processes
+    .venv/bin/python benchmarks/bench_pollux.py --loads 1.0 --workloads 6  # one
+    .venv/bin/python benchmarks/bench_pollux.py --policies pollux --processes 1
+
+Each (workload, policy) run is one task in a process pool; its wall time is the simulator's own
+(reading the trace excluded). Prints, per load, the mean over the workloads of each policy's
+average JCT beside the Pollux paper's figures with the deviation, Lucid's standing against
+Pollux, and the wall time per run; writes every run's figures to --json.
+Reads ../shared/data/pollux (or $LUCID_SHARED_DATA/pollux); never copies it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("LUCID_SHARED_DATA", REPO.parent / "shared" / "data"))
+POLLUX = DATA / "pollux"
+CATALOG = DATA / "lucid_artifact"
+LOAD_DIRS = {"0.5": "workloads-0.5", "1.0": "workloads", "1.5": "workloads-1.5", "2.0": "workloads-2.0"}
+#: Mean over the 8 workloads of the average JCT, seconds (Pollux paper / artifact, 16 x 4 GPUs).
+PUBLISHED = {
+    "pollux": {"0.5": 1534, "1.0": 2751, "1.5": 3685, "2.0": 5289},
+    "tiresias": {"0.5": 2092, "1.0": 4038, "1.5": 6182, "2.0": 10040},
+}
+FIDELITY = 0.15
+
+
+def run_one(task: tuple[str, str, str]) -> dict:
+    """Simulate one policy on one workload file; return its figures."""
+    load, path, policy = task
+    from lucid_core.config import LucidConfig
+    from lucid_core.sim.pollux_experiment import PolluxExperiment, fixed_config, run_pollux_policy
+    from lucid_core.sim.pollux_trace import read_pollux_trace
+    from lucid_core.sim.workloads import WorkloadCatalog
+
+    trace = read_pollux_trace(path)
+    config = fixed_config(LucidConfig().with_overrides({"cluster.gpus_per_node": 4}))
+    exp = PolluxExperiment(trace, WorkloadCatalog.from_artifact(CATALOG), config, nodes=16)
+    started = time.perf_counter()
+    _, metrics = run_pollux_policy(policy, exp)
+    return {"load": load, "workload": Path(path).stem, "policy": policy, "jobs": len(trace.jobs),
+            "avg_jct_s": metrics["avg_jct_h"] * 3600, "avg_queue_s": metrics["avg_queue_h"] * 3600,
+            "makespan_h": metrics["makespan_h"], "gpu_util": metrics["gpu_utilization"],
+            "shared_jobs": int(metrics.get("shared_jobs", 0)), "ended_in_profiling": int(metrics.get(
+                "finished_in_profiling", 0)), "sim_wall_s": metrics["wall_s"],
+            "run_wall_s": time.perf_counter() - started}
+
+
+def report(rows: list[dict], policies: list[str]) -> str:
+    """The per-load table: mean avg JCT per policy, published figure and deviation, wall times."""
+    loads = sorted({r["load"] for r in rows})
+    lines = ["| load | jobs | policy | mean avg JCT s | published s | deviation | within 15% | "
+             "wall s per run (mean / max) |", "|---|---|---|---|---|---|---|---|"]
+    for load in loads:
+        for policy in policies:
+            runs = [r for r in rows if r["load"] == load and r["policy"] == policy]
+            if not runs:
+                continue
+            mean = statistics.mean(r["avg_jct_s"] for r in runs)
+            published = PUBLISHED.get(policy, {}).get(load)
+            deviation = f"{100 * (mean / published - 1):+.1f}%" if published else "-"
+            ok = ("yes" if abs(mean / published - 1) <= FIDELITY else "no") if published else "-"
+            walls = [r["sim_wall_s"] for r in runs]
+            lines.append(f"| {load} | {runs[0]['jobs']} | {policy} | {mean:,.0f} | "
+                         f"{f'{published:,}' if published else '-'} | {deviation} | {ok} | "
+                         f"{statistics.mean(walls):.2f} / {max(walls):.2f} |")
+    if "lucid" in policies and "pollux" in policies:
+        lines += ["", "| load | Lucid / Pollux avg JCT (mean of workloads) | workloads where Lucid is ahead |",
+                  "|---|---|---|"]
+        for load in loads:
+            pairs = [(r, s) for r in rows for s in rows if r["load"] == s["load"] == load
+                     and r["workload"] == s["workload"] and r["policy"] == "lucid" and s["policy"] == "pollux"]
+            if pairs:
+                lucid = statistics.mean(r["avg_jct_s"] for r, _ in pairs)
+                pollux = statistics.mean(s["avg_jct_s"] for _, s in pairs)
+                ahead = sum(1 for r, s in pairs if r["avg_jct_s"] < s["avg_jct_s"])
+                lines.append(f"| {load} | {lucid / pollux:.2f}x ({lucid:,.0f} / {pollux:,.0f} s) | "
+                             f"{ahead} of {len(pairs)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loads", default=",".join(LOAD_DIRS), help="comma-separated of 0.5,1.0,1.5,2.0")
+    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8", help="workload numbers")
+    parser.add_argument("--policies", default="pollux,tiresias,lucid")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "pollux.json"))
+    args = parser.parse_args()
+    policies = [p for p in args.policies.split(",") if p]
+    tasks = [(load, str(POLLUX / LOAD_DIRS[load] / f"workload-{w}.csv"), policy)
+             for load in args.loads.split(",") for w in args.workloads.split(",") for policy in policies]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.processes) as pool:
+        rows = list(pool.map(run_one, tasks))
+    print(report(rows, policies))
+    print(f"\n{len(tasks)} runs in {time.perf_counter() - started:.1f} s wall on {args.processes} processes")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    print(f"per-run figures in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
