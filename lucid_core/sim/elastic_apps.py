@@ -89,6 +89,7 @@ class Application:
     _nearest: object = None
     _memo: dict = field(default_factory=dict)
     _goodput_memo: dict = field(default_factory=dict)
+    _shape_grid: dict = field(default_factory=dict)
 
     @property
     def init_batch_size(self) -> int:
@@ -145,12 +146,27 @@ class Application:
         return steps, syncs
 
     def _by_shape(self, nodes: int, replicas: int, local_bsz: float | np.ndarray) -> np.ndarray:
-        """Linear interpolation over (nodes, replicas, local batch size); nearest outside the hull."""
+        """Linear interpolation over (nodes, replicas, local batch size); nearest outside the hull.
+
+        Each (nodes, replicas) is interpolated once on a grid of batch sizes (every measured size
+        and 256 geometric steps between the smallest and largest), then linearly along it."""
+        grid = self._shape_grid.get((nodes, replicas))
+        if grid is None:
+            sizes = np.union1d(np.unique(self.shape_points[:, 2]),
+                               np.geomspace(self.shape_points[:, 2].min(), self.shape_points[:, 2].max(), 256))
+            grid = self._shape_grid[(nodes, replicas)] = (sizes, self._interpolate(nodes, replicas, sizes))
+        sizes, values = grid
+        query = np.atleast_1d(np.asarray(local_bsz, dtype=float))
+        return np.column_stack([np.interp(query, sizes, values[:, 0]), np.interp(query, sizes, values[:, 1])])
+
+    def _interpolate(self, nodes: int, replicas: int, local_bsz: np.ndarray) -> np.ndarray:
         from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
         if self._interp is None:
-            self._interp = LinearNDInterpolator(self.shape_points, self.shape_values)
-            self._nearest = NearestNDInterpolator(self.shape_points, self.shape_values)
+            # rescaled to the unit cube: the raw axes (1..16 nodes, 1..64 replicas, batch sizes in
+            # the hundreds) give Qhull near-flat simplices that take seconds to set up
+            self._interp = LinearNDInterpolator(self.shape_points, self.shape_values, rescale=True)
+            self._nearest = NearestNDInterpolator(self.shape_points, self.shape_values, rescale=True)
         sizes = np.atleast_1d(np.asarray(local_bsz, dtype=float))
         points = np.column_stack([np.full(sizes.size, min(nodes, 16)), np.full(sizes.size, replicas), sizes])
         values = self._interp(points)
