@@ -17,6 +17,7 @@ from lucid_core.config import LucidConfig
 from lucid_core.domain import Job
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.baselines import FifoPolicy, QssfPolicy, SjfPolicy, TiresiasPolicy
+from lucid_core.policy.horus import HorusPolicy, QssfDurations
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.models import DurationPredictor, HistoryDurationPredictor, PackingClassifier
 from lucid_core.sim.engine import SimResult, simulate
@@ -25,7 +26,7 @@ from lucid_core.sim.records import TraceRecord
 from lucid_core.sim.traces import read_trace
 from lucid_core.sim.workloads import WorkloadCatalog
 
-POLICIES = ("fifo", "sjf", "qssf", "tiresias", "lucid")
+POLICIES = ("fifo", "sjf", "qssf", "horus", "tiresias", "lucid")
 
 #: Lucid ablations: name -> config overrides
 ABLATIONS = {
@@ -92,6 +93,10 @@ def build_policy(name: str, exp: Experiment, duration_model: DurationPredictor |
     if name == "qssf":
         jobs, durations = history_jobs(exp.history)
         return QssfPolicy(config, jobs, durations, random_state=exp.seed), config
+    if name == "horus":
+        jobs, durations = history_jobs(exp.history)
+        qssf = QssfPolicy(config, jobs, durations, random_state=exp.seed)
+        return HorusPolicy(config, QssfDurations(qssf)), config
     if name == "tiresias":
         return TiresiasPolicy(config), config
     if name == "lucid" or name in ABLATIONS:
