@@ -234,7 +234,9 @@ def simulate_elastic(specs: Sequence[ElasticJobSpec], apps: Mapping[str, Applica
             if progress is not None:
                 progress(len(finished), len(jobs))
         while pending and pending[0].spec.submit_time <= now:
-            active.append(pending.pop(0))
+            job = pending.pop(0)
+            job.waited_s += now - job.spec.submit_time  # waited for the period's decision
+            active.append(job)
         if active:
             wanted = policy.allocate(now, active, cluster)
             rounds += 1
@@ -244,12 +246,9 @@ def simulate_elastic(specs: Sequence[ElasticJobSpec], apps: Mapping[str, Applica
                 timeline.append((now, busy))
             last, now = now, now + interval
         else:
-            last = now
             if pending:
                 now = math.ceil(pending[0].spec.submit_time / interval) * interval
-                if now < pending[0].spec.submit_time:
-                    now += interval
-                last = now
+            last = now
     outcomes = [_outcome(j, cluster, restart_delay) for j in finished]
     return ElasticResult(policy.name, outcomes, timeline, cluster.total_gpus, wallclock.perf_counter() - started,
                          rounds, restarts, {"Reallocate": restarts})
