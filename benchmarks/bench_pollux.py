@@ -32,21 +32,32 @@ PUBLISHED = {
     "tiresias": {"0.5": 2092, "1.0": 4038, "1.5": 6182, "2.0": 10040},
 }
 FIDELITY = 0.15
+HISTORY_VARIANT = "lucid+history"  # Lucid whose duration model learned from another workload's jobs
 
 
 def run_one(task: tuple[str, str, str]) -> dict:
     """Simulate one policy on one workload file; return its figures."""
     load, path, policy = task
     from lucid_core.config import LucidConfig
-    from lucid_core.sim.pollux_experiment import PolluxExperiment, fixed_config, run_pollux_policy
+    from lucid_core.sim.pollux_experiment import (
+        PolluxExperiment,
+        fixed_config,
+        history_records,
+        run_pollux_policy,
+    )
     from lucid_core.sim.pollux_trace import read_pollux_trace
     from lucid_core.sim.workloads import WorkloadCatalog
 
     trace = read_pollux_trace(path)
     config = fixed_config(LucidConfig().with_overrides({"cluster.gpus_per_node": 4}))
-    exp = PolluxExperiment(trace, WorkloadCatalog.from_artifact(CATALOG), config, nodes=16)
+    history = []
+    if policy == HISTORY_VARIANT:  # the next workload of the same load stands for last week's jobs
+        number = int(Path(path).stem.rsplit("-", 1)[1])
+        past = read_pollux_trace(Path(path).with_name(f"workload-{number % 8 + 1}.csv"))
+        history = history_records(past, trace, 4)
+    exp = PolluxExperiment(trace, WorkloadCatalog.from_artifact(CATALOG), config, nodes=16, history=history)
     started = time.perf_counter()
-    _, metrics = run_pollux_policy(policy, exp)
+    _, metrics = run_pollux_policy("lucid" if policy == HISTORY_VARIANT else policy, exp)
     return {"load": load, "workload": Path(path).stem, "policy": policy, "jobs": len(trace.jobs),
             "avg_jct_s": metrics["avg_jct_h"] * 3600, "avg_queue_s": metrics["avg_queue_h"] * 3600,
             "makespan_h": metrics["makespan_h"], "gpu_util": metrics["gpu_utilization"],
@@ -73,12 +84,14 @@ def report(rows: list[dict], policies: list[str]) -> str:
             lines.append(f"| {load} | {runs[0]['jobs']} | {policy} | {mean:,.0f} | "
                          f"{f'{published:,}' if published else '-'} | {deviation} | {ok} | "
                          f"{statistics.mean(walls):.2f} / {max(walls):.2f} |")
-    if "lucid" in policies and "pollux" in policies:
-        lines += ["", "| load | Lucid / Pollux avg JCT (mean of workloads) | workloads where Lucid is ahead |",
-                  "|---|---|---|"]
+    for variant in ("lucid", HISTORY_VARIANT):
+        if variant not in policies or "pollux" not in policies:
+            continue
+        lines += ["", f"| load | {variant} / pollux avg JCT (mean of workloads) | workloads where {variant} "
+                      "is ahead |", "|---|---|---|"]
         for load in loads:
             pairs = [(r, s) for r in rows for s in rows if r["load"] == s["load"] == load
-                     and r["workload"] == s["workload"] and r["policy"] == "lucid" and s["policy"] == "pollux"]
+                     and r["workload"] == s["workload"] and r["policy"] == variant and s["policy"] == "pollux"]
             if pairs:
                 lucid = statistics.mean(r["avg_jct_s"] for r, _ in pairs)
                 pollux = statistics.mean(s["avg_jct_s"] for _, s in pairs)

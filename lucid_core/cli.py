@@ -27,6 +27,8 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--end", help="end of the submit window (exclusive)")
     p.add_argument("--nodes", default="3", help="cluster size in nodes; several as 108,72,54")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the config's cluster.gpus_per_node)")
+    p.add_argument("--history", help="pollux format: an earlier workload whose jobs train Lucid's duration "
+                                     "model (a pollux workload has no history of its own)")
     p.add_argument("--profiles", help="pollux format: folder of application profiles "
                                       "(default: the nearest traces/ folder above the workload)")
     p.add_argument("--vc-config", help="virtual clusters as CSV rows 'name,nodes' (e.g. Venus vc_config.csv); "

@@ -260,10 +260,22 @@ def test_simulate_cli_runs_pollux_and_the_fixed_policies(tmp_path, capsys):
     path = write_workload(tmp_path, [f"j{i},{30 * i},toy,{1 + i % 2},{32 * (1 + i % 2)}" for i in range(8)])
     code = main(["simulate", "--trace", str(path), "--format", "pollux", "--policy", "pollux,tiresias,lucid,fifo",
                  "--nodes", "2", "--gpus-per-node", "4", "--catalog", str(REPO / "include" / "sample"),
-                 "--out", str(tmp_path / "out"), "--no-progress"])
+                 "--out", str(tmp_path / "out"), "--no-progress", "--history", str(path)])
     out = capsys.readouterr().out
     assert code == 0
     for name in ("pollux", "tiresias", "lucid", "fifo"):
         assert any(line.startswith(name) for line in out.splitlines())
     assert "on 2 nodes x 4 GPUs" in out
     assert (tmp_path / "out" / "nodes2" / "pollux_jobs.csv").exists()
+
+
+def test_history_records_come_before_the_simulated_jobs(tmp_path):
+    from lucid_core.sim.pollux_experiment import fixed_records, history_records
+
+    write_app(tmp_path)
+    trace = read_pollux_trace(write_workload(tmp_path, ["a,100,toy,1,32", "b,400,toy,2,64"]))
+    past = history_records(trace, trace, 4)
+    assert [r.job_id for r in past] == ["past-a", "past-b"]
+    assert max(r.submit_time for r in past) < 100
+    assert [r.duration for r in past] == [r.duration for r in fixed_records(trace, 4)]
+    assert past[0].duration == pytest.approx(fixed_run_seconds(trace.applications["toy"], (1,), 32, 30.0))

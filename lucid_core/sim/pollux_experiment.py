@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lucid_core.config import LucidConfig
 from lucid_core.policy.base import SchedulingPolicy
@@ -30,7 +30,7 @@ from lucid_core.policy.models import HistoryDurationPredictor
 from lucid_core.policy.pollux import PolluxPolicy
 from lucid_core.sim.elastic import compact_placement, fixed_run_seconds, simulate_elastic
 from lucid_core.sim.engine import SimResult, simulate
-from lucid_core.sim.experiment import profiling_pool_nodes
+from lucid_core.sim.experiment import history_jobs, profiling_pool_nodes
 from lucid_core.sim.metrics import compute_metrics
 from lucid_core.sim.pollux_trace import PolluxTrace
 from lucid_core.sim.records import TraceRecord, Workload
@@ -79,6 +79,14 @@ def fixed_records(trace: PolluxTrace, gpus_per_node: int) -> list[TraceRecord]:
     return records
 
 
+def history_records(past: PolluxTrace, trace: PolluxTrace, gpus_per_node: int) -> list[TraceRecord]:
+    """Jobs of an earlier workload as history: ids prefixed, submitted before the simulated ones."""
+    records = fixed_records(past, gpus_per_node)
+    shift = max(r.submit_time for r in records) + 1.0 - min(j.submit_time for j in trace.jobs)
+    return [TraceRecord(f"past-{r.job_id}", r.submit_time - shift, r.duration, r.gpus, r.vc, r.user, r.name)
+            for r in records]
+
+
 @dataclass
 class PolluxExperiment:
     trace: PolluxTrace
@@ -86,6 +94,9 @@ class PolluxExperiment:
     config: LucidConfig  # with gpus_per_node set to the cluster's
     nodes: int
     interval_s: float = 60.0
+    #: past jobs (fixed-size records) that train the predicting policies' duration model; a pollux
+    #: workload has no history of its own, so without one Lucid starts cold
+    history: list[TraceRecord] = field(default_factory=list)
 
 
 def fixed_config(config: LucidConfig, user_overrides: dict[str, str] | None = None) -> LucidConfig:
@@ -95,7 +106,8 @@ def fixed_config(config: LucidConfig, user_overrides: dict[str, str] | None = No
     return config.with_overrides({"tiresias.queue_threshold_gpu_s": ARTIFACT_TIRESIAS_THRESHOLD_GPU_S})
 
 
-def _fixed_policy(name: str, config: LucidConfig, records: list[TraceRecord]) -> SchedulingPolicy:
+def _fixed_policy(name: str, config: LucidConfig, records: list[TraceRecord],
+                  history: list[TraceRecord]) -> SchedulingPolicy:
     if name == "fifo":
         return FifoPolicy(config)
     if name == "sjf":
@@ -103,7 +115,8 @@ def _fixed_policy(name: str, config: LucidConfig, records: list[TraceRecord]) ->
     if name == "tiresias":
         return TiresiasPolicy(config)
     if name == "lucid":
-        return LucidPolicy(config, duration_model=HistoryDurationPredictor().fit([], []))
+        jobs, durations = history_jobs(history)
+        return LucidPolicy(config, duration_model=HistoryDurationPredictor().fit(jobs, durations))
     raise ValueError(f"policy {name!r} does not run pollux workloads; choose from {', '.join(POLLUX_POLICIES)}")
 
 
@@ -125,7 +138,7 @@ def run_pollux_policy(name: str, exp: PolluxExperiment,
         metrics.update(wall_s=result.wall_seconds, profiling_pool_gpus=0, restarts=elastic.restarts)
         return result, metrics
     records = fixed_records(exp.trace, gpn)
-    policy = _fixed_policy(name, exp.config, records)
+    policy = _fixed_policy(name, exp.config, records, exp.history)
     pool = profiling_pool_nodes(exp.config.profiler.pool_nodes, exp.nodes) if getattr(policy, "profiles", False) else 0
     workloads = [catalog_workload(exp.catalog, j.application, math.ceil(j.batch_size / j.replicas))
                  for j in exp.trace.jobs]
@@ -146,9 +159,13 @@ def simulate_pollux_cli(args, config: LucidConfig, user_overrides: dict[str, str
     if unknown:
         raise ValueError(f"policies {unknown} do not run pollux workloads; choose from {', '.join(POLLUX_POLICIES)}")
     trace = read_pollux_trace(args.trace, args.profiles)
+    history = []
+    if args.history:
+        past = read_pollux_trace(args.history, args.profiles)
+        history = history_records(past, trace, config.cluster.gpus_per_node)
     config = fixed_config(config, user_overrides)
     for nodes in node_counts:
-        exp = PolluxExperiment(trace, catalog, config, nodes)
+        exp = PolluxExperiment(trace, catalog, config, nodes, history=history)
         print(f"{trace.problem_summary()}\nsimulating {len(trace.jobs)} jobs of "
               f"{', '.join(sorted(trace.applications))} on {nodes} nodes x {config.cluster.gpus_per_node} GPUs")
         metrics, outcomes, timelines = {}, {}, {}
