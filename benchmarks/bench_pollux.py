@@ -56,21 +56,21 @@ def run_one(task: tuple[str, str, str]) -> dict:
         past = read_pollux_trace(Path(path).with_name(f"workload-{number % 8 + 1}.csv"))
         history = history_records(past, trace, 4)
     exp = PolluxExperiment(trace, WorkloadCatalog.from_artifact(CATALOG), config, nodes=16, history=history)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     _, metrics = run_pollux_policy("lucid" if policy == HISTORY_VARIANT else policy, exp)
     return {"load": load, "workload": Path(path).stem, "policy": policy, "jobs": len(trace.jobs),
             "avg_jct_s": metrics["avg_jct_h"] * 3600, "avg_queue_s": metrics["avg_queue_h"] * 3600,
             "makespan_h": metrics["makespan_h"], "gpu_util": metrics["gpu_utilization"],
             "shared_jobs": int(metrics.get("shared_jobs", 0)), "ended_in_profiling": int(metrics.get(
                 "finished_in_profiling", 0)), "sim_wall_s": metrics["wall_s"],
-            "run_wall_s": time.perf_counter() - started}
+            "run_wall_s": time.perf_counter() - started, "run_cpu_s": time.process_time() - cpu}
 
 
 def report(rows: list[dict], policies: list[str]) -> str:
     """The per-load table: mean avg JCT per policy, published figure and deviation, wall times."""
     loads = sorted({r["load"] for r in rows})
     lines = ["| load | jobs | policy | mean avg JCT s | published s | deviation | within 15% | "
-             "wall s per run (mean / max) |", "|---|---|---|---|---|---|---|---|"]
+             "wall s per run (mean / max) | CPU s per run (mean / max) |", "|---|---|---|---|---|---|---|---|---|"]
     for load in loads:
         for policy in policies:
             runs = [r for r in rows if r["load"] == load and r["policy"] == policy]
@@ -80,10 +80,12 @@ def report(rows: list[dict], policies: list[str]) -> str:
             published = PUBLISHED.get(policy, {}).get(load)
             deviation = f"{100 * (mean / published - 1):+.1f}%" if published else "-"
             ok = ("yes" if abs(mean / published - 1) <= FIDELITY else "no") if published else "-"
-            walls = [r["sim_wall_s"] for r in runs]
+            walls = [r["run_wall_s"] for r in runs]
+            cpus = [r["run_cpu_s"] for r in runs]
             lines.append(f"| {load} | {runs[0]['jobs']} | {policy} | {mean:,.0f} | "
                          f"{f'{published:,}' if published else '-'} | {deviation} | {ok} | "
-                         f"{statistics.mean(walls):.2f} / {max(walls):.2f} |")
+                         f"{statistics.mean(walls):.2f} / {max(walls):.2f} | "
+                         f"{statistics.mean(cpus):.2f} / {max(cpus):.2f} |")
     for variant in ("lucid", HISTORY_VARIANT):
         if variant not in policies or "pollux" not in policies:
             continue
@@ -116,7 +118,8 @@ def main() -> int:
     with ProcessPoolExecutor(max_workers=args.processes) as pool:
         rows = list(pool.map(run_one, tasks))
     print(report(rows, policies))
-    print(f"\n{len(tasks)} runs in {time.perf_counter() - started:.1f} s wall on {args.processes} processes")
+    print(f"\n{len(tasks)} runs in {time.perf_counter() - started:.1f} s wall on {args.processes} processes; "
+          f"load average at the end {os.getloadavg()[0]:.1f}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     print(f"per-run figures in {args.json}")

@@ -32,6 +32,7 @@ import numpy as np
 
 GPUS_PER_NODE_MEASURED = 4  # the testbed's nodes (g4dn.12xlarge: 4 x T4); placements have digits 1..4
 EPS = 1e-8
+SHAPE_GRID_POINTS = 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,54 @@ def placement_id(placement: tuple[int, ...]) -> str:
     return "".join(str(c) for c in placement)
 
 
+class _Triangulation:
+    """Linear interpolation of scattered 3-D measurements over their Delaunay triangulation.
+
+    Barycentric coordinates are computed for all simplices at once with batched 3 x 3 inverses
+    (SciPy's own set-up of them took seconds on these near-degenerate measurement grids); a point
+    outside every simplex takes the value of the nearest measurement."""
+
+    def __init__(self, points: np.ndarray, values: np.ndarray) -> None:
+        from scipy.spatial import Delaunay, cKDTree
+
+        self.low = points.min(axis=0)
+        self.span = np.ptp(points, axis=0)
+        self.span[self.span == 0] = 1.0
+        unit = (points - self.low) / self.span
+        simplices = Delaunay(unit, qhull_options="QJ").simplices
+        corners = unit[simplices]  # (simplex, 4 corners, 3)
+        edges = np.transpose(corners[:, 1:] - corners[:, :1], (0, 2, 1))  # columns: corner k - corner 0
+        usable = np.abs(np.linalg.det(edges)) > 1e-12
+        self.simplices = simplices[usable]
+        self.origin = corners[usable, 0]
+        self.inverse = np.linalg.inv(edges[usable])
+        self.values = values
+        self.tree = cKDTree(unit)
+        box = unit[self.simplices]
+        self.box_low, self.box_high = box.min(axis=1), box.max(axis=1)
+
+    def __call__(self, points: np.ndarray) -> np.ndarray:
+        unit = (points - self.low) / self.span
+        # only simplices whose bounding box meets the points' box can hold them
+        near = np.all((self.box_low <= unit.max(axis=0) + 1e-9) & (self.box_high >= unit.min(axis=0) - 1e-9), axis=1)
+        candidates = np.flatnonzero(near)
+        local = np.einsum("sij,psj->psi", self.inverse[candidates], unit[:, None, :] - self.origin[candidates][None])
+        weights = np.concatenate([1.0 - local.sum(axis=2, keepdims=True), local], axis=2)  # (point, simplex, 4)
+        inside = np.all(weights >= -1e-9, axis=2)
+        found = inside.any(axis=1)
+        which = np.argmax(inside, axis=1) if candidates.size else np.zeros(len(points), dtype=int)
+        rows = np.arange(len(points))
+        if candidates.size:
+            chosen = weights[rows, which]  # (point, 4)
+            out = np.einsum("pk,pkv->pv", chosen, self.values[self.simplices[candidates[which]]])
+        else:
+            out = np.zeros((len(points), self.values.shape[1]))
+        if not found.all():
+            _, nearest = self.tree.query(unit[~found])
+            out[~found] = self.values[nearest]
+        return out
+
+
 @dataclass(slots=True)
 class Application:
     """One measured application: step-time tables, per-epoch progress and gradient statistics."""
@@ -85,8 +134,7 @@ class Application:
     min_local_bsz: int
     max_local_bsz: int
     limits: AppLimits = field(default_factory=AppLimits)
-    _interp: object = None
-    _nearest: object = None
+    _triangles: _Triangulation | None = None
     _memo: dict = field(default_factory=dict)
     _goodput_memo: dict = field(default_factory=dict)
     _shape_grid: dict = field(default_factory=dict)
@@ -148,32 +196,26 @@ class Application:
     def _by_shape(self, nodes: int, replicas: int, local_bsz: float | np.ndarray) -> np.ndarray:
         """Linear interpolation over (nodes, replicas, local batch size); nearest outside the hull.
 
-        Each (nodes, replicas) is interpolated once on a grid of batch sizes (every measured size
-        and 256 geometric steps between the smallest and largest), then linearly along it."""
+        Each (nodes, replicas) is interpolated once on a grid of batch sizes (48 geometric steps
+        between the smallest and largest measured), then linearly along it: a point inside the
+        measurements' bounding box but outside their hull costs the triangulation a brute-force
+        search, so the grid is kept small."""
         grid = self._shape_grid.get((nodes, replicas))
         if grid is None:
-            sizes = np.union1d(np.unique(self.shape_points[:, 2]),
-                               np.geomspace(self.shape_points[:, 2].min(), self.shape_points[:, 2].max(), 256))
+            sizes = np.geomspace(self.shape_points[:, 2].min(), self.shape_points[:, 2].max(), SHAPE_GRID_POINTS)
             grid = self._shape_grid[(nodes, replicas)] = (sizes, self._interpolate(nodes, replicas, sizes))
         sizes, values = grid
         query = np.atleast_1d(np.asarray(local_bsz, dtype=float))
         return np.column_stack([np.interp(query, sizes, values[:, 0]), np.interp(query, sizes, values[:, 1])])
 
     def _interpolate(self, nodes: int, replicas: int, local_bsz: np.ndarray) -> np.ndarray:
-        from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
-
-        if self._interp is None:
-            # rescaled to the unit cube: the raw axes (1..16 nodes, 1..64 replicas, batch sizes in
-            # the hundreds) give Qhull near-flat simplices that take seconds to set up
-            self._interp = LinearNDInterpolator(self.shape_points, self.shape_values, rescale=True)
-            self._nearest = NearestNDInterpolator(self.shape_points, self.shape_values, rescale=True)
+        """Piecewise-linear interpolation over the Delaunay triangulation of the measurements, in
+        the unit cube; the nearest measurement outside their hull."""
+        if self._triangles is None:
+            self._triangles = _Triangulation(self.shape_points, self.shape_values)
         sizes = np.atleast_1d(np.asarray(local_bsz, dtype=float))
         points = np.column_stack([np.full(sizes.size, min(nodes, 16)), np.full(sizes.size, replicas), sizes])
-        values = self._interp(points)
-        outside = ~np.all(np.isfinite(values), axis=1)
-        if outside.any():
-            values[outside] = self._nearest(points[outside])
-        return values
+        return self._triangles(points)
 
     # --- statistical efficiency ------------------------------------------------------------
     def grad_stats(self, batch_size: float, epoch: int) -> tuple[float, float]:
