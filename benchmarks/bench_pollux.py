@@ -103,6 +103,49 @@ def report(rows: list[dict], policies: list[str]) -> str:
     return "\n".join(lines)
 
 
+LUCID_PARTS = (  # (label, policy, config overrides, with history)
+    ("tiresias", "tiresias", {}, False),
+    ("sjf (oracle, non-preemptive)", "sjf", {}, False),
+    ("lucid", "lucid", {}, False),
+    ("lucid, no profiling pool", "lucid", {"profiler.enabled": False}, False),
+    ("lucid+history", "lucid", {}, True),
+    ("lucid+history, aging 0", "lucid", {"orchestrator.aging": 0.0}, True),
+    ("lucid+history, aging 0, no pool", "lucid", {"orchestrator.aging": 0.0, "profiler.enabled": False}, True),
+)
+
+
+def lucid_parts(loads: list[str]) -> str:
+    """Lucid with one part changed at a time, mean avg JCT over the 8 workloads per load."""
+    from lucid_core.config import LucidConfig
+    from lucid_core.sim.pollux_experiment import (
+        PolluxExperiment,
+        fixed_config,
+        history_records,
+        run_pollux_policy,
+    )
+    from lucid_core.sim.pollux_trace import read_pollux_trace
+    from lucid_core.sim.workloads import WorkloadCatalog
+
+    catalog = WorkloadCatalog.from_artifact(CATALOG)
+    base = fixed_config(LucidConfig().with_overrides({"cluster.gpus_per_node": 4}))
+    lines = ["| load | " + " | ".join(label for label, *_ in LUCID_PARTS) + " | jobs shared by lucid |",
+             "|---|" + "---|" * (len(LUCID_PARTS) + 1)]
+    for load in loads:
+        traces = {w: read_pollux_trace(POLLUX / LOAD_DIRS[load] / f"workload-{w}.csv") for w in range(1, 9)}
+        means, shared = [], 0
+        for label, policy, overrides, with_history in LUCID_PARTS:
+            values = []
+            for w, trace in traces.items():
+                history = history_records(traces[w % 8 + 1], trace, 4) if with_history else []
+                config = base.with_overrides(overrides) if overrides else base
+                _, metrics = run_pollux_policy(policy, PolluxExperiment(trace, catalog, config, 16, history=history))
+                values.append(metrics["avg_jct_h"] * 3600)
+                shared += int(metrics["shared_jobs"]) if label == "lucid" else 0
+            means.append(statistics.mean(values))
+        lines.append(f"| {load} | " + " | ".join(f"{v:,.0f}" for v in means) + f" | {shared} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loads", default=",".join(LOAD_DIRS), help="comma-separated of 0.5,1.0,1.5,2.0")
@@ -110,7 +153,12 @@ def main() -> int:
     parser.add_argument("--policies", default="pollux,tiresias,lucid")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "pollux.json"))
+    parser.add_argument("--lucid-parts", action="store_true",
+                        help="instead: Lucid with one part changed at a time (profiling pool, history, aging)")
     args = parser.parse_args()
+    if args.lucid_parts:
+        print(lucid_parts(args.loads.split(",")))
+        return 0
     policies = [p for p in args.policies.split(",") if p]
     tasks = [(load, str(POLLUX / LOAD_DIRS[load] / f"workload-{w}.csv"), policy)
              for load in args.loads.split(",") for w in args.workloads.split(",") for policy in policies]
