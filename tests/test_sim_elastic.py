@@ -279,3 +279,15 @@ def test_history_records_come_before_the_simulated_jobs(tmp_path):
     assert max(r.submit_time for r in past) < 100
     assert [r.duration for r in past] == [r.duration for r in fixed_records(trace, 4)]
     assert past[0].duration == pytest.approx(fixed_run_seconds(trace.applications["toy"], (1,), 32, 30.0))
+
+
+def test_fixed_config_takes_the_artifact_tiresias_settings_unless_the_user_set_them():
+    from lucid_core.config import LucidConfig
+    from lucid_core.sim.pollux_experiment import fixed_config
+
+    config = fixed_config(LucidConfig())
+    assert config.tiresias.queue_threshold_gpu_s == 16 * 3600
+    assert config.tiresias.checkpoint_cost_s == 30
+    mine = LucidConfig().with_overrides({"tiresias.queue_threshold_gpu_s": 100})
+    kept = fixed_config(mine, {"tiresias.queue_threshold_gpu_s": "100"})
+    assert kept.tiresias.queue_threshold_gpu_s == 100

@@ -13,7 +13,8 @@ batch (no mixed precision); an application with no family in the catalog takes t
 heaviest workload (highest GPU utilization, so the packing model rarely shares it).
 
 Tiresias here uses the artifact's queue threshold of 16 GPU-hours (57,600 GPU-s, the
-"TunedJobs" setting the published figures ran with) unless a `--set` gives one.
+"TunedJobs" setting the published figures ran with) and its 30 s restart as the preemption cost,
+unless a `--set` gives them.
 """
 
 from __future__ import annotations
@@ -100,10 +101,14 @@ class PolluxExperiment:
 
 
 def fixed_config(config: LucidConfig, user_overrides: dict[str, str] | None = None) -> LucidConfig:
-    """The run's config: the artifact's Tiresias threshold unless the user set one."""
-    if user_overrides and "tiresias.queue_threshold_gpu_s" in user_overrides:
-        return config
-    return config.with_overrides({"tiresias.queue_threshold_gpu_s": ARTIFACT_TIRESIAS_THRESHOLD_GPU_S})
+    """The run's config: the artifact's Tiresias threshold and its 30 s restart as the cost of a
+    preemption (for every width), except where the user set a knob."""
+    wanted = {"tiresias.queue_threshold_gpu_s": ARTIFACT_TIRESIAS_THRESHOLD_GPU_S,
+              "tiresias.checkpoint_cost_s": RESTART_DELAY_S}
+    if hasattr(config.tiresias, "checkpoint_cost_wide_s"):
+        wanted["tiresias.checkpoint_cost_wide_s"] = RESTART_DELAY_S
+    chosen = {k: v for k, v in wanted.items() if k not in (user_overrides or {})}
+    return config.with_overrides(chosen) if chosen else config
 
 
 def _fixed_policy(name: str, config: LucidConfig, records: list[TraceRecord],
