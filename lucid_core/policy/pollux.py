@@ -193,14 +193,13 @@ class PolluxPolicy:
                 moving.append((k, index))
         moving.sort(key=lambda item: (-item[0], item[1]))
         for k, index in moving:
-            for want in range(k, 0, -1):
-                placed = pack(want, free, distributed, cluster.gpus_per_node)
+            for want in range(k, 0, -1):  # fewer GPUs when fragmentation leaves no layout for k
+                trial_free, trial_distributed = list(free), list(distributed)
+                placed = pack(want, trial_free, trial_distributed, cluster.gpus_per_node)
                 if placed is not None and sum(1 for c in placed if c) <= self.max_nodes_per_job:
                     out[jobs[index].name] = placed
+                    free, distributed = trial_free, trial_distributed
                     break
-                if placed is not None:  # too many nodes: give the GPUs back, try fewer
-                    for i, c in enumerate(placed):
-                        free[i] += c
         return out
 
     def layout(self, job: ElasticJob, placement: tuple[int, ...]) -> tuple[int, int]:
