@@ -164,6 +164,9 @@ def simulate_pollux_cli(args, config: LucidConfig, user_overrides: dict[str, str
     if unknown:
         raise ValueError(f"policies {unknown} do not run pollux workloads; choose from {', '.join(POLLUX_POLICIES)}")
     trace = read_pollux_trace(args.trace, args.profiles)
+    if catalog.synthetic and any(p in policies for p in ("lucid", "fifo", "sjf", "tiresias")):
+        print(f"note: catalog {catalog.source} is synthetic: applications map to its heaviest workload for "
+              "profiles and co-located speeds; give --catalog ../shared/data/lucid_artifact for measured ones")
     history = []
     if args.history:
         past = read_pollux_trace(args.history, args.profiles)
