@@ -169,7 +169,7 @@ def main() -> int:
     print(f"\n{len(tasks)} runs in {time.perf_counter() - started:.1f} s wall on {args.processes} processes; "
           f"load average at the end {os.getloadavg()[0]:.1f}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    Path(args.json).write_text("[\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]\n", encoding="utf-8")
     print(f"per-run figures in {args.json}")
     return 0
 
