@@ -291,3 +291,26 @@ def test_fixed_config_takes_the_artifact_tiresias_settings_unless_the_user_set_t
     mine = LucidConfig().with_overrides({"tiresias.queue_threshold_gpu_s": 100})
     kept = fixed_config(mine, {"tiresias.queue_threshold_gpu_s": "100"})
     assert kept.tiresias.queue_threshold_gpu_s == 100
+
+
+def test_pollux_job_alone_on_one_gpu_ends_when_its_best_batch_says(toy):
+    app, _ = toy
+    # One GPU in the cluster: Pollux can only choose the batch size. In each epoch it takes the
+    # searched layout of best goodput; the job ends after one restart and three epochs at those rates.
+    _, atomic, accum = candidate_layouts(app, 1)
+    best = [max(app.goodput((1,), int(a), int(m), e) for a, m in zip(atomic, accum, strict=True)) for e in range(3)]
+    # Submitted at 10, first decided at 60 (age 50: the restart penalty 50/80 leaves it worth starting).
+    result = simulate_elastic([ElasticJobSpec("p", 10.0, "toy", 1, 32)], {"toy": app}, PolluxPolicy(),
+                              nodes=1, gpus_per_node=1)
+    assert result.outcomes[0].start_time == 60.0
+    assert result.outcomes[0].end_time == pytest.approx(60 + 30 + sum(100 / rate for rate in best))
+    assert result.restarts == 1
+
+
+def test_pollux_does_not_start_a_job_of_age_zero(toy):
+    app, _ = toy
+    # The restart penalty max(age - restarts x 30, 0) / (age + 30) is 0 for a job submitted on the
+    # decision's second: starting it gains nothing yet, so it starts one period later.
+    result = simulate_elastic([ElasticJobSpec("p", 0.0, "toy", 1, 32)], {"toy": app}, PolluxPolicy(),
+                              nodes=1, gpus_per_node=1)
+    assert result.outcomes[0].start_time == 60.0
