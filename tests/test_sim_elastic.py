@@ -314,3 +314,11 @@ def test_pollux_does_not_start_a_job_of_age_zero(toy):
     result = simulate_elastic([ElasticJobSpec("p", 0.0, "toy", 1, 32)], {"toy": app}, PolluxPolicy(),
                               nodes=1, gpus_per_node=1)
     assert result.outcomes[0].start_time == 60.0
+
+
+def test_check_trace_reports_pollux_rows(tmp_path, capsys):
+    write_app(tmp_path)
+    path = write_workload(tmp_path, ["a,0,toy,1,32", "b,0,toy,0,32"])
+    assert main(["check-trace", str(path), "--format", "pollux"]) == 1
+    out = capsys.readouterr().out
+    assert "1 jobs kept of 2 rows" in out and "num_replicas='0': must be >= 1" in out
