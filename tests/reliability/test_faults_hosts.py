@@ -147,7 +147,9 @@ def test_host_that_never_returns_loses_its_jobs_after_the_timeout(live, requeue)
     store, cluster, root = live
     ledger = root / "ledger"
     settings = lossy(2.0, requeue)
-    long_job = submit(store, JobRequest(ledger_command(ledger, "sleep 3"), 1, "u", "vc-a", name="long"))
+    # long enough to outlast its 1 s profiling window even when rounds are slow (a loaded machine): at 3 s
+    # it sometimes ended inside the window, before its stop came, and never reached the main pool
+    long_job = submit(store, JobRequest(ledger_command(ledger, "sleep 6"), 1, "u", "vc-a", name="long"))
     drive(store, cluster, lambda j: bool(running_main(store, [long_job])), settings=settings)
     victim = running_main(store, [long_job])[0]
     other = submit(store, JobRequest(ledger_command(ledger, "sleep 0.3"), 1, "u", "vc-a", name="other"))
