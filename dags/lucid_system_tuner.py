@@ -1,9 +1,13 @@
 """Lucid System Tuner: replay recent history in the simulator over a grid of knobs, one mapped task each.
 
-Weekly, and on demand from the trigger form. Each configuration is its own mapped task instance,
-so a Celery or Kubernetes executor spreads the sweep over workers. The report (table + plots) is
-kept under LUCID_HOME/reports/tuner/<run id> and shown by the Lucid plugin at /lucid/tuner.
-The apply step writes the best configuration only when the `apply` parameter is on.
+Weekly, and on demand from the trigger form: its defaults replay the store's finished jobs on the
+live inventory (the hosts, GPUs per host, VCs and profiling pool of `lucid hosts list`). Each
+configuration is its own mapped task instance, so a Celery or Kubernetes executor spreads the sweep
+over workers; the current configuration is replayed too, under several workload draws, to measure
+the run-to-run noise. The report (verdict, table with the current row first, plots) is kept under
+LUCID_HOME/reports/tuner/<run id> and shown by the Lucid plugin at /lucid/tuner. It says "keep the
+current configuration" when no configuration beats it by more than that noise. The apply step
+writes the best configuration only when the `apply` parameter is on and the report proposes a change.
 """
 
 from __future__ import annotations
@@ -31,13 +35,18 @@ def _numbers(default: list, description: str, **items) -> Param:
     tags=["lucid"],
     doc_md=__doc__,
     params={
-        "trace_path": Param("", type="string", description="Trace file to replay; empty: finished jobs of the "
-                            "Lucid store (connection lucid_db) from the last `window_days`."),
+        # optional fields admit null (Airflow's trigger form requires a typed field that does not)
+        "trace_path": Param(None, type=["null", "string"], description="Trace file to replay; empty: finished "
+                            "jobs of the Lucid store (connection lucid_db) from the last `window_days`."),
         "trace_format": Param("auto", enum=["auto", "philly", "helios", "generic"]),
-        "window_start": Param("", type="string", description="Trace window start (YYYY-MM-DD), file only"),
-        "window_end": Param("", type="string", description="Trace window end, exclusive (YYYY-MM-DD), file only"),
+        "window_start": Param(None, type=["null", "string"], description="Trace window start (YYYY-MM-DD), "
+                              "file only; empty: the file's first job"),
+        "window_end": Param(None, type=["null", "string"], description="Trace window end, exclusive (YYYY-MM-DD), "
+                            "file only; empty: the file's last job"),
         "window_days": Param(7, type="integer", minimum=1, maximum=3650, description="Store history to replay"),
-        "main_nodes": Param(8, type="integer", minimum=1, maximum=10000, description="8-GPU nodes simulated"),
+        "main_nodes": Param(None, type=["null", "integer"], minimum=1, maximum=10000,
+                            description="Empty: simulate the live inventory (hosts, GPUs per host, VCs, profiling "
+                                        "pool). A number: that many 8-GPU nodes instead (profiling pool carved out)."),
         "tprof_s": _numbers([100, 200, 300], "Tprof: profiling window (s)", minimum=1),
         "nprof_gpus": _numbers([8], "Nprof: widest job profiled on the pool (GPUs)", minimum=0),
         "cprof_nodes": _numbers([2], "Cprof: profiling pool nodes", minimum=0),
@@ -59,7 +68,9 @@ def lucid_system_tuner():
     @task
     def expand_grid(params=None) -> list[dict]:
         """One item per configuration of the grid (the unit each mapped task simulates)."""
-        from lucid_core.tuner import GRID_KNOBS, expand_grid
+        from lucid_airflow.tuning import tuner_fleet
+
+        from lucid_core.tuner import GRID_KNOBS, expand_grid, sweep_items
 
         grid = {name: params[name] for name in GRID_KNOBS}
         configs = expand_grid(grid)
@@ -67,7 +78,8 @@ def lucid_system_tuner():
             raise ValueError("the grid has no valid configuration (is a Medium threshold above every Tiny one?)")
         if len(configs) > params["max_configurations"]:
             raise ValueError(f"{len(configs)} configurations exceed max_configurations={params['max_configurations']}")
-        return [{"index": i, "overrides": overrides} for i, overrides in enumerate(configs)]
+        fleet = tuner_fleet(params)  # one snapshot of the inventory for every mapped task
+        return [{**item, "fleet": fleet} for item in sweep_items(configs)]
 
     @task(map_index_template="{{ lucid_config_label }}")
     def simulate_configuration(item: dict, params=None) -> dict:
@@ -78,27 +90,33 @@ def lucid_system_tuner():
         from airflow.sdk import get_current_context
         from lucid_airflow.tuning import load_tuner_trace
 
-        get_current_context()["lucid_config_label"] = f"#{item['index']} " + ", ".join(
-            f"{k.split('.')[-1]}={v}" for k, v in item["overrides"].items())
-        from lucid_core.tuner import TunerSettings, run_configuration
+        role = item.get("role", "candidate")
+        get_current_context()["lucid_config_label"] = (
+            f"current, draw {item.get('seed', 0)}" if role == "current" else f"#{item['index']} " + ", ".join(
+                f"{k.split('.')[-1]}={v}" for k, v in item["overrides"].items()))
+        from lucid_airflow.tuning import current_config, tuner_settings
+
+        from lucid_core.tuner import run_configuration
 
         records = load_tuner_trace(params)
-        settings = TunerSettings(main_nodes=params["main_nodes"], objective=params["objective"])
-        result = run_configuration(records, item["overrides"], settings, index=item["index"])
+        settings = tuner_settings(params, item.get("fleet"))
+        result = run_configuration(records, item["overrides"], settings, index=item["index"], base=current_config(),
+                                   seed=item.get("seed"), role=role)
         result.worker = os.environ.get("LUCID_WORKER_NAME") or socket.gethostname()
         return result.to_dict()
 
     @task(outlets=[TUNER_REPORT])
-    def write_report(results: list[dict], params=None, run_id=None) -> dict:
-        """Rank the configurations and keep the report where the plugin shows it."""
-        from lucid_airflow.tuning import report_directory
+    def write_report(items: list[dict], results: list[dict], params=None, run_id=None) -> dict:
+        """Rank the configurations against the current one and keep the report where the plugin shows it."""
+        from lucid_airflow.tuning import current_config, report_directory, tuner_settings
 
-        from lucid_core.tuner import ConfigResult, TunerSettings, write_report
+        from lucid_core.tuner import ConfigResult, write_report
 
-        settings = TunerSettings(main_nodes=params["main_nodes"], objective=params["objective"])
+        settings = tuner_settings(params, items[0].get("fleet") if items else None)
         summary = write_report([ConfigResult.from_dict(r) for r in results], settings, report_directory(run_id),
-                               context={"run_id": run_id, "params": dict(params)})
-        return {k: summary[k] for k in ("objective", "configurations", "failed", "best", "workers", "directory")}
+                               context={"run_id": run_id, "params": dict(params)}, base=current_config())
+        return {k: summary[k] for k in ("objective", "configurations", "failed", "best", "keep_current", "verdict",
+                                        "cluster", "workers", "directory")}
 
     @task
     def apply_best(summary: dict, params=None) -> str:
@@ -107,6 +125,8 @@ def lucid_system_tuner():
 
         if not params["apply"]:
             raise AirflowSkipException("apply is off: the report proposes, nothing was changed")
+        if summary.get("keep_current"):
+            raise AirflowSkipException(f"nothing to apply: {summary.get('verdict')}")
         from lucid_airflow.tuning import live_config_path
 
         from lucid_core.tuner import chosen_overrides, write_config_toml
@@ -115,7 +135,7 @@ def lucid_system_tuner():
 
     items = expand_grid()
     results = simulate_configuration.expand(item=items)
-    apply_best(write_report(results))
+    apply_best(write_report(items, results))
 
 
 lucid_system_tuner()

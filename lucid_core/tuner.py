@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lucid_core.config import ConfigError, LucidConfig, load_config
+from lucid_core.sim.fleet import Fleet
 from lucid_core.sim.records import TraceRecord
 
 #: Form field -> config knob it sets (what the Params form and the CLI accept).
@@ -43,19 +44,33 @@ OBJECTIVES: dict[str, tuple[str, bool]] = {
 CADENCE_REFRESH_S = {"daily": 86400.0, "weekly": 7 * 86400.0, "never": math.inf}
 
 
+#: Seeds the current configuration is replayed with to measure the run-to-run noise of the objective.
+NOISE_SEEDS = 3
+#: A difference under this share of the current value is never called an improvement, even with no noise.
+NOISE_FLOOR = 0.01
+
+
 @dataclass(frozen=True)
 class TunerSettings:
-    """What every configuration of one sweep shares: the trace window and the cluster size."""
+    """What every configuration of one sweep shares: the cluster (a fleet of hosts, or N identical
+    nodes) and the objective."""
 
-    main_nodes: int
+    main_nodes: int | None = None
     objective: str = "avg_jct"
     seed: int = 0
+    fleet: Fleet | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")
-        if self.main_nodes < 1:
-            raise ValueError(f"main_nodes must be >= 1, got {self.main_nodes}")
+        if self.fleet is None and (self.main_nodes is None or self.main_nodes < 1):
+            raise ValueError(f"main_nodes must be >= 1 when no fleet is given, got {self.main_nodes}")
+
+    def cluster_text(self, gpus_per_node: int = 8) -> str:
+        """The simulated cluster in words."""
+        if self.fleet is not None:
+            return f"the live fleet ({self.fleet.describe()})"
+        return f"{self.main_nodes} nodes x {gpus_per_node} GPUs"
 
 
 @dataclass
@@ -68,6 +83,9 @@ class ConfigResult:
     error: str | None = None
     wall_seconds: float = 0.0
     worker: str = ""
+    role: str = "candidate"  # "current": the live configuration, replayed under several seeds for the noise
+    seed: int = 0
+    left_out: int = 0  # jobs wider than the fleet could run, not replayed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,22 +146,37 @@ def outcome_metrics(result) -> dict[str, float]:
 
 def run_configuration(records: Sequence[TraceRecord], overrides: Mapping[str, Any], settings: TunerSettings,
                       index: int = 0, base: LucidConfig | None = None, catalog=None,
-                      history: Sequence[TraceRecord] = ()) -> ConfigResult:
-    """Simulate Lucid with `overrides` on `records` exactly as `lucid simulate` does (profiling pool
-    carved out of the nodes, catalog co-location speeds, predictors trained on `history`); errors are
-    recorded, not raised, so a sweep continues."""
+                      history: Sequence[TraceRecord] = (), seed: int | None = None,
+                      role: str = "candidate") -> ConfigResult:
+    """Simulate Lucid with `overrides` on `records` exactly as `lucid simulate` does (catalog co-location
+    speeds, predictors trained on `history`), on the settings' fleet or on N nodes with the profiling
+    pool carved out of them; errors are recorded, not raised, so a sweep continues. `seed` (default:
+    the settings') draws the jobs' workloads: the current configuration is replayed under several."""
     from lucid_core.policy.models import HistoryDurationPredictor
-    from lucid_core.sim.experiment import Experiment, history_jobs, run_policy
+    from lucid_core.sim.experiment import Experiment, build_policy, history_jobs, run_policy
+    from lucid_core.sim.fleet import simulate_on_fleet
     from lucid_core.sim.workloads import WorkloadCatalog
 
-    outcome = ConfigResult(index, dict(overrides))
+    seed = settings.seed if seed is None else seed
+    outcome = ConfigResult(index, dict(overrides), role=role, seed=seed)
     try:
         config = (base or LucidConfig()).with_overrides(dict(overrides))
-        exp = Experiment(list(records), list(history), catalog or WorkloadCatalog.synthetic(settings.seed),
-                         config, settings.main_nodes, settings.seed)
-        jobs, durations = history_jobs(exp.history)
+        catalog = catalog or WorkloadCatalog.synthetic(settings.seed)
+        jobs, durations = history_jobs(list(history))
         predictor = HistoryDurationPredictor(refresh_s=CADENCE_REFRESH_S[config.update.cadence]).fit(jobs, durations)
-        result, _ = run_policy("lucid", exp, duration_model=predictor)
+        if settings.fleet is not None:
+            config = settings.fleet.config_for(config)
+            kept, left_out = settings.fleet.fitting(records)
+            if not kept:
+                raise ValueError(f"none of the {len(records)} jobs fits the fleet ({settings.fleet.describe()})")
+            exp = Experiment(kept, list(history), catalog, config, len(settings.fleet.main_hosts), seed)
+            policy, config = build_policy("lucid", exp, duration_model=predictor)
+            result = simulate_on_fleet(kept, policy, config, settings.fleet, workloads=catalog.assign(kept, seed=seed),
+                                       speeds=catalog.colocated_speeds)
+            outcome.left_out = len(left_out)
+        else:
+            exp = Experiment(list(records), list(history), catalog, config, settings.main_nodes, seed)
+            result, _ = run_policy("lucid", exp, duration_model=predictor)
         outcome.metrics = outcome_metrics(result)
         outcome.wall_seconds = result.wall_seconds
     except (ConfigError, ValueError, RuntimeError) as exc:
@@ -164,26 +197,113 @@ def rank(results: Sequence[ConfigResult], objective: str) -> list[ConfigResult]:
     return sorted(results, key=key)
 
 
-def _fmt_hours(seconds: float) -> str:
-    return f"{seconds / 3600:.3f}"
+def duration_text(seconds: float) -> str:
+    """A duration in the unit that keeps it readable: seconds, minutes or hours."""
+    if abs(seconds) < 120:
+        return f"{seconds:.0f} s"
+    if abs(seconds) < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
 
 
-def _table_rows(ranked: Sequence[ConfigResult]) -> tuple[list[str], list[list[str]]]:
-    knobs = sorted({k for r in ranked for k in r.overrides})
-    header = ["rank", "config", *knobs, "avg JCT (h)", "avg queue (h)", "P99.9 queue (h)", "GPU util",
-              "ended in profiling", "jobs shared", "worker"]
-    rows = []
-    for position, r in enumerate(ranked, start=1):
-        cells = [str(position), f"#{r.index}", *[str(r.overrides.get(k, "")) for k in knobs]]
-        if r.error:
-            cells += [f"error: {r.error}", "", "", "", "", ""]
+def metric_text(metric: str, value: float) -> str:
+    return duration_text(value) if metric.endswith("_s") else f"{value:.3f}"
+
+
+def sweep_items(configs: Sequence[Mapping[str, Any]], noise_seeds: int = NOISE_SEEDS, seed: int = 0) -> list[dict]:
+    """The units of a sweep: each configuration of the grid, then the current configuration (no
+    override) under `noise_seeds` workload draws, whose spread is the run-to-run noise."""
+    items = [{"index": i, "overrides": dict(o), "role": "candidate", "seed": seed} for i, o in enumerate(configs)]
+    items += [{"index": len(configs) + k, "overrides": {}, "role": "current", "seed": seed + k}
+              for k in range(noise_seeds)]
+    return items
+
+
+def knob_value(config: LucidConfig, knob: str) -> Any:
+    """The value of a dotted knob (`profiler.tprof_s`) in `config`."""
+    section, _, name = knob.partition(".")
+    return getattr(getattr(config, section), name)
+
+
+def assess(ranked: Sequence[ConfigResult], current_runs: Sequence[ConfigResult], objective: str,
+           seed: int = 0) -> dict[str, Any]:
+    """Whether the best configuration beats the current one by more than the run-to-run noise.
+
+    The noise is the spread (max - min) of the objective over the current configuration's replays
+    under different workload draws, never less than `NOISE_FLOOR` of its value; the comparison is
+    paired (the best configuration and the current one on the same draw, `seed`).
+    """
+    metric, larger_better = OBJECTIVES[objective]
+    ok = [r for r in current_runs if not r.error and metric in r.metrics]
+    best = next((r for r in ranked if not r.error and metric in r.metrics), None)
+    if not ok:
+        why = next((r.error for r in current_runs if r.error), "it was not replayed")
+        return {"keep_current": False, "current": None, "noise": None, "threshold": None, "gain": None,
+                "text": f"The current configuration could not be replayed ({why}): the ranking has no noise check."}
+    current = next((r for r in ok if r.seed == seed), ok[0])
+    values = [r.metrics[metric] for r in ok]
+    noise = max(values) - min(values)
+    threshold = max(noise, NOISE_FLOOR * abs(current.metrics[metric]))
+    spread = (f"the current configuration's {objective} varied by {metric_text(metric, noise)} over "
+              f"{len(ok)} workload draws; differences up to {metric_text(metric, threshold)} are noise")
+    if best is None:
+        text = f"Keep the current configuration: no configuration of the grid finished ({spread})."
+        return {"keep_current": True, "current": current.to_dict(), "noise": noise, "threshold": threshold,
+                "gain": None, "text": text}
+    gain = (best.metrics[metric] - current.metrics[metric]) * (1 if larger_better else -1)
+    if gain > threshold:
+        text = (f"Configuration #{best.index} improves {objective} by {metric_text(metric, gain)} over the current "
+                f"configuration ({metric_text(metric, current.metrics[metric])} -> "
+                f"{metric_text(metric, best.metrics[metric])}), more than the run-to-run noise ({spread}).")
+        return {"keep_current": False, "current": current.to_dict(), "noise": noise, "threshold": threshold,
+                "gain": gain, "text": text}
+    same = all(abs(r.metrics.get(metric, math.nan) - current.metrics[metric]) <= 1e-9 for r in ranked if not r.error)
+    text = (f"Keep the current configuration: no configuration differs from it by more than the run-to-run noise "
+            f"({spread})." + (" Every configuration gave exactly the current result: on this cluster and history "
+                              "the knobs swept make no difference." if same else ""))
+    return {"keep_current": True, "current": current.to_dict(), "noise": noise, "threshold": threshold,
+            "gain": gain, "text": text}
+
+
+def _table_rows(ranked: Sequence[ConfigResult], current: ConfigResult | None, current_values: Mapping[str, Any],
+                objective: str, threshold: float | None) -> tuple[list[str], list[list[str]]]:
+    """The report's table: the current configuration first, then the ranked ones. Only knobs that
+    take more than one value are columns, so the table stays narrow."""
+    metric, larger_better = OBJECTIVES[objective]
+    knobs = sorted({k for r in ranked for k in r.overrides} | set(current_values))
+    varying = [k for k in knobs
+               if len({json.dumps(r.overrides.get(k, current_values.get(k)), default=str) for r in ranked}
+                      | {json.dumps(current_values.get(k), default=str)}) > 1]
+    header = ["rank", "config", *[k.split(".")[-1] for k in varying], f"{objective} vs current", "avg JCT",
+              "avg queue", "P99.9 queue", "GPU util", "ended in profiling", "jobs shared", "worker"]
+    base = current.metrics.get(metric) if current is not None and not current.error else None
+
+    def versus(r: ConfigResult) -> str:
+        if base is None or metric not in r.metrics:
+            return ""
+        delta = r.metrics[metric] - base
+        better = (delta > 0) == larger_better and delta != 0
+        within = threshold is not None and abs(delta) <= threshold
+        relative = f" ({delta / base:+.1%})" if base else ""
+        if delta == 0:
+            return "same"
+        tag = "within noise" if within else "better" if better else "worse"
+        return f"{'+' if delta >= 0 else '-'}{metric_text(metric, abs(delta))}{relative} {tag}"
+
+    def cells(position: str, label: str, r: ConfigResult | None, values: Mapping[str, Any]) -> list[str]:
+        row = [position, label, *[str(values.get(k, current_values.get(k, ""))) for k in varying]]
+        if r is None or r.error:
+            row += [f"error: {r.error}" if r is not None else "not replayed", "", "", "", "", "", "", ""]
         else:
             m = r.metrics
-            cells += [_fmt_hours(m["avg_jct_s"]), _fmt_hours(m["avg_queue_delay_s"]),
-                      _fmt_hours(m["p999_queue_delay_s"]), f"{m['gpu_utilization']:.3f}",
-                      str(int(m["ended_in_profiling"])), str(int(m["jobs_shared"]))]
-        cells.append(r.worker)
-        rows.append(cells)
+            row += [versus(r), duration_text(m["avg_jct_s"]), duration_text(m["avg_queue_delay_s"]),
+                    duration_text(m["p999_queue_delay_s"]), f"{m['gpu_utilization']:.3f}",
+                    str(int(m["ended_in_profiling"])), str(int(m["jobs_shared"]))]
+        row.append(r.worker.split(".")[0] if r is not None else "")
+        return row
+
+    rows = [cells("-", "current", current, current_values)]
+    rows += [cells(str(position), f"#{r.index}", r, r.overrides) for position, r in enumerate(ranked, start=1)]
     return header, rows
 
 
@@ -222,20 +342,40 @@ def _plots(ranked: Sequence[ConfigResult], objective: str, directory: Path) -> l
 
 
 def write_report(results: Sequence[ConfigResult], settings: TunerSettings, directory: str | Path,
-                 context: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Write report.json, table.csv, report.md, report.html and plots; return the JSON summary."""
+                 context: Mapping[str, Any] | None = None, base: LucidConfig | None = None) -> dict[str, Any]:
+    """Write report.json, table.csv, report.md, report.html and plots; return the JSON summary.
+
+    `results` may hold the current configuration's replays (role "current", see `sweep_items`):
+    they give the current row and the noise the verdict (`assess`) is measured against. `base` is
+    the current configuration (default: the defaults)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    ranked = rank(results, settings.objective)
+    base = base or LucidConfig()
+    candidates = [r for r in results if r.role != "current"]
+    current_runs = [r for r in results if r.role == "current"]
+    ranked = rank(candidates, settings.objective)
+    verdict = assess(ranked, current_runs, settings.objective, settings.seed)
+    current = ConfigResult.from_dict(verdict["current"]) if verdict["current"] else (
+        current_runs[0] if current_runs else None)
     best = next((r for r in ranked if not r.error), None)
-    header, rows = _table_rows(ranked)
+    current_values = {k: knob_value(base, k) for r in candidates for k in r.overrides}
+    header, rows = _table_rows(ranked, current, current_values, settings.objective, verdict["threshold"])
     plots = _plots(ranked, settings.objective, out)
+    cluster = settings.cluster_text(base.cluster.gpus_per_node)
+    left_out = max((r.left_out for r in results), default=0)
     summary: dict[str, Any] = {
         "objective": settings.objective,
         "main_nodes": settings.main_nodes,
-        "configurations": len(results),
-        "failed": sum(1 for r in results if r.error),
+        "fleet": settings.fleet.to_dict() if settings.fleet is not None else None,
+        "cluster": cluster,
+        "left_out": left_out,
+        "configurations": len(candidates),
+        "failed": sum(1 for r in candidates if r.error),
         "best": best.to_dict() if best else None,
+        "keep_current": verdict["keep_current"],
+        "verdict": verdict["text"],
+        "noise": {"spread": verdict["noise"], "threshold": verdict["threshold"], "draws": len(current_runs)},
+        "current": {"values": current_values, "result": verdict["current"]},
         "ranked": [r.to_dict() for r in ranked],
         "workers": sorted({r.worker for r in results if r.worker}),
         "context": dict(context or {}),
@@ -247,10 +387,12 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
         handle.write(",".join(header) + "\n")
         for row in rows:
             handle.write(",".join(f'"{c}"' if "," in c else c for c in row) + "\n")
-    md = [f"# System Tuner report ({settings.objective}, {settings.main_nodes} nodes)", "",
-          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md = [f"# System Tuner report ({settings.objective})", "", f"Cluster: {cluster}."]
+    if left_out:
+        md.append(f"{left_out} job(s) wider than the cluster could run were left out.")
+    md += ["", summary["verdict"], "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
-    if best:
+    if best and not verdict["keep_current"]:
         md += ["", f"Best: configuration #{best.index} {json.dumps(best.overrides)}"]
     (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     (out / "report.html").write_text(report_html(summary, header, rows), encoding="utf-8")
@@ -258,15 +400,25 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
 
 
 def report_html(summary: Mapping[str, Any], header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A self-contained HTML fragment of the table and plot references (the plugin inlines the plots)."""
+    """A self-contained HTML fragment: verdict, cluster, and the table (current row first) in a box
+    that scrolls sideways rather than cutting columns off (the plugin adds the plots)."""
     esc = html.escape
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(("<tr class='current'>" if i == 0 else "<tr>") + "".join(f"<td>{esc(c)}</td>" for c in row)
+                   + "</tr>" for i, row in enumerate(rows))
     best = summary.get("best")
-    best_line = (f"<p>Best: configuration #{best['index']} <code>{esc(json.dumps(best['overrides']))}</code></p>"
-                 if best else "<p>No configuration finished.</p>")
-    return (f"<h2>System Tuner: objective {esc(str(summary['objective']))}</h2>{best_line}"
-            f"<table class='tuner'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    verdict_class = "keep" if summary.get("keep_current") else "change"
+    lines = [f"<p id='verdict' class='verdict {verdict_class}'>{esc(str(summary.get('verdict', '')))}</p>"]
+    if best and not summary.get("keep_current"):
+        lines.append(f"<p>Best: configuration #{best['index']} <code>{esc(json.dumps(best['overrides']))}</code></p>")
+    elif not best:
+        lines.append("<p>No configuration finished.</p>")
+    lines.append(f"<p class='muted'>Cluster: {esc(str(summary.get('cluster', '')))}."
+                 + (f" {summary['left_out']} job(s) wider than it could run were left out." if summary.get("left_out")
+                    else "") + "</p>")
+    return (f"<h2>System Tuner: objective {esc(str(summary['objective']))}</h2>{''.join(lines)}"
+            f"<div class='scroll'><table class='tuner' id='tuner-table'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table></div>")
 
 
 def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[TraceRecord]:
@@ -286,6 +438,8 @@ def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[TraceRecord]:
 def chosen_overrides(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The best configuration's overrides from a report summary; an error when none finished."""
     best = summary.get("best")
+    if summary.get("keep_current"):
+        raise ValueError("the report says keep the current configuration: nothing to apply")
     if not best:
         raise ValueError("the sweep has no finished configuration to apply")
     return dict(best["overrides"])
@@ -319,6 +473,21 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+def inventory_fleet(store_url: str | None) -> Fleet:
+    """The live inventory of the store as a fleet; an error naming what to do when it has no host."""
+    from lucid_core.runtime.inventory import list_hosts
+    from lucid_core.runtime.store import open_store
+
+    store = open_store(store_url)
+    try:
+        fleet = Fleet.from_inventory(list_hosts(store))
+    finally:
+        store.dispose()
+    if not fleet.main_hosts:
+        raise ValueError("the inventory has no main host with GPUs: add hosts (lucid hosts add) or give a node count")
+    return fleet
+
+
 def _values(text: str, cast) -> list[Any]:
     return [cast(v.strip()) for v in text.split(",") if v.strip()]
 
@@ -330,7 +499,11 @@ def add_parser(subparsers) -> Any:
     parser.add_argument("--format", default="auto")
     parser.add_argument("--start", default=None, help="window start, e.g. 2017-10-01")
     parser.add_argument("--end", default=None, help="window end (exclusive)")
-    parser.add_argument("--nodes", type=int, default=8, help="8-GPU main nodes simulated")
+    parser.add_argument("--nodes", type=int, default=8, help="8-GPU main nodes simulated (unless --fleet)")
+    parser.add_argument("--fleet", action="store_true",
+                        help="simulate the live inventory's hosts, GPUs, VCs and profiling pool instead of --nodes")
+    parser.add_argument("--store", dest="store_url", default=None,
+                        help="store whose inventory --fleet reads (default: LUCID_STORE_URL, else LUCID_HOME)")
     parser.add_argument("--tprof", default="100,200,300", help="Tprof values (s), comma-separated")
     parser.add_argument("--nprof", default="8", help="Nprof values (GPUs)")
     parser.add_argument("--cprof", default="2", help="Cprof values (profiling pool nodes)")
@@ -357,16 +530,18 @@ def _run_cli(args) -> int:
     configs = expand_grid(grid)
     if not configs:
         raise ValueError("the grid has no valid configuration (is every Medium threshold above every Tiny one?)")
-    settings = TunerSettings(main_nodes=args.nodes, objective=args.objective)
+    fleet = inventory_fleet(args.store_url) if args.fleet else None
+    settings = TunerSettings(main_nodes=None if fleet else args.nodes, objective=args.objective, fleet=fleet)
     catalog = WorkloadCatalog.from_artifact(args.catalog) if args.catalog else WorkloadCatalog.synthetic(settings.seed)
     exp, _ = load_experiment(args.trace, args.format, args.start, args.end, nodes=args.nodes, catalog=catalog,
                              config=LucidConfig(), seed=settings.seed)
     results = []
-    for index, overrides in enumerate(configs):
-        results.append(run_configuration(exp.records, overrides, settings, index=index, catalog=catalog,
-                                         history=exp.history))
-        print(f"[{index + 1}/{len(configs)}] {overrides}: "
-              + (results[-1].error or f"avg JCT {results[-1].metrics['avg_jct_s'] / 3600:.3f} h"), flush=True)
+    items = sweep_items(configs, seed=settings.seed)
+    for item in items:
+        results.append(run_configuration(exp.records, item["overrides"], settings, index=item["index"],
+                                         catalog=catalog, history=exp.history, seed=item["seed"], role=item["role"]))
+        print(f"[{item['index'] + 1}/{len(items)}] {item['role']} {item['overrides'] or ''}: "
+              + (results[-1].error or f"avg JCT {duration_text(results[-1].metrics['avg_jct_s'])}"), flush=True)
     summary = write_report(results, settings, args.out, context={"trace": str(args.trace)})
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     return 0 if summary["best"] else 1

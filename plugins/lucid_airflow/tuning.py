@@ -55,3 +55,30 @@ def load_tuner_trace(params: Mapping[str, Any]):
     if not records:
         raise ValueError(f"the store has no finished job since {time.ctime(since)}: nothing to replay")
     return records
+
+
+def current_config():
+    """The configuration the live scheduler runs with (the live config file when there is one)."""
+    from lucid_core.config import load_config
+
+    path = live_config_path()
+    return load_config(path if path.is_file() else None)
+
+
+def tuner_fleet(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The fleet a sweep simulates, as JSON: the store's inventory unless the form gives `main_nodes`."""
+    if params.get("main_nodes"):
+        return None
+    from lucid_airflow.connections import store_url
+    from lucid_core.tuner import inventory_fleet
+
+    return inventory_fleet(store_url()).to_dict()
+
+
+def tuner_settings(params: Mapping[str, Any], fleet: Mapping[str, Any] | None):
+    """The sweep's settings from the form and the fleet snapshot `tuner_fleet` took."""
+    from lucid_core.sim.fleet import Fleet
+    from lucid_core.tuner import TunerSettings
+
+    return TunerSettings(main_nodes=params.get("main_nodes") or None, objective=params["objective"],
+                         fleet=Fleet.from_dict(fleet) if fleet else None)

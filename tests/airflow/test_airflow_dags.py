@@ -64,13 +64,14 @@ def _ti_states(run) -> dict[str, list[str]]:
 def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home, tmp_path, monkeypatch):
     monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "live.toml"))
     dag = _dagbag().dags["lucid_system_tuner"]
+    # on 2 nodes the sample trace queues long enough that priority aging changes the average JCT
     conf = {"trace_path": str(SAMPLE_TRACE), "trace_format": "generic", "main_nodes": 2,
-            "tprof_s": [100, 300], "sharing": ["auto", "off"], "update_cadence": ["daily"],
+            "tprof_s": [100, 300], "sharing": ["auto"], "aging": [0, 32], "update_cadence": ["daily"],
             "objective": "avg_jct", "apply": True}
     run = dag.test(run_conf=conf)
     states = _ti_states(run)
     assert _state(run) == "success", states
-    assert states["simulate_configuration"] == ["success"] * 4
+    assert states["simulate_configuration"] == ["success"] * (4 + 3)  # + the current configuration, 3 draws
     reports = list((lucid_home / "reports" / "tuner").glob("*/report.json"))
     assert len(reports) == 1
     summary = json.loads(reports[0].read_text())
@@ -82,8 +83,9 @@ def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home
 
     applied = load_config(tmp_path / "live.toml")
     best = summary["best"]["overrides"]
+    assert summary["keep_current"] is False, summary["verdict"]
     assert applied.profiler.tprof_s == best["profiler.tprof_s"]
-    assert applied.binder.sharing == best["binder.sharing"]
+    assert applied.orchestrator.aging == best["orchestrator.aging"] == 0
 
 
 def test_tuner_apply_step_is_skipped_unless_asked(airflow_db, lucid_home, tmp_path, monkeypatch):
@@ -113,6 +115,31 @@ def test_tuner_replays_the_stores_finished_jobs_when_no_trace_is_given(airflow_d
     summary = json.loads(next((lucid_home / "reports" / "tuner").glob("*/report.json")).read_text())
     assert summary["configurations"] == 2
     assert all(r["metrics"]["jobs"] == seeded for r in summary["ranked"])
+
+
+def test_tuner_with_the_forms_defaults_replays_the_store_on_the_live_inventory(airflow_db, lucid_home, monkeypatch):
+    """No trace and no node count: the store's finished jobs on the inventory's hosts, VCs and pool."""
+    from lucid_core.runtime.inventory import HostSpec, add_host
+    from lucid_core.runtime.store import Store
+
+    url = _store_connection(lucid_home, monkeypatch)
+    seeded = seed_finished_jobs(url, limit=60, gpus=1)
+    store = Store(url)
+    for name, pool, gpus in (("prof0", "profiling", 2), ("main0", "main", 2), ("main1", "main", 4)):
+        add_host(store, HostSpec(name, pool=pool, executor="local", telemetry="emulated", gpus=gpus,
+                                 workdir=str(lucid_home / name)))
+    store.dispose()
+    dag = _dagbag().dags["lucid_system_tuner"]
+    defaults = {name: param.value for name, param in dag.params.items()}
+    assert defaults["trace_path"] is None and defaults["main_nodes"] is None and defaults["window_start"] is None
+    run = dag.test(run_conf={"window_days": 3650})
+    assert _state(run) == "success", _ti_states(run)
+    summary = json.loads(next((lucid_home / "reports" / "tuner").glob("*/report.json")).read_text())
+    assert summary["main_nodes"] is None and len(summary["fleet"]["hosts"]) == 3
+    assert "VC default: 2 main hosts, 6 GPUs; profiling pool: 1 host, 2 GPUs" in summary["cluster"]
+    assert summary["configurations"] == 6 and summary["noise"]["draws"] == 3
+    assert all(r["metrics"]["jobs"] == seeded for r in summary["ranked"])
+    assert summary["verdict"] and summary["current"]["result"]["metrics"]["jobs"] == seeded
 
 
 class _Inbox:

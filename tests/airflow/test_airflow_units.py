@@ -111,8 +111,66 @@ def test_tune_cli_writes_a_ranked_report(tmp_path, capsys):
                               "--sharing", "auto,off", "--out", str(tmp_path / "r")])
     assert args.func(args) == 0
     summary = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert summary["configurations"] == 4 and summary["failed"] == 0
-    assert "| rank |" in capsys.readouterr().out
+    assert summary["configurations"] == 4 and summary["failed"] == 0 and summary["noise"]["draws"] == 3
+    out = capsys.readouterr().out
+    assert "| rank |" in out and "| - | current |" in out
+
+
+def _demo_fleet():
+    from lucid_core.sim.fleet import Fleet, FleetHost
+
+    # the demo's inventory: a 2-GPU profiling host and two 2-GPU main hosts of VC default
+    return Fleet((FleetHost("prof0", 2, "profiling"), FleetHost("main0", 2), FleetHost("main1", 2)))
+
+
+def test_tuner_on_the_demo_fleet_says_keep_the_current_configuration(tmp_path):
+    """Seconds-long jobs end inside any profiling window, so no Tprof or sharing setting changes
+    anything on the demo's fleet: the report must say so instead of naming a "best" one."""
+    from lucid_core.sim.records import TraceRecord
+    from lucid_core.tuner import TunerSettings, expand_grid, run_configuration, sweep_items, write_report
+
+    records = [TraceRecord(f"j{k}", 3.0 * k, 5.0 + (k * 7) % 50, 1 + k % 2, "default", f"u{k % 3}", f"job{k}")
+               for k in range(18)]
+    settings = TunerSettings(fleet=_demo_fleet())
+    items = sweep_items(expand_grid({"tprof_s": [100, 200, 300], "sharing": ["auto", "off"]}))
+    assert [i["role"] for i in items].count("current") == 3
+    results = [run_configuration(records, i["overrides"], settings, index=i["index"], seed=i["seed"], role=i["role"])
+               for i in items]
+    assert not [r.error for r in results if r.error]
+    summary = write_report(results, settings, tmp_path)
+    assert summary["keep_current"] is True and summary["verdict"].startswith("Keep the current configuration")
+    assert summary["configurations"] == 6 and summary["noise"]["draws"] == 3
+    assert "VC default: 2 main hosts, 4 GPUs; profiling pool: 1 host, 2 GPUs" in summary["cluster"]
+    html = (tmp_path / "report.html").read_text()
+    first_row = html.split("<tbody>")[1].split("</tr>")[0]
+    assert "class='current'" in first_row and "<td>current</td>" in first_row
+    assert "overflow" not in html and "class='scroll'" in html  # the page scrolls the table, never cuts it
+    assert "Best:" not in (tmp_path / "report.md").read_text()
+
+
+def test_fleet_replay_keeps_each_vc_on_its_hosts_and_leaves_out_jobs_too_wide_for_it():
+    from lucid_core.sim.fleet import Fleet, FleetHost
+    from lucid_core.sim.records import TraceRecord
+    from lucid_core.tuner import TunerSettings, run_configuration
+
+    fleet = Fleet((FleetHost("a0", 4, vc="a"), FleetHost("b0", 2, vc="b")))
+    records = [TraceRecord("wide-b", 0.0, 600.0, 4, "b"), TraceRecord("a1", 0.0, 600.0, 4, "a"),
+               TraceRecord("a2", 1.0, 600.0, 4, "a"), TraceRecord("b1", 1.0, 600.0, 2, "b")]
+    result = run_configuration(records, {"profiler.enabled": False}, TunerSettings(fleet=fleet))
+    assert result.error is None and result.left_out == 1 and result.metrics["jobs"] == 3
+    # a2 waits for a1 on VC a's only host although VC b's host is idle after b1: 600 s queueing of 3 jobs
+    assert result.metrics["avg_queue_delay_s"] == pytest.approx((0 + 599 + 0) / 3, abs=1.0)
+
+
+def test_verdict_compares_the_best_gain_with_the_measured_noise():
+    from lucid_core.tuner import ConfigResult, assess
+
+    current = [ConfigResult(9, {}, {"avg_jct_s": v}, role="current", seed=s) for s, v in enumerate((100, 104, 98))]
+    better = assess([ConfigResult(0, {"x": 1}, {"avg_jct_s": 90.0})], current, "avg_jct")
+    assert better["keep_current"] is False and better["threshold"] == 6 and better["gain"] == 10
+    assert "Configuration #0 improves avg_jct by 10 s" in better["text"]
+    within = assess([ConfigResult(0, {"x": 1}, {"avg_jct_s": 95.0})], current, "avg_jct")
+    assert within["keep_current"] is True and "varied by 6 s over 3 workload draws" in within["text"]
 
 
 def test_update_engine_steps_on_a_postgresql_store(tmp_path, monkeypatch):
