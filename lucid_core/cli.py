@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from lucid_core.config import ConfigError, load_config
@@ -108,8 +110,70 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """A command line argparse refused; carries the parser that refused it (a subcommand's own)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class LucidParser(argparse.ArgumentParser):
+    """argparse whose errors reach `main`, which says them in one line (subparsers inherit the class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(self, message)
+
+
+def unknown_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """The `--options` of `argv` (before a bare `--`) that `parser` does not know."""
+    known = set(parser._option_string_actions)
+    unknown = []
+    for token in argv:
+        if token == "--":
+            break
+        name = token.split("=", 1)[0]
+        if name.startswith("-") and len(name) > 1 and not _is_number(name) and name not in known:
+            unknown.append(name)
+    return unknown
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _deepest_subcommand(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    for token in argv:
+        if token == "--":
+            break
+        choices = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if choices and token in choices:
+            parser = choices[token]
+    return parser
+
+
+def usage_line(error: UsageError, argv: Sequence[str]) -> str:
+    """One line naming what is wrong: an unknown option (with the closest known one) before anything else."""
+    parser, message = error.parser, str(error)
+    if "unrecognized" in message:  # raised by the top parser: name the subcommand whose options they are not
+        parser = _deepest_subcommand(parser, argv)
+    unknown = unknown_options(parser, argv) if "required" in message or "unrecognized" in message else []
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, [o for o in parser._option_string_actions if o.startswith("--")],
+                                              n=1, cutoff=0.5)
+            hints.append(f"{name}" + (f" (did you mean {close[0]}?)" if close else ""))
+        message = f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}"
+    return f"{parser.prog}: error: {message}; see {parser.prog} --help"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lucid", description=__doc__)
+    parser = LucidParser(prog="lucid", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_simulate_parser(sub)
     from lucid_core.sim import sample, traces
@@ -128,13 +192,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """Errors a user's input or the fleet can cause: said in one line with exit 2, never as a traceback."""
+    from sqlalchemy.exc import ArgumentError, OperationalError
+
+    from lucid_core.runtime.executor import HostCommandFailed, HostUnreachable
+
+    return (ConfigError, ValueError, KeyError, OSError, HostUnreachable, HostCommandFailed, OperationalError,
+            ArgumentError)
+
+
+def error_line(exc: BaseException) -> str:
+    """The first line of an error's message (a KeyError's without its quotes)."""
+    text = str(exc) if type(exc) is not KeyError else str(exc.args[0] if exc.args else exc)
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        print(usage_line(exc, argv), file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        print(f"lucid {args.command}: error: {exc}", file=sys.stderr)
+    except expected_errors() as exc:
+        print(f"lucid {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 2
 
 

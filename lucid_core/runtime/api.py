@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from lucid_core.config import LucidConfig
@@ -42,7 +42,14 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
     """The app; `auth` (a FastAPI dependency) runs before every endpoint when given."""
     store = store or Store(store_url)
     config = config or LucidConfig()
-    app = FastAPI(title="Lucid scheduler", version="1")
+    # no CDN-hosted Swagger UI: the reference page below is rendered here and works offline
+    app = FastAPI(title="Lucid scheduler", version="1", docs_url=None, redoc_url=None)
+
+    @app.get("/docs", include_in_schema=False)
+    def docs(request: Request) -> HTMLResponse:
+        from lucid_core.runtime.api_docs import api_reference_html
+
+        return HTMLResponse(api_reference_html(app.openapi(), request.scope.get("root_path", "")))
     router = APIRouter(dependencies=[Depends(auth)] if auth is not None else [])
 
     def known(job_id: str) -> None:
@@ -90,6 +97,20 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
     @router.get("/queue")
     def get_queue() -> Any:
         return queries.queue(store)
+
+    @router.get("/history")
+    def get_history(user: str | None = None, vc: str | None = None, state: str | None = None,
+                    since: float | None = None, until: float | None = None, limit: int = 50,
+                    offset: int = 0) -> Any:
+        """Finished, failed and cancelled jobs, latest end first (`state`: comma-separated; times: epoch s)."""
+        try:
+            query = queries.HistoryQuery(user=user, vc=vc, states=tuple(s for s in (state or "").split(",") if s),
+                                         since=since, until=until, limit=min(limit, 500), offset=offset)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+        with store.session() as session:
+            page = queries.history(session, query)
+        return {"total": page.total, "offset": offset, "jobs": page.rows}
 
     @router.get("/jobs/{job_id}")
     def get_job(job_id: str) -> Any:

@@ -1,4 +1,8 @@
-"""`lucid` subcommands of the live scheduler: submit, cancel, queue, status, logs, explain, eta, hosts, round.
+"""`lucid` subcommands of the live scheduler: submit, cancel, queue, history, status, logs, explain, eta, hosts,
+round.
+
+Expected errors (an unknown job, a bad value, an unreachable host) are raised and said in one line by
+`lucid_core.cli.main` (exit 2); a command returns 1 only for a check that ran and found a problem.
 
 `add_parser(subparsers)` registers them on the main `lucid` parser; each sets `func(args) -> int`.
 """
@@ -13,7 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from lucid_core.config import ConfigError, load_config
+from lucid_core.config import load_config
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -63,44 +67,160 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.submission import UnknownJob, cancel
+    from lucid_core.domain import TERMINAL_STATES
+    from lucid_core.runtime.queries import status
+    from lucid_core.runtime.submission import cancel
 
-    try:
-        state = cancel(_store(args), args.job)
-    except UnknownJob as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    _print(args, {"job_id": args.job, "state": state}, f"{args.job}: cancel requested (state {state})")
+    store = _store(args)
+    already = status(store, args.job)["cancel_requested"]
+    state = cancel(store, args.job)
+    if state in {s.value for s in TERMINAL_STATES}:
+        outcome, text = "ended", f"{args.job} already ended ({state}): nothing to cancel"
+    elif already:
+        outcome, text = "already_requested", f"{args.job}: cancel was already requested (state {state}); " \
+                                             "the next round stops it"
+    else:
+        outcome, text = "requested", f"{args.job}: cancel requested (state {state}); the next round stops it"
+    _print(args, {"job_id": args.job, "state": state, "outcome": outcome}, text)
     return 0
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "~"
 
 
 def _queue(args: argparse.Namespace) -> int:
     from lucid_core.runtime.queries import queue
 
     rows = queue(_store(args))
-    lines = [f"{'JOB':<9} {'STATE':<10} {'POS':>4} {'GPUS':>4} {'PRED(s)':>9} {'PRIO(GPU-h)':>11}  REASON"]
+    lines = [f"{'JOB':<10} {'NAME':<24} {'USER':<10} {'VC':<10} {'STATE':<10} {'POS':>4} {'GPUS':>4} "
+             f"{'PRED':>9} {'PRIO(GPU-h)':>11}  REASON"]
     for r in rows:
-        pred = "-" if r["predicted_duration_s"] is None else f"{r['predicted_duration_s']:.0f}"
+        pred = "-" if r["predicted_duration_s"] is None else _duration(r["predicted_duration_s"])
         prio = "-" if r["priority_gpu_s"] is None else f"{r['priority_gpu_s'] / 3600:.3f}"
-        lines.append(f"{r['job_id']:<9} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
+        lines.append(f"{r['job_id']:<10} {_cut(r['name'] or '-', 24):<24} {_cut(r['user'], 10):<10} "
+                     f"{_cut(r['vc'], 10):<10} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
                      f"{prio:>11}  {r['pending_reason'] or ''}")
-    _print(args, rows, "\n".join(lines))
+    _print(args, rows, "\n".join(lines) if rows else "no running or waiting job (finished ones: lucid history)")
+    return 0
+
+
+def _duration(seconds: float | None) -> str:
+    """A duration rounded for a person: 42 s, 12.5 min, 10.8 h."""
+    from lucid_core.runtime.explain import duration_words
+
+    return "-" if seconds is None else duration_words(seconds)
+
+
+def _clock(seconds: float | None) -> str:
+    """Elapsed time as sacct prints it: [D-]HH:MM:SS."""
+    if seconds is None:
+        return "-"
+    whole = round(seconds)
+    days, rest = divmod(whole, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+#: `lucid history --format` names (sacct's where one exists) -> history field
+HISTORY_COLUMNS = {"jobid": "job_id", "job_id": "job_id", "jobname": "name", "name": "name", "user": "user",
+                   "vc": "vc", "account": "vc", "gpus": "gpus", "allocgpus": "gpus", "state": "state",
+                   "submit": "submit_time", "start": "start_time", "end": "end_time", "queued": "queued_s",
+                   "elapsed": "elapsed_s", "exitcode": "exit_code", "exit_code": "exit_code", "reason": "end_reason",
+                   "end_reason": "end_reason", "inprofiling": "ended_in_profiling"}
+_HISTORY_HEADERS = {"job_id": "JOBID", "name": "JOBNAME", "submit_time": "SUBMIT", "start_time": "START",
+                    "end_time": "END", "queued_s": "QUEUED", "elapsed_s": "ELAPSED", "exit_code": "EXITCODE",
+                    "end_reason": "REASON", "ended_in_profiling": "INPROFILING"}
+_STATE_ALIASES = {"CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "COMPLETE": "COMPLETED",
+                  "CANCELED": "CANCELLED"}
+
+
+def parse_since(text: str, now: float) -> float:
+    """A point in time from `2026-12-01`, `2026-12-01T10:00`, or an age like `90m`, `6h`, `3d`, `1w` ago."""
+    import re
+    from datetime import datetime
+
+    text = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text)
+    if match:
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[match.group(2)]
+        return now - float(match.group(1)) * unit
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ValueError(f"--since/--until {text!r}: give a date (2026-12-01), a date-time (2026-12-01T10:00) "
+                         "or an age (90m, 6h, 3d, 1w)") from None
+
+
+def history_columns(text: str | None) -> list[str]:
+    """`--format` as history fields (case-insensitive, sacct names accepted); an error naming the bad one."""
+    from lucid_core.runtime.queries import HISTORY_DEFAULT_FIELDS
+
+    if not text:
+        return list(HISTORY_DEFAULT_FIELDS)
+    fields = []
+    for name in (n.strip() for n in text.split(",") if n.strip()):
+        field = HISTORY_COLUMNS.get(name.lower().split("%")[0])
+        if field is None:
+            raise ValueError(f"--format: unknown field {name!r}; known: {', '.join(sorted(set(HISTORY_COLUMNS)))}")
+        fields.append(field)
+    return fields
+
+
+def _history_cell(field: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if field.endswith("_time"):
+        return _when(value)
+    if field.endswith("_s"):
+        return _clock(value)
+    if isinstance(value, bool):
+        return "yes" if value else ""
+    return str(value)
+
+
+def _history(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.queries import HistoryQuery, history
+
+    now = time.time()
+    states = tuple(_STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
+                   for s in (args.state or "").split(",") if s.strip())
+    query = HistoryQuery(user=args.user, vc=args.vc, states=states,
+                         since=parse_since(args.since, now) if args.since else None,
+                         until=parse_since(args.until, now) if args.until else None,
+                         limit=args.limit, offset=args.offset)
+    fields = history_columns(args.format)
+    store = _store(args)
+    with store.session() as session:
+        page = history(session, query)
+    if args.as_json:
+        _print(args, {"total": page.total, "offset": query.offset, "jobs": page.rows}, "")
+        return 0
+    if not page.rows:
+        print("no finished job matches" + (" (the store has none yet)" if not page.total and not (
+            args.user or args.vc or states or args.since or args.until) else ""))
+        return 0
+    table = [[_HISTORY_HEADERS.get(f, f.upper()) for f in fields]]
+    table += [[_history_cell(f, row[f]) for f in fields] for row in page.rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(fields))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    shown = f"{query.offset + 1}-{query.offset + len(page.rows)} of {page.total}"
+    more = f"; next page: --offset {query.offset + len(page.rows)}" if query.offset + len(page.rows) < page.total \
+        else ""
+    print("\n".join(lines) + f"\n({shown} finished jobs, latest end first{more})")
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
     from lucid_core.runtime.queries import status
-    from lucid_core.runtime.submission import UnknownJob
 
-    try:
-        data = status(_store(args), args.job)
-    except UnknownJob as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    data = status(_store(args), args.job)
+    exit_code = "" if data["exit_code"] is None else f"  exit code {data['exit_code']}"
     text = "\n".join([
-        f"{data['job_id']} {data['state']}  {data['gpus']} GPU(s)  user {data['user']}  VC {data['vc']}",
+        f"{data['job_id']} {data['state']}  {data['name'] or '(no name)'}  {data['gpus']} GPU(s)  user {data['user']}  "
+        f"VC {data['vc']}",
         f"submitted {_when(data['submit_time'])}  started {_when(data['start_time'])}  "
-        f"ended {_when(data['end_time'])}  exit code {data['exit_code']}",
+        f"ended {_when(data['end_time'])}{exit_code}",
         *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {r['outcome'] or ''}"
           for r in data["runs"]),
         *([f"waiting: {data['pending_reason']}"] if data["pending_reason"] else []),
@@ -116,16 +236,52 @@ def _executor(args: argparse.Namespace) -> Any:
     return ssh_executor(getattr(args, "known_hosts", None))
 
 
-def _logs(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.queries import logs
-    from lucid_core.runtime.submission import UnknownJob
+def _tail_lines(text: str, lines: int | None) -> str:
+    """The last `lines` lines of `text` (all of it when None)."""
+    if lines is None or not text:
+        return text
+    kept = text.splitlines(keepends=True)[-lines:] if lines > 0 else []
+    return "".join(kept)
 
-    try:
-        text = logs(_store(args), _executor(args), args.job, "stderr" if args.stderr else "stdout")
-    except UnknownJob as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    sys.stdout.write(text)
+
+def _new_output(seen: str, now: str) -> str:
+    """What `now` (a tail of a growing log) adds after `seen` (an earlier tail of the same log)."""
+    if now.startswith(seen):
+        return now[len(seen):]
+    for cut in range(1, len(seen)):  # the tail window moved: find where the old tail's end is in the new one
+        if now.startswith(seen[cut:]):
+            return now[len(seen) - cut:]
+    return now
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from lucid_core.domain import TERMINAL_STATES
+    from lucid_core.runtime.queries import logs, status
+
+    store = _store(args)
+    stream = "stderr" if args.stderr else "stdout"
+    cap = 1 << 20 if args.follow else 65536
+    text = logs(store, _executor(args), args.job, stream, max_bytes=cap)
+    sys.stdout.write(_tail_lines(text, args.lines))
+    sys.stdout.flush()
+    terminal = {s.value for s in TERMINAL_STATES}
+    while args.follow:
+        ended = status(store, args.job)["state"] in terminal
+        time.sleep(0 if ended else args.interval)
+        now = logs(store, _executor(args), args.job, stream, max_bytes=cap)
+        sys.stdout.write(_new_output(text, now))
+        sys.stdout.flush()
+        text = now
+        if ended:
+            break
+    if not text and stream == "stdout":
+        data = status(store, args.job)
+        other = logs(store, _executor(args), args.job, "stderr", max_bytes=4096)
+        if other:
+            print(f"(stdout of {args.job} is empty; it wrote {len(other)} bytes to stderr: "
+                  f"lucid logs {args.job} --stderr)", file=sys.stderr)
+        elif not data["runs"]:
+            print(f"({args.job} has not started yet: {data['pending_reason'] or data['state']})", file=sys.stderr)
     return 0
 
 
@@ -134,21 +290,25 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.explain import explain, shared_speed_line
+    from lucid_core.runtime.explain import explain, explain_terms, shared_speed_line
+    from lucid_core.runtime.submission import UnknownJob
 
     try:
         data = explain(_store(args), args.job, _config(args), time.time())
     except KeyError:
-        print(f"error: no job {args.job!r}", file=sys.stderr)
-        return 1
+        raise UnknownJob(args.job) from None
     prio = data["priority"]
     lines = [f"{data['job_id']} {data['state']}: {data['gpus']} GPU(s), user {data['user']}, VC {data['vc']}"]
     if prio["predicted_duration_s"] is not None:
         lines.append(f"priority {prio['value_gpu_s'] / 3600:.3f} GPU-h = {prio['gpus']} GPU(s) x predicted "
-                     f"{prio['predicted_duration_s']:.0f} s")
-    duration = prio.get("duration") or {}
-    for term in duration.get("terms", []):
-        lines.append(f"  duration term: {term}")
+                     f"{_duration(prio['predicted_duration_s'])}")
+    recorded = prio.get("recorded")
+    if recorded:
+        lines.append(f"  as recorded {_when(recorded['time'])}: {recorded['note']}")
+    now_says = explain_terms(prio.get("duration") or {})
+    if now_says and not (recorded and len(now_says) == 1 and now_says[0] in recorded["note"]):
+        lines.append("  the duration model now says:" if recorded else "  the duration model says:")
+        lines += [f"    {line}" for line in now_says]
     packing = data["packing"]
     if packing["class"]:
         lines.append(f"packing class {packing['class']}: " + " / ".join(packing["path"]))
@@ -171,12 +331,12 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _eta(args: argparse.Namespace) -> int:
     from lucid_core.runtime.eta import estimate
+    from lucid_core.runtime.submission import UnknownJob
 
     try:
         eta = estimate(_store(args), args.job, _config(args), time.time())
     except KeyError:
-        print(f"error: no job {args.job!r}", file=sys.stderr)
-        return 1
+        raise UnknownJob(args.job) from None
     _print(args, asdict(eta), f"{eta.job_id} {eta.state}: start {_when(eta.start)}, end {_when(eta.end)} ({eta.note})")
     return 0
 
@@ -223,8 +383,11 @@ def _hosts(args: argparse.Namespace) -> int:
             _print(args, [{"host": r.host, "ok": r.ok, "checks": [vars(i) for i in r.items]} for r in reports],
                    "\n".join(r.describe() for r in reports) or "no hosts")
             return 0 if all(r.ok for r in reports) else 1
-    except (InventoryError, LeaseHeld) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except InventoryError as exc:
+        print(f"lucid hosts {args.hosts_cmd}: error: {exc}", file=sys.stderr)
+        return 2
+    except LeaseHeld as exc:  # not bad input: a round holds the lease for longer than --wait
+        print(f"lucid hosts {args.hosts_cmd}: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -251,11 +414,7 @@ def _seconds(text: str) -> float:
 def _round(args: argparse.Namespace) -> int:
     from lucid_core.runtime.round import RoundSettings, SchedulingRound
 
-    try:
-        config = _config(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = _config(args)
     given = {"stop_grace_s": args.stop_grace, "lease_ttl_s": args.lease_ttl}
     settings = RoundSettings.from_config(config, **{k: v for k, v in given.items() if v is not None})
     store = _store(args)
@@ -314,15 +473,32 @@ def add_parser(subparsers: Any) -> None:
         _common(p)
         p.add_argument("job")
         p.set_defaults(func=func)
-    p = subparsers.add_parser("logs", help="tail a job's output")
+    p = subparsers.add_parser("logs", help="a job's output (its latest run's stdout, or --stderr)")
     _common(p)
     p.add_argument("job")
-    p.add_argument("--stderr", action="store_true")
+    p.add_argument("--stderr", action="store_true", help="the error output instead of stdout")
+    p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between reads with --follow")
     p.add_argument("--known-hosts", default=None)
     p.set_defaults(func=_logs)
     p = subparsers.add_parser("queue", help="running and waiting jobs with priority and pending reason")
     _common(p)
     p.set_defaults(func=_queue)
+    p = subparsers.add_parser("history", help="finished, failed and cancelled jobs (like sacct)")
+    _common(p)
+    p.add_argument("-u", "--user", default=None, help="only this user's jobs (default: every user)")
+    p.add_argument("--vc", default=None, help="only this virtual cluster's jobs")
+    p.add_argument("-s", "--state", default=None,
+                   help="end states, comma-separated: COMPLETED (CD), FAILED (F), CANCELLED (CA)")
+    p.add_argument("-S", "--since", default=None, help="ended at or after: 2026-12-01, 2026-12-01T10:00, or 6h, 3d")
+    p.add_argument("-E", "--until", default=None, help="ended before (same forms as --since)")
+    p.add_argument("-o", "--format", default=None,
+                   help="fields, comma-separated (sacct names work): JobID,JobName,User,VC,GPUs,State,Submit,"
+                        "Start,End,Queued,Elapsed,ExitCode,Reason,InProfiling")
+    p.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many (the next page)")
+    p.set_defaults(func=_history)
     hosts = subparsers.add_parser("hosts", help="GPU hosts: add, list, drain, remove, check")
     hsub = hosts.add_subparsers(dest="hosts_cmd", required=True)
     add = hsub.add_parser("add")

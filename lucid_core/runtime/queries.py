@@ -103,3 +103,63 @@ def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdou
         return executor.read(host_address(host), run.run_id, f"{stream}.log", max_bytes)
     finally:
         executor.close()
+
+
+#: What `history` can show per job, and the columns `lucid history` prints by default.
+HISTORY_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
+                  "queued_s", "elapsed_s", "exit_code", "end_reason", "ended_in_profiling")
+HISTORY_DEFAULT_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "end_time", "elapsed_s", "exit_code")
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """Which finished jobs to list: by user, VC, end state and end time, newest first, one page."""
+
+    user: str | None = None
+    vc: str | None = None
+    states: tuple[str, ...] = ()
+    since: float | None = None
+    until: float | None = None
+    limit: int = 50
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        terminal = {s.value for s in TERMINAL_STATES}
+        unknown = [s for s in self.states if s not in terminal]
+        if unknown:
+            raise ValueError(f"state {', '.join(unknown)} is not a finished state; use {', '.join(sorted(terminal))}")
+        if self.limit < 1 or self.offset < 0:
+            raise ValueError(f"limit must be >= 1 and offset >= 0, got {self.limit} and {self.offset}")
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    rows: list[dict[str, Any]]
+    total: int
+    query: HistoryQuery
+
+
+def history(session: Session, query: HistoryQuery) -> HistoryPage:
+    """Finished, failed and cancelled jobs matching `query`, latest end first (the web page and `lucid history`)."""
+    from sqlalchemy import func
+
+    states = list(query.states) or [s.value for s in TERMINAL_STATES]
+    where = [JobRow.state.in_(states)]
+    if query.user:
+        where.append(JobRow.user == query.user)
+    if query.vc:
+        where.append(JobRow.vc == query.vc)
+    if query.since is not None:
+        where.append(JobRow.end_time >= query.since)
+    if query.until is not None:
+        where.append(JobRow.end_time < query.until)
+    total = session.scalar(select(func.count()).select_from(JobRow).where(*where)) or 0
+    jobs = session.scalars(select(JobRow).where(*where).order_by(JobRow.end_time.desc(), JobRow.seq.desc())
+                           .limit(query.limit).offset(query.offset)).all()
+    rows = [{"job_id": j.job_id, "name": j.name, "user": j.user, "vc": j.vc, "gpus": j.gpus, "state": j.state,
+             "submit_time": j.submit_time, "start_time": j.start_time, "end_time": j.end_time,
+             "queued_s": None if j.start_time is None else max(0.0, j.start_time - j.submit_time),
+             "elapsed_s": None if j.start_time is None or j.end_time is None else max(0.0, j.end_time - j.start_time),
+             "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling}
+            for j in jobs]
+    return HistoryPage(rows, int(total), query)

@@ -853,6 +853,7 @@ class SchedulingRound:
                 if alloc is not None and alloc.profiling_until is None and job_id in windowed:
                     s.execute(_update(RunRow).where(RunRow.job_id == job_id, RunRow.state.in_(("planned", "running")),
                                                     RunRow.profiling_until.is_not(None)).values(profiling_until=None))
+            self._record_predictions(s, built.policy, view, snapshot, changes, now)
             s.flush()
             moves = [c for c in changes if "state" in c]
             for key_set in {tuple(sorted(c)) for c in changes if "state" not in c}:  # one executemany per column set
@@ -904,6 +905,19 @@ class SchedulingRound:
         self._speeds = observed.estimates
         self.report.pair_speeds = {job_id: e.speed for job_id, e in observed.estimates.items()}
         snapshot.speed_reports = observed.reports
+
+    @staticmethod
+    def _record_predictions(s: Any, policy: Any, view: Any, snapshot: Snapshot, changes: list[dict[str, Any]],
+                            now: float) -> None:
+        """A job event per new duration prediction, in words, so `explain` shows what the decision used."""
+        from lucid_core.runtime.explain import prediction_notes
+
+        predicted = [view.jobs[c["job_id"]] for c in changes if c["predicted_duration"] is not None
+                     and c["predicted_duration"] != snapshot.jobs[c["job_id"]].predicted_duration]
+        if predicted:
+            notes = prediction_notes(getattr(policy, "duration_model", None), predicted)
+            s.add_all([JobEventRow(job_id=job_id, time=now, kind="Predicted", message=note)
+                       for job_id, note in notes.items()])
 
     def _record(self, s: Any, decision: Decision, view: Any, now: float, snapshot: Snapshot) -> None:
         kind = type(decision).__name__
