@@ -120,10 +120,26 @@ def validate_batch(batch: Batch, max_quarantine_share: float = 0.05) -> dict[str
         outcome.quarantined.to_csv(out / f"{name}.quarantined.csv", index=False)
         report[name] = outcome.summary() | {"clean_path": str(clean_path)}
         if not outcome.passed:
-            reasons.append(f"{name}: {outcome.refused_reason}")
+            advice = _advice(name, outcome, batch)
+            reasons.append(f"{name}: {outcome.refused_reason}" + (f"; {advice}" if advice else ""))
     report["refused"] = "; ".join(reasons)
     (out / "validation.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     return report
+
+
+def _advice(suite: str, outcome: Any, batch: Batch) -> str:
+    """What an operator can do about a refused batch (too few rows is the usual first-week case)."""
+    short = next((f for f in outcome.clean_failures or outcome.first_pass_failures
+                  if f.expectation == "expect_table_row_count_to_be_between"), None)
+    if short is None:
+        return "see validation.json beside the batch for the failing rows and expectations"
+    need = short.bounds[0]
+    if suite == "job_log":
+        return (f"what to do: let at least {need} jobs finish in the {batch.mode} window (then the next run "
+                "trains), run with mode=full for the longer window, or lower the bound in include/gx/job_log.json; "
+                "until then the scheduler predicts durations from job history")
+    return (f"what to do: the load forecast needs submissions in at least {need} slots of {SLOT_S / 60:.0f} min; "
+            "wait for more submission history or run with mode=full")
 
 
 # ---------------------------------------------------------------- models

@@ -27,6 +27,19 @@ class ExpectationFailure:
     column: str
     observed: Any
     unexpected_count: int
+    bounds: tuple[Any, Any] = (None, None)  # the expectation's min_value and max_value, when it has them
+
+    def describe(self) -> str:
+        """What failed, what was observed and the bound it broke, in one phrase."""
+        low, high = self.bounds
+        bound = (f"between {low} and {high}" if low is not None and high is not None
+                 else f"at least {low}" if low is not None else f"at most {high}" if high is not None else "")
+        if self.expectation == "expect_table_row_count_to_be_between":
+            return f"{self.observed} rows found, {bound} required ({self.expectation})"
+        what = f"{self.expectation}({self.column})"
+        seen = f"observed {self.observed}" if self.observed is not None else ""
+        count = f"{self.unexpected_count} unexpected row(s)" if self.unexpected_count else ""
+        return what + ": " + ", ".join(x for x in (seen, count, f"bound {bound}" if bound else "") if x)
 
 
 @dataclass
@@ -63,7 +76,8 @@ def _failure_dict(failure: ExpectationFailure) -> dict[str, Any]:
     if not isinstance(observed, str | int | float | bool | type(None)):
         observed = str(observed)
     return {"expectation": failure.expectation, "column": failure.column, "observed": observed,
-            "unexpected_count": failure.unexpected_count}
+            "unexpected_count": failure.unexpected_count, "bounds": list(failure.bounds),
+            "description": failure.describe()}
 
 
 def _json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -115,7 +129,8 @@ def _failures(result) -> tuple[list[ExpectationFailure], dict[int, list[str]]]:
         details = item.result or {}
         indices = details.get("unexpected_index_list") or []
         failures.append(ExpectationFailure(config.type, column, details.get("observed_value"),
-                                           int(details.get("unexpected_count") or len(indices))))
+                                           int(details.get("unexpected_count") or len(indices)),
+                                           (kwargs.get("min_value"), kwargs.get("max_value"))))
         for index in indices:
             row = index if isinstance(index, int) else int(index.get("index", -1)) if isinstance(index, dict) else -1
             if row >= 0:
@@ -146,6 +161,7 @@ def validate_frame(frame: pd.DataFrame, suite_name: str, suite_dir: Path | None 
     if bad_index or failures:
         outcome.clean_failures, _ = _failures(_run_suite(clean, suite))
     if outcome.clean_failures:
-        names = ", ".join(f"{f.expectation}({f.column})" for f in outcome.clean_failures)
-        outcome.refused_reason = f"after quarantining {len(bad_index)} rows the batch still fails: {names}"
+        names = "; ".join(f.describe() for f in outcome.clean_failures)
+        outcome.refused_reason = (f"after quarantining {len(bad_index)} rows the batch still fails: {names}"
+                                  if bad_index else f"the batch fails: {names}")
     return outcome

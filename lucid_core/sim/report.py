@@ -50,6 +50,14 @@ def _format(value: object, pattern: str) -> str:
     return pattern.format(float(value))  # type: ignore[arg-type]
 
 
+def _shown_zero(text: str) -> bool:
+    """Whether a formatted cell reads as zero (0, 0.00, ...): a ratio of two such cells says nothing."""
+    try:
+        return float(text) == 0.0
+    except ValueError:
+        return False
+
+
 def pick_baseline(policies: Sequence[str], baseline: str = "lucid") -> str:
     """The baseline column: `baseline` when run (case-insensitive), else the first policy."""
     for name in policies:
@@ -78,7 +86,10 @@ def side_by_side(results: Mapping[str, Mapping[str, float]], baseline: str = "lu
             row.append(_format(value, pattern))
             if ratio:
                 base_value = results[base].get(key)
-                row.append("-" if value is None or base_value is None else ratio_text(value, base_value))
+                both_shown_zero = (value is not None and base_value is not None and _shown_zero(_format(value, pattern))
+                                   and _shown_zero(_format(base_value, pattern)))
+                row.append("-" if value is None or base_value is None or both_shown_zero
+                           else ratio_text(value, base_value))
         rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(r, widths,
@@ -155,6 +166,23 @@ def queue_per_vc_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], pa
     return path
 
 
+def flat_tail_start(timeline: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(when the busy-GPU level last changed before the cluster emptied, the level it then held): the
+    start of the flat tail, e.g. one long job running alone after everything else ended."""
+    points = sorted(timeline)
+    while len(points) > 1 and points[-1][1] == 0:
+        points.pop()
+    if not points:
+        return 0.0, 0.0
+    level = points[-1][1]
+    start = points[-1][0]
+    for t, busy in reversed(points):
+        if busy != level:
+            break
+        start = t
+    return start, level
+
+
 def utilization_plot(timelines_by_policy: Mapping[str, tuple[Sequence[tuple[float, float]], int]],
                      path: str | Path, bin_s: float = 3600.0) -> Path:
     """Write a PNG of GPU utilization over time (per `bin_s` bin) from each policy's busy timeline."""
@@ -163,18 +191,27 @@ def utilization_plot(timelines_by_policy: Mapping[str, tuple[Sequence[tuple[floa
     path.parent.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(figsize=(8, 4))
     try:
+        tail_from, last_end, tail_gpus = 0.0, 0.0, 0.0
         for name, (timeline, total_gpus) in timelines_by_policy.items():
             if not timeline:
                 continue
             start, end = min(t for t, _ in timeline), max(t for t, _ in timeline)
             series = utilization_over_time(timeline, total_gpus, start, end, bin_s)
             axes.step((series.index.to_numpy() - start) / 3600, 100 * series.to_numpy(), where="post", label=name)
+            flat, level = flat_tail_start(timeline)
+            if (flat - start) / 3600 >= tail_from:
+                tail_from, tail_gpus = (flat - start) / 3600, max(tail_gpus, level)
+            last_end = max(last_end, (end - start) / 3600)
+        title = "GPU utilization over time"
+        if 0 < tail_from < 0.8 * last_end:  # a long flat tail would squeeze the part where scheduling matters
+            axes.set_xlim(0, tail_from + max(bin_s / 3600, 0.05 * tail_from))
+            title += f"\n(from {tail_from:.0f} h on, {tail_gpus:g} GPU(s) stay busy until {last_end:.0f} h: not shown)"
         axes.set_xlabel("hours since first submission")
         axes.set_ylabel(f"GPU utilization % (per {bin_s / 60:g} min)")
         axes.set_ylim(0, 105)
         axes.grid(True, alpha=0.3)
         axes.legend(loc="upper right")
-        axes.set_title("GPU utilization over time")
+        axes.set_title(title, fontsize=10)
         figure.tight_layout()
         figure.savefig(path, dpi=110)
     finally:

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse
 
 from lucid_airflow.auth import airflow_auth_middleware
@@ -33,10 +33,19 @@ th{background:#e8eef6}
 .gpu.busy{background:#d8f0d8}.gpu.shared{background:#fde7b0}
 .muted{color:#777}pre{background:#f6f6f6;padding:8px;overflow:auto;white-space:pre-wrap}
 img{max-width:720px;border:1px solid #ddd;margin:4px}
+.scroll{overflow-x:auto;max-width:100%}
+table.tuner{font-size:13px}table.tuner td,table.tuner th{padding:3px 6px;white-space:nowrap}
+tr.current td{background:#eef6ff;font-weight:600}
+.verdict{padding:8px 10px;border-radius:4px;max-width:1000px}.verdict.keep{background:#eef6ee;border:1px solid #9c9}
+.verdict.change{background:#fff6e0;border:1px solid #db6}
+form.filters label{margin-right:10px}form.filters input{width:110px}
+.pager a,.pager span{margin-right:12px}
+.hint{background:#f4f7fb;border:1px solid #cdd8e6;padding:8px 10px;border-radius:4px;max-width:1000px}
 """
 
-NAV = [("queue", "Queue"), ("running", "Running & GPU map"), ("models", "Models"), ("tuner", "Tuner reports"),
-       ("drift", "Drift history")]
+NAV = [("queue", "Queue"), ("running", "Running & GPU map"), ("jobs", "Job history"), ("models", "Models"),
+       ("tuner", "Tuner reports"), ("drift", "Drift history")]
+HISTORY_PAGE_SIZE = 50
 
 
 def page(title: str, body: str, prefix: str) -> HTMLResponse:
@@ -152,6 +161,58 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                   "there).</p>" + "".join(cards))
         return page("Running jobs and GPU map", body, prefix)
 
+    @app.get("/jobs", response_class=HTMLResponse)
+    def job_history(user: str = "", vc: str = "", state: str = "", since: str = "", until: str = "",
+                    number: int = Query(1, alias="page")) -> HTMLResponse:
+        from lucid_core.runtime.queries import HistoryQuery, history
+
+        number = max(1, number)
+        try:
+            query = HistoryQuery(user=user.strip() or None, vc=vc.strip() or None,
+                                 states=tuple(x for x in state.split(",") if x), since=_day_start(since),
+                                 until=_day_start(until), limit=HISTORY_PAGE_SIZE,
+                                 offset=(number - 1) * HISTORY_PAGE_SIZE)
+        except ValueError as exc:
+            refused = page("Job history", f"<p class='hint'>{esc(str(exc))}</p>", prefix)
+            refused.status_code = 422
+            return refused
+        with session() as s:
+            found = history(s, query)
+        rows = [[f'<a href="{prefix}/jobs/{esc(r["job_id"])}">{esc(r["job_id"])}</a>', esc(r["name"]),
+                 esc(r["user"]), esc(r["vc"]), str(r["gpus"]), esc(r["state"]),
+                 esc(_field_text("end_time", r["end_time"])), hours(r["queued_s"]), hours(r["elapsed_s"]),
+                 esc("" if r["exit_code"] is None else str(r["exit_code"])), esc(r["end_reason"] or "")]
+                for r in found.rows]
+        filters = {"user": user, "vc": vc, "state": state, "since": since, "until": until}
+        states = "".join(f"<option value='{v}'{' selected' if v == state else ''}>{label}</option>"
+                         for v, label in (("", "any end"), ("COMPLETED", "completed"), ("FAILED", "failed"),
+                                          ("CANCELLED", "cancelled")))
+        form = (f"<form class='filters' method='get' action='{prefix}/jobs'>"
+                f"<label>user <input name='user' value='{esc(user)}'></label>"
+                f"<label>VC <input name='vc' value='{esc(vc)}'></label>"
+                f"<label>state <select name='state'>{states}</select></label>"
+                f"<label>ended from <input name='since' type='date' value='{esc(since)}'></label>"
+                f"<label>before <input name='until' type='date' value='{esc(until)}'></label>"
+                f"<button type='submit'>Filter</button> <a href='{prefix}/jobs'>clear</a></form>")
+        last = max(1, -(-found.total // HISTORY_PAGE_SIZE))
+
+        def link(to: int, label: str) -> str:
+            from urllib.parse import urlencode
+
+            target = urlencode({**{k: v for k, v in filters.items() if v}, "page": to})
+            return f"<a href='{prefix}/jobs?{esc(target)}'>{label}</a>"
+
+        pager = (f"<p class='pager'>{link(number - 1, '&larr; newer') if number > 1 else ''}"
+                 f"<span>page {number} of {last} ({found.total} job(s))</span>"
+                 f"{link(number + 1, 'older &rarr;') if number < last else ''}</p>")
+        empty = ("" if rows else "<p class='hint'>No finished job matches. Jobs appear here once they complete, "
+                 "fail or are cancelled; waiting and running ones are on the Queue and Running pages.</p>")
+        body = (form + pager + table(["job", "name", "user", "VC", "GPUs", "state", "ended", "queued", "ran",
+                                      "exit code", "end reason"], rows, "history") + empty
+                + "<p class='muted'>The same list on the command line: <code>lucid history</code> "
+                  "(<code>--user</code>, <code>--state</code>, <code>--since</code>, <code>--format</code>).</p>")
+        return page("Job history", body, prefix)
+
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job_detail(job_id: str) -> HTMLResponse:
         from sqlalchemy import select
@@ -196,7 +257,13 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                        f"<figcaption>{esc(str(p.relative_to(root)))}</figcaption></figure>" for p in pictures)
         trees = "".join(f"<h3>{esc(p.name)}</h3><pre>{esc(p.read_text(encoding='utf-8')[:20000])}</pre>"
                         for p in texts)
-        body = (table(["model", "version", "promoted", "metrics", "note"], rows, "models")
+        hint = ("" if rows else "<p class='hint' id='models-hint'>No model trained yet. The "
+                "<code>lucid_update_engine</code> DAG fills this page: daily it extracts finished jobs from the store, "
+                "validates them, trains the duration and packing models and promotes them when they beat the current "
+                "ones. It needs enough finished jobs (its log says how many it found and how many it needs); until "
+                "then the scheduler predicts from job history. Trigger it from <code>/dags/lucid_update_engine</code> "
+                "or train by hand with <code>lucid models train-duration</code> and <code>train-packing</code>.</p>")
+        body = (hint + table(["model", "version", "promoted", "metrics", "note"], rows, "models")
                 + "<h2>Shape functions and trees</h2>" + (imgs + trees or "<p class='muted'>none yet</p>"))
         return page("Models", body, prefix)
 
@@ -238,8 +305,12 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                              f"{report['reference_mae']:.4g}", f"{report['recent_mae']:.4g}",
                              f"{report['mae_ratio']:.3f}", esc(shifts), "ALERT" if report["drifted"] else "ok",
                              esc(data.get("alert_sent_to", ""))])
-        return page("Drift history", table(["run", "model", "reference MAE", "recent MAE", "ratio", "PSI",
-                                            "state", "alert sent to"], rows, "drift"), prefix)
+        hint = ("" if rows else "<p class='hint' id='drift-hint'>No drift check yet. Each run of the "
+                "<code>lucid_update_engine</code> DAG that has a promoted model compares its error on recent jobs "
+                "with its error when trained and writes a row here (and mails an alert when it drifted). The first "
+                "run trains the models, so rows start with the second run that has enough finished jobs.</p>")
+        return page("Drift history", hint + table(["run", "model", "reference MAE", "recent MAE", "ratio", "PSI",
+                                                   "state", "alert sent to"], rows, "drift"), prefix)
 
     @app.get("/files/{area}/{path:path}")
     def files(area: str, path: str) -> FileResponse:
@@ -283,6 +354,20 @@ def _field_text(name: str, value: Any) -> str:
     return str(value)
 
 
+def _day_start(text: str) -> float | None:
+    """A form's date (YYYY-MM-DD, or a date-time) as epoch seconds, UTC; None when empty."""
+    from datetime import UTC, datetime
+
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
 def _inside(root: Path, relative: str) -> Path:
     """`root/relative`, refusing paths that escape `root`."""
     target = (root / relative).resolve()
@@ -318,24 +403,23 @@ def _live_config() -> str | None:
 def explanation_text(data: dict[str, Any]) -> str:
     """Priority, its duration terms, packing class and tree path, partner and pending reason."""
     lines = []
+    from lucid_core.runtime.explain import duration_words, explain_terms
+
     priority = data.get("priority") or {}
     if priority.get("value_gpu_s") is not None:
-        lines.append(f"Priority {priority['value_gpu_s']:.0f} GPU-s = {priority['gpus']} GPU(s) x predicted "
-                     f"{priority['predicted_duration_s']:.0f} s ({priority.get('formula', '')})")
+        lines.append(f"Priority {priority['value_gpu_s'] / 3600:.2f} GPU-h = {priority['gpus']} GPU(s) x predicted "
+                     f"{duration_words(priority['predicted_duration_s'])} ({priority.get('formula', '')})")
     else:
         lines.append("No duration predicted yet (not profiled or not yet considered by a round).")
-    duration = priority.get("duration") or {}
-    if duration:
-        lines.append(f"Duration model: {duration.get('model')}")
-        terms = duration.get("terms") or []
-        if isinstance(terms, list):
-            for term in terms[:12]:
-                lines.append(f"  {term[0]}: {term[1]}" if isinstance(term, list | tuple) and len(term) == 2
-                             else f"  {term}")
-        else:
-            lines.append(f"  {terms}")
-        if duration.get("error"):
-            lines.append(f"  ({duration['error']})")
+    recorded = priority.get("recorded")
+    if recorded:
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(recorded["time"]))
+        lines.append(f"As the round recorded it at {at}: {recorded['note']}")
+    now_says = explain_terms(priority.get("duration") or {})
+    if now_says and not (recorded and len(now_says) == 1 and now_says[0] in recorded["note"]):
+        lines.append("The duration model now says (it has seen more jobs since):" if recorded
+                     else "The duration model says:")
+        lines += [f"  {line}" for line in now_says]
     profile = data.get("profile")
     if profile:
         lines.append(f"Profile: GPU util {profile['gpu_util']:.1f}%, memory util {profile['mem_util']:.1f}%, "

@@ -240,4 +240,7 @@ def test_update_engine_refuses_training_on_a_bad_batch(airflow_db, lucid_home, m
     assert states["train_and_evaluate"] == ["upstream_failed"], states
     report = json.loads(next((lucid_home / "reports" / "update").glob("*/validation.json")).read_text())
     assert "expect_table_row_count_to_be_between" in report["refused"]
+    # it says how many rows it found, how many it needs, and what to do
+    assert "job_log: the batch fails: 10 rows found, at least 20 required" in report["refused"], report["refused"]
+    assert "what to do: let at least 20 jobs finish" in report["refused"]
     assert Path(report["job_log"]["clean_path"]).exists()
