@@ -161,7 +161,7 @@ def usage_line(error: UsageError, argv: Sequence[str]) -> str:
     parser, message = error.parser, str(error)
     if "unrecognized" in message:  # raised by the top parser: name the subcommand whose options they are not
         parser = _deepest_subcommand(parser, argv)
-    unknown = unknown_options(parser, argv) if "required" in message or "unrecognized" in message else []
+    unknown = unknown_options(parser, argv)  # named first: what follows an unknown flag is often misread
     if unknown:
         hints = []
         for name in unknown:
@@ -198,13 +198,16 @@ def expected_errors() -> tuple[type[BaseException], ...]:
 
     from lucid_core.runtime.executor import HostCommandFailed, HostUnreachable
 
-    return (ConfigError, ValueError, KeyError, OSError, HostUnreachable, HostCommandFailed, OperationalError,
-            ArgumentError)
+    # ImportError: a store URL naming a database driver that is not installed
+    return (ConfigError, ValueError, LookupError, OSError, HostUnreachable, HostCommandFailed, OperationalError,
+            ArgumentError, ImportError)
 
 
 def error_line(exc: BaseException) -> str:
     """The first line of an error's message (a KeyError's without its quotes)."""
     text = str(exc) if type(exc) is not KeyError else str(exc.args[0] if exc.args else exc)
+    if isinstance(exc, ImportError) and exc.name:
+        text = f"{text} (a store URL or feature needs the Python package providing {exc.name!r})"
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[0].strip() if lines else type(exc).__name__
 

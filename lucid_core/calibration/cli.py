@@ -72,15 +72,16 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     gpus = [g for g in str(args.gpus).split(",") if g.strip()]
     if len(gpus) != 1 or not gpus[0].strip().isdigit():
-        print(f"--gpus takes one GPU index (a catalog is per GPU), got {args.gpus!r}", file=sys.stderr)
+        print(f"lucid calibrate: error: --gpus takes one GPU index (a catalog is per GPU), got {args.gpus!r}",
+              file=sys.stderr)
         return 2
     try:
         configs = parse_configs(args.workloads)
     except ValueError as exc:
-        print(f"--workloads: {exc}", file=sys.stderr)
+        print(f"lucid calibrate: error: --workloads: {exc}", file=sys.stderr)
         return 2
     if any("=" not in item for item in args.env):
-        print(f"--env takes NAME=VALUE, got {args.env}", file=sys.stderr)
+        print(f"lucid calibrate: error: --env takes NAME=VALUE, got {args.env}", file=sys.stderr)
         return 2
     extra_env = dict(item.split("=", 1) for item in args.env)
     local = args.host in LOCAL_NAMES
@@ -107,7 +108,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             emulation = EmulatedProfiles.from_single_data(source)
         except (OSError, KeyError, ValueError) as exc:
             executor.close()
-            print(f"error: cannot read emulated profiles from {source}: {exc!r}; give --emulate "
+            print(f"lucid calibrate: error: cannot read emulated profiles from {source}: {exc!r}; give --emulate "
                   "PATH_TO_single_data.csv (or set LUCID_SHARED_DATA for the artifact's)", file=sys.stderr)
             return 2
     settings = CalibrationSettings(seconds=args.seconds, warmup_s=args.warmup, startup_s=args.startup,
@@ -121,7 +122,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     try:
         report = calibrator.run(configs)
     except (TrialFailed, HostUnreachable, HostCommandFailed) as exc:
-        print(f"calibration stopped: {exc}", file=sys.stderr)
+        print(f"lucid calibrate: error: calibration stopped: {exc}", file=sys.stderr)
         return 1
     finally:
         executor.close()

@@ -285,6 +285,9 @@ def _eval(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from lucid_core.models.registry import ModelRegistry
 
+    if not Path(args.registry).is_dir():  # a mistyped --registry must not read as "no models"
+        raise FileNotFoundError(f"no model registry at {args.registry} (models are registered by "
+                                "lucid models train-... or the lucid_update_engine DAG)")
     print("| name | version | promoted | kind | trained on | metrics | code |\n|---|---|---|---|---|---|---|")
     for m in ModelRegistry(args.registry).list(args.name):
         metrics = ", ".join(f"{k}={v:.3f}" for k, v in m.metrics.items())

@@ -51,7 +51,7 @@ def _submit(args: argparse.Namespace) -> int:
     for item in args.env or []:
         key, sep, value = item.partition("=")
         if not sep:
-            print(f"error: --env {item!r} must look like NAME=VALUE", file=sys.stderr)
+            print(f"lucid submit: error: --env {item!r} must look like NAME=VALUE", file=sys.stderr)
             return 2
         env[key] = value
     request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc, name=args.name, amp=args.amp,
@@ -59,8 +59,8 @@ def _submit(args: argparse.Namespace) -> int:
     try:
         job_id = submit(_store(args), request)
     except SubmissionError as exc:
-        for field, problem in exc.errors.items():
-            print(f"error: {field}: {problem}", file=sys.stderr)
+        print("lucid submit: error: " + "; ".join(f"{field}: {problem}" for field, problem in exc.errors.items()),
+              file=sys.stderr)
         return 2
     _print(args, {"job_id": job_id}, job_id)
     return 0

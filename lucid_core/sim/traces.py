@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -374,7 +375,7 @@ def _check_trace_cli(args: argparse.Namespace) -> int:
     try:
         trace = read_trace(args.trace, args.format, args.start, args.end)
     except (TraceFormatError, OSError) as error:
-        print(f"error: {error}")
+        print(f"lucid check-trace: error: {error}", file=sys.stderr)
         return 2
     print(describe(trace, args.examples))
     return 1 if trace.problems else 0

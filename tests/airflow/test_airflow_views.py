@@ -99,3 +99,70 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     detail = client.get(f"/jobs/{alone.job_id}").text
     assert f"speed while shared with {other}: 0.57 of its speed alone" in detail
     assert "over 12 samples of emulated telemetry" in detail
+
+
+def test_job_history_page_filters_pages_and_links_each_job(lucid_home, tmp_path):
+    from fastapi.testclient import TestClient
+    from lucid_af_support import seed_finished_jobs
+    from lucid_airflow.web import HISTORY_PAGE_SIZE, create_lucid_app
+
+    from lucid_core.runtime.queries import HistoryQuery, history
+    from lucid_core.runtime.store import Store
+
+    url = f"sqlite:///{lucid_home / 'lucid.db'}"
+    seeded = seed_finished_jobs(url, limit=120)
+    client = TestClient(create_lucid_app(lambda: url, lambda: lucid_home / "reports", protect=False))
+    first = client.get("/jobs")
+    assert first.status_code == 200 and '<table id="history">' in first.text
+    assert f"page 1 of {-(-seeded // HISTORY_PAGE_SIZE)} ({seeded} job(s))" in first.text
+    rows = first.text.split("<tbody>")[1].count("<tr>")
+    assert rows == HISTORY_PAGE_SIZE and first.text.count('href="/lucid/jobs/job-') == HISTORY_PAGE_SIZE
+    assert "older &rarr;" in first.text and "page=2" in first.text
+    # the page and `lucid history` read the same query: the same filter gives the same jobs
+    store = Store(url)
+    with store.session() as s:
+        failed = history(s, HistoryQuery(states=("FAILED",), vc="nlp", limit=500))
+    store.dispose()
+    assert 0 < failed.total < seeded
+    page = client.get("/jobs", params={"state": "FAILED", "vc": "nlp"}).text
+    assert f"({failed.total} job(s))" in page
+    assert all(f">{r['job_id']}</a>" in page for r in failed.rows[:HISTORY_PAGE_SIZE])
+    assert "COMPLETED" not in page.split("<tbody>")[1]
+    late = client.get("/jobs", params={"since": "2030-01-01"}).text
+    assert "No finished job matches" in late
+    assert client.get("/jobs", params={"since": "yesterday"}).status_code == 422
+
+
+def test_empty_models_and_drift_pages_say_how_they_get_filled(lucid_home):
+    from fastapi.testclient import TestClient
+    from lucid_airflow.web import create_lucid_app
+
+    from lucid_core.runtime.store import Store
+
+    url = f"sqlite:///{lucid_home / 'lucid.db'}"
+    Store(url).dispose()
+    client = TestClient(create_lucid_app(lambda: url, lambda: lucid_home / "reports", protect=False))
+    models = client.get("/models").text
+    assert "id='models-hint'" in models and "lucid_update_engine" in models
+    drift = client.get("/drift").text
+    assert "id='drift-hint'" in drift and "lucid_update_engine" in drift
+
+
+def test_api_reference_is_served_without_internet(lucid_home):
+    """The API's docs page is rendered by the app itself: no script or style from another host."""
+    import re
+
+    from fastapi.testclient import TestClient
+    from lucid_airflow.web import create_lucid_app
+
+    from lucid_core.runtime.store import Store
+
+    url = f"sqlite:///{lucid_home / 'lucid.db'}"
+    Store(url).dispose()
+    client = TestClient(create_lucid_app(lambda: url, lambda: lucid_home / "reports", protect=False))
+    docs = client.get("/api/docs")
+    assert docs.status_code == 200 and "POST" in docs.text and "/jobs" in docs.text and "/history" in docs.text
+    assert not re.search(r"<(script|link)[^>]+(src|href)=['\"]?https?://", docs.text), "assets from another host"
+    assert "<script" not in docs.text
+    assert "command" in docs.text  # the request body's fields are listed
+    assert client.get("/api/openapi.json").json()["info"]["title"] == "Lucid scheduler"
