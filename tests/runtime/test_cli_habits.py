@@ -1,0 +1,97 @@
+"""The CLI as a person uses it after a few jobs ran: history, logs, status, cancel, queue and explain."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from lucid_core.cli import main
+from lucid_core.runtime.inventory import HostSpec, add_host
+from lucid_core.runtime.store import Store
+from lucid_core.runtime.submission import JobRequest, submit
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def finished(tmp_path, capsys, monkeypatch):
+    """A local main host (no profiling: jobs start at once) that ran a failing and a chatty job."""
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    config = tmp_path / "lucid.toml"
+    config.write_text("[profiler]\nenabled = false\n")
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    store = Store(url)
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, workdir=str(tmp_path / "m0")))
+    bad = submit(store, JobRequest("echo oops >&2; exit 3", gpus=1, user="ana", vc="default", name="bad-run"))
+    good = submit(store, JobRequest("for i in 1 2 3 4; do echo line $i; done", gpus=1, user="bo", vc="default",
+                                    name="chatty"))
+    store.dispose()
+    common = ("--store", url, "--lucid-config", str(config))
+    deadline = time.monotonic() + 30
+    while True:
+        assert _cli(capsys, "round", *common)[0] == 0
+        out = _cli(capsys, "history", "--store", url, "--json")[1]
+        if json.loads(out)["total"] == 2:
+            break
+        assert time.monotonic() < deadline, out
+        time.sleep(0.3)
+    return url, config, bad, good
+
+
+def test_history_lists_finished_jobs_like_sacct(finished, capsys):
+    url, _, bad, good = finished
+    code, out, _ = _cli(capsys, "history", "--store", url)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["JOBID", "JOBNAME", "USER", "VC", "GPUS", "STATE", "END", "ELAPSED",
+                                              "EXITCODE"]
+    assert any(bad in line and "FAILED" in line and line.rstrip().endswith("3") for line in lines)
+    assert any(good in line and "COMPLETED" in line for line in lines)
+    assert lines[-1].startswith("(1-2 of 2 finished jobs")
+    code, out, _ = _cli(capsys, "history", "--store", url, "--state", "F", "--format", "JobID,User,ExitCode,Reason")
+    assert code == 0 and bad in out and good not in out and "exited with code 3" in out
+    code, out, _ = _cli(capsys, "history", "--store", url, "-u", "bo", "-S", "1h", "--limit", "1")
+    assert code == 0 and good in out and bad not in out
+    code, out, _ = _cli(capsys, "history", "--store", url, "--since", "2099-01-01")
+    assert code == 0 and out.strip() == "no finished job matches"
+    code, _, err = _cli(capsys, "history", "--store", url, "--format", "JobID,Colour")
+    assert code == 2 and "unknown field 'Colour'" in err
+
+
+def test_logs_hint_at_stderr_when_stdout_is_empty_and_take_n_and_follow(finished, capsys):
+    url, _, bad, good = finished
+    code, out, err = _cli(capsys, "logs", bad, "--store", url)
+    assert code == 0 and out == "" and f"lucid logs {bad} --stderr" in err and "5 bytes" in err
+    code, out, _ = _cli(capsys, "logs", bad, "--store", url, "--stderr")
+    assert code == 0 and out == "oops\n"
+    code, out, _ = _cli(capsys, "logs", good, "--store", url, "-n", "2")
+    assert code == 0 and out == "line 3\nline 4\n"
+    started = time.monotonic()
+    code, out, _ = _cli(capsys, "logs", good, "--store", url, "-f")  # an ended job: prints all, then stops
+    assert code == 0 and out.count("line") == 4 and time.monotonic() - started < 10
+
+
+def test_status_cancel_queue_and_explain_speak_plainly(finished, capsys):
+    url, config, bad, good = finished
+    code, out, _ = _cli(capsys, "status", bad, "--store", url)
+    assert code == 0 and "exit code 3" in out and "bad-run" in out
+    code, out, _ = _cli(capsys, "cancel", good, "--store", url)
+    assert code == 0 and out.strip() == f"{good} already ended (COMPLETED): nothing to cancel"
+    store = Store(url)
+    waiting = submit(store, JobRequest("sleep 30", gpus=2, user="cy", vc="default", name="wide-wait"))
+    store.dispose()
+    code, out, _ = _cli(capsys, "status", waiting, "--store", url)
+    assert "exit code" not in out and "None" not in out
+    code, out, _ = _cli(capsys, "queue", "--store", url)
+    assert out.split()[:4] == ["JOB", "NAME", "USER", "VC"] and "wide-wait" in out and " cy " in out
+    first = _cli(capsys, "cancel", waiting, "--store", url)[1]
+    again = _cli(capsys, "cancel", waiting, "--store", url)[1]
+    assert "cancel requested" in first and "cancel was already requested" in again
+    code, out, _ = _cli(capsys, "explain", good, "--store", url, "--lucid-config", str(config))
+    assert code == 0 and "as recorded" in out and "['" not in out, out
+    assert "predicted" in out and not any(len(tok) > 8 and tok.replace(".", "").isdigit() for tok in out.split())
