@@ -185,8 +185,13 @@ def _print_summary(store, port: int, home: Path) -> None:
             print(f"  round {d.round_id:>3} {d.kind:16} {d.job_id or '':10} {d.reason}")
     password = home / "airflow" / "simple_auth_manager_passwords.json.generated"
     print(f"\nUI: http://localhost:{port}  (user admin, password in {password})")
-    print(f"Lucid views: http://localhost:{port}/lucid/queue, /lucid/running, /lucid/jobs/<id>, /lucid/tuner, "
-          f"/lucid/drift; DAG runs: http://localhost:{port}/dags/lucid_scheduling_round")
+    print(f"Lucid views: http://localhost:{port}/lucid/queue, /lucid/running, /lucid/jobs (history), "
+          f"/lucid/tuner, /lucid/drift; DAG runs: http://localhost:{port}/dags/lucid_scheduling_round")
+    print(f"Tune from the UI: http://localhost:{port}/dags/lucid_system_tuner -> Trigger -> Trigger (defaults: "
+          "this store's jobs on these hosts)")
+    bin_dir = Path(sys.executable).parent
+    print(f"CLI on this demo's store:\n  export PATH=\"{bin_dir}:$PATH\" LUCID_HOME=\"{home / 'lucid'}\"\n"
+          "  lucid history; lucid status JOB; lucid logs JOB --stderr; lucid explain JOB")
 
 
 if __name__ == "__main__":

@@ -89,11 +89,23 @@ def explain_terms(duration: dict[str, Any]) -> list[str]:
 
 def prediction_notes(model: Any, jobs: list[Any]) -> dict[str, str]:
     """What the round records when it predicts jobs' durations: the prediction and its source in words,
-    so `explain` can later say what the decision used rather than what the model says now."""
+    so `explain` can later say what the decision used rather than what the model says now. A GA2M
+    explains the whole batch in one call (a burst of new jobs must not cost one call each)."""
+    jobs = [job for job in jobs if job.predicted_duration is not None]
+    if not jobs:
+        return {}
+    if callable(getattr(model, "features_of", None)) and callable(getattr(model, "explain", None)):
+        name = type(model).__name__
+        try:
+            explanations = model.explain(model.features_of(jobs))
+        except Exception as exc:  # an explanation must never break the round
+            return {job.job_id: f"predicted {duration_words(job.predicted_duration)} by {name} "
+                                f"(no explanation: {exc})" for job in jobs}
+        return {job.job_id: f"predicted {duration_words(job.predicted_duration)} by {name}; largest terms "
+                            + ", ".join(f"{k} {v:+.2f}" for k, v in exp.top(3))
+                for job, exp in zip(jobs, explanations, strict=True)}
     notes = {}
     for job in jobs:
-        if job.predicted_duration is None:
-            continue
         lines = [line.strip() for line in explain_terms(_duration_terms(model, job))] if model is not None else []
         if lines and lines[0].startswith("predicted "):  # the history predictor says it in one line
             notes[job.job_id] = lines[0]

@@ -295,3 +295,124 @@ def test_every_plugin_page_renders_in_headless_chromium(airflow_stack, tmp_path)
     assert sum("<td></td></tr>" not in row for row in rows) >= 2, "waiting jobs show their pending reason"
     assert "GPU 0" in doms["running"] and "GPU 1" in doms["running"], "the GPU map lists every GPU of main0"
     assert job_id in doms["job"] and "Decisions" in doms["job"]
+
+
+def _page_screenshot_is_a_page(shot: Path, name: str) -> None:
+    """A real page: many shades (text) over a wide range, and kept in LUCID_SCREENSHOT_DIR when set."""
+    from PIL import Image
+
+    image = Image.open(shot).convert("L")
+    low, high = image.getextrema()
+    assert high - low > 100 and len(set(image.getdata())) > 20, f"screenshot of {name} shows almost nothing"
+    keep = os.environ.get("LUCID_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(keep) / f"{name}.png")
+
+
+def _the_users_fleet_with_recent_jobs(root: Path) -> int:
+    """The demo's fleet (prof0 profiling, main0 and main1 main, 2 GPUs each) and jobs that ended this week."""
+    from lucid_af_support import seed_finished_jobs
+
+    from lucid_core.runtime.inventory import HostSpec, add_host
+    from lucid_core.runtime.store import Store
+    from lucid_core.sim.traces import read_trace
+
+    url = f"sqlite:///{root / 'lucid' / 'lucid.db'}"
+    store = Store(url)
+    for name, pool in (("prof0", "profiling"), ("main1", "main")):
+        add_host(store, HostSpec(name, pool=pool, executor="local", telemetry="emulated", gpus=2,
+                                 workdir=str(root / "lucid" / name)))
+    store.dispose()
+    epoch = read_trace(SAMPLE_TRACE, "generic").epoch.timestamp()
+    return seed_finished_jobs(url, limit=60, gpus=1, offset_s=time.time() - 2 * 86400 - epoch, prefix="done-")
+
+
+def _report_rows(directory: str) -> list[dict]:
+    return json.loads((Path(directory) / "report.json").read_text())["ranked"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_tuner_triggered_from_its_form_with_the_defaults_reports_on_the_users_fleet(airflow_stack, tmp_path):
+    """What a new user does: open a Lucid page (sent to log in and back), open the tuner's trigger form,
+    press Trigger without touching a field, wait, read the report. Headless Chromium over CDP."""
+    from cdp_browser import Browser
+
+    base, token, _, root = airflow_stack
+    headers = {"Authorization": f"Bearer {token}"}
+    seeded = _the_users_fleet_with_recent_jobs(root)
+    _wait_for_dag(base, headers, "lucid_system_tuner")
+    assert _call("PATCH", f"{base}/api/v2/dags/lucid_system_tuner", headers=headers,
+                 json={"is_paused": False}).status_code == 200
+    before = {r["dag_run_id"] for r in _call("GET", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns",
+                                             headers=headers).json()["dag_runs"]}
+    shots = tmp_path / "shots"
+    browser = Browser(tmp_path / "profile", log=root / "logs" / "chromium.log")
+    try:
+        # no session: the Lucid page sends the browser to Airflow's login, which sends it back
+        browser.navigate(f"{base}/lucid/jobs")
+        browser.wait_for("document.querySelector('input[name=password]')", what="the login form")
+        assert "/auth/login" in browser.location() and "next=" in browser.location(), browser.location()
+        browser.screenshot(shots / "login.png")
+        browser.fill("input[name=username]", "admin")
+        browser.fill("input[name=password]", "e2e-secret")
+        browser.click("document.querySelector('button[type=submit]')")
+        browser.wait_for("document.location.pathname === '/lucid/jobs' && document.getElementById('history')",
+                         what="the job history page after logging in")
+        _page_screenshot_is_a_page(browser.screenshot(shots / "job-history.png"), "job-history")
+        assert browser.evaluate("document.body.innerText.includes('done-')"), "finished jobs are listed"
+
+        # the trigger form, untouched: its Trigger button is enabled and starts a run
+        browser.navigate(f"{base}/dags/lucid_system_tuner")
+        browser.click(browser.button("Trigger"))
+        dialog = "[...document.querySelectorAll('[role=dialog]')].find(d => d.innerText.includes('Run Parameters'))"
+        browser.wait_for(f"({dialog}) && ({dialog}).innerText.includes('trace_path') && "
+                         f"{browser.button('Trigger', f'({dialog})')}", what="the trigger form and its fields")
+        _page_screenshot_is_a_page(browser.screenshot(shots / "trigger-form.png"), "trigger-form")
+        submit = browser.button("Trigger", f"({dialog})")
+        browser.evaluate(f"{submit}.scrollIntoView({{block: 'center'}})")
+        _page_screenshot_is_a_page(browser.screenshot(shots / "trigger-form-bottom.png"), "trigger-form-bottom")
+        assert browser.evaluate(f"!{submit}.disabled"), "the form's Trigger button is disabled with its defaults"
+        browser.click(submit)
+        deadline, run = time.monotonic() + 540, None
+        while time.monotonic() < deadline:
+            runs = _call("GET", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns", headers=headers).json()["dag_runs"]
+            run = next((r for r in runs if r["dag_run_id"] not in before), None)
+            if run is not None and run["state"] in ("success", "failed"):
+                break
+            time.sleep(3)
+        assert run is not None, "the form's Trigger started no run"
+        assert run["state"] == "success", (root / "logs" / "scheduler.log").read_text()[-4000:]
+        conf = run.get("conf") or {}
+        assert not conf.get("trace_path") and conf.get("main_nodes") is None, conf
+        xcom = _call("GET", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run['dag_run_id']}/taskInstances/"
+                            "write_report/xcomEntries/return_value", headers=headers)
+        summary = xcom.json()["value"]
+        summary = json.loads(summary) if isinstance(summary, str) else summary
+        assert "VC default: 2 main hosts, 4 GPUs; profiling pool: 1 host, 2 GPUs" in summary["cluster"], summary
+        assert summary["configurations"] == 6 and summary["verdict"]
+
+        # the report, as the user opens it: verdict, the current configuration's row, every column on screen
+        name = Path(summary["directory"]).name
+        browser.navigate(f"{base}/lucid/tuner/{name}")
+        browser.wait_for("document.getElementById('tuner-table')", what="the tuner report")
+        _page_screenshot_is_a_page(browser.screenshot(shots / "tuner-report.png"), "tuner-report")
+        text = browser.evaluate("document.body.innerText")
+        assert "Cluster: the live fleet (VC default: 2 main hosts" in text and summary["verdict"][:40] in text
+        assert browser.evaluate("document.querySelector('#tuner-table tr.current').innerText.includes('current')")
+        right, width = browser.evaluate("[document.getElementById('tuner-table').getBoundingClientRect().right, "
+                                        "window.innerWidth]")
+        assert right <= width, f"the report table is {right:.0f} px wide on a {width} px page"
+        assert all(r["metrics"]["jobs"] == seeded for r in _report_rows(summary["directory"]))
+
+        # the other new or changed pages, for a person to look at
+        for page, ready in (("/lucid/api/docs", "document.querySelector('.op')"),
+                            ("/lucid/models", "document.getElementById('models')"),
+                            ("/lucid/drift", "document.getElementById('drift')")):
+            browser.navigate(base + page)
+            browser.wait_for(ready, what=page)
+            label = page.strip("/").replace("/", "-")
+            _page_screenshot_is_a_page(browser.screenshot(shots / f"{label}.png"), label)
+        assert browser.evaluate("![...document.scripts].some(s => s.src && !s.src.startsWith(location.origin))")
+    finally:
+        browser.close()
