@@ -219,6 +219,20 @@ def sweep_items(configs: Sequence[Mapping[str, Any]], noise_seeds: int = NOISE_S
     return items
 
 
+def knob_text(value: Any) -> str:
+    """A knob's value as a person writes it (200, not 200.0)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def changes_text(overrides: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """The knobs a configuration sets differently from the current one: `tprof_s 300 (now 200)`."""
+    changed = [f"{k.split('.')[-1]} {knob_text(v)} (now {knob_text(current.get(k))})"
+               for k, v in sorted(overrides.items()) if knob_text(v) != knob_text(current.get(k))]
+    return ", ".join(changed) or "the same knobs as the current one"
+
+
 def knob_value(config: LucidConfig, knob: str) -> Any:
     """The value of a dotted knob (`profiler.tprof_s`) in `config`."""
     section, _, name = knob.partition(".")
@@ -291,7 +305,7 @@ def _table_rows(ranked: Sequence[ConfigResult], current: ConfigResult | None, cu
         return f"{'+' if delta >= 0 else '-'}{metric_text(metric, abs(delta))}{relative} {tag}"
 
     def cells(position: str, label: str, r: ConfigResult | None, values: Mapping[str, Any]) -> list[str]:
-        row = [position, label, *[str(values.get(k, current_values.get(k, ""))) for k in varying]]
+        row = [position, label, *[knob_text(values.get(k, current_values.get(k, ""))) for k in varying]]
         if r is None or r.error:
             row += [f"error: {r.error}" if r is not None else "not replayed", "", "", "", "", "", "", ""]
         else:
@@ -393,7 +407,7 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
     md += ["", summary["verdict"], "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
     if best and not verdict["keep_current"]:
-        md += ["", f"Best: configuration #{best.index} {json.dumps(best.overrides)}"]
+        md += ["", f"Best: configuration #{best.index}: {changes_text(best.overrides, current_values)}"]
     (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     (out / "report.html").write_text(report_html(summary, header, rows), encoding="utf-8")
     return summary
@@ -410,7 +424,9 @@ def report_html(summary: Mapping[str, Any], header: Sequence[str], rows: Sequenc
     verdict_class = "keep" if summary.get("keep_current") else "change"
     lines = [f"<p id='verdict' class='verdict {verdict_class}'>{esc(str(summary.get('verdict', '')))}</p>"]
     if best and not summary.get("keep_current"):
-        lines.append(f"<p>Best: configuration #{best['index']} <code>{esc(json.dumps(best['overrides']))}</code></p>")
+        current = (summary.get("current") or {}).get("values") or {}
+        lines.append(f"<p id='best'>Best: configuration #{best['index']}: "
+                     f"{esc(changes_text(best['overrides'], current))}</p>")
     elif not best:
         lines.append("<p>No configuration finished.</p>")
     lines.append(f"<p class='muted'>Cluster: {esc(str(summary.get('cluster', '')))}."

@@ -169,3 +169,20 @@ def test_live_rows_equal_the_training_replay_rows(log):
     assert list(live.columns) == list(replayed.columns)
     for column in ("vc", "gpus", "hour", "day_of_week"):
         assert list(live[column]) == list(replayed[column].iloc[3000:3040]), column
+
+
+def test_the_round_notes_a_batch_of_predictions_in_words(fitted, log):
+    """What the round records for explain: the prediction rounded, by which model, its largest terms."""
+    from lucid_core.runtime.explain import prediction_notes
+
+    model, _, _ = fitted
+    last = float(log["submit_time"].max())
+    jobs = [Job(f"j{k}", user="user001", vc="vc1", gpus=1 + k % 2, submit_time=last + 60, name="x-resnet") for k in
+            range(5)]
+    for job, predicted in zip(jobs, model.predict_duration(jobs), strict=True):
+        job.predicted_duration = predicted
+    notes = prediction_notes(model, jobs)
+    assert set(notes) == {j.job_id for j in jobs}
+    for note in notes.values():
+        assert note.startswith("predicted ") and "by DurationModel; largest terms " in note
+        assert note.count(",") == 2 and "e+" not in note  # three terms, numbers rounded
