@@ -286,8 +286,8 @@ def _table_rows(ranked: Sequence[ConfigResult], current: ConfigResult | None, cu
     metric, larger_better = OBJECTIVES[objective]
     knobs = sorted({k for r in ranked for k in r.overrides} | set(current_values))
     varying = [k for k in knobs
-               if len({json.dumps(r.overrides.get(k, current_values.get(k)), default=str) for r in ranked}
-                      | {json.dumps(current_values.get(k), default=str)}) > 1]
+               if len({knob_text(r.overrides.get(k, current_values.get(k))) for r in ranked}
+                      | {knob_text(current_values.get(k))}) > 1]
     header = ["rank", "config", *[k.split(".")[-1] for k in varying], f"{objective} vs current", "avg JCT",
               "avg queue", "P99.9 queue", "GPU util", "ended in profiling", "jobs shared", "worker"]
     base = current.metrics.get(metric) if current is not None and not current.error else None

@@ -304,7 +304,7 @@ def _explain(args: argparse.Namespace) -> int:
                      f"{_duration(prio['predicted_duration_s'])}")
     recorded = prio.get("recorded")
     if recorded:
-        lines.append(f"  as recorded {_when(recorded['time'])}: {recorded['note']}")
+        lines.append(f"  used when placed ({_when(recorded['time'])}): {recorded['note']}")
     now_says = explain_terms(prio.get("duration") or {})
     if now_says and not (recorded and len(now_says) == 1 and now_says[0] in recorded["note"]):
         lines.append("  the duration model now says:" if recorded else "  the duration model says:")

@@ -203,7 +203,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
             "formula": "gpus x predicted duration (lower runs first)",
             "gpus": row.gpus, "predicted_duration_s": row.predicted_duration,
             "duration": _duration_terms(duration_model, job) if duration_model is not None else None,
-            # what the round recorded when it predicted the duration the decisions used
+            # the predicted duration the placement used, as the round recorded it then
             "recorded": next(({"time": e.time, "note": e.message} for e in reversed(events)
                               if e.kind == "Predicted"), None),
         },

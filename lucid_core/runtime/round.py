@@ -853,7 +853,7 @@ class SchedulingRound:
                 if alloc is not None and alloc.profiling_until is None and job_id in windowed:
                     s.execute(_update(RunRow).where(RunRow.job_id == job_id, RunRow.state.in_(("planned", "running")),
                                                     RunRow.profiling_until.is_not(None)).values(profiling_until=None))
-            self._record_predictions(s, built.policy, view, snapshot, changes, now)
+            self._record_predictions(s, built.policy, view, decisions, now)
             s.flush()
             moves = [c for c in changes if "state" in c]
             for key_set in {tuple(sorted(c)) for c in changes if "state" not in c}:  # one executemany per column set
@@ -907,15 +907,15 @@ class SchedulingRound:
         snapshot.speed_reports = observed.reports
 
     @staticmethod
-    def _record_predictions(s: Any, policy: Any, view: Any, snapshot: Snapshot, changes: list[dict[str, Any]],
-                            now: float) -> None:
-        """A job event per new duration prediction, in words, so `explain` shows what the decision used."""
+    def _record_predictions(s: Any, policy: Any, view: Any, decisions: list[Decision], now: float) -> None:
+        """A job event per placement with the predicted duration it used, in words: `explain` shows what the
+        decision used, not what the model says later (queued jobs are re-predicted every round)."""
         from lucid_core.runtime.explain import prediction_notes
 
-        predicted = [view.jobs[c["job_id"]] for c in changes if c["predicted_duration"] is not None
-                     and c["predicted_duration"] != snapshot.jobs[c["job_id"]].predicted_duration]
-        if predicted:
-            notes = prediction_notes(getattr(policy, "duration_model", None), predicted)
+        placed = [view.jobs[d.job_id] for d in decisions
+                  if isinstance(d, Place) and d.job_id in view.jobs and not d.job_id.startswith(HOLD_PREFIX)]
+        if placed:
+            notes = prediction_notes(getattr(policy, "duration_model", None), placed)
             s.add_all([JobEventRow(job_id=job_id, time=now, kind="Predicted", message=note)
                        for job_id, note in notes.items()])
 

@@ -414,7 +414,7 @@ def explanation_text(data: dict[str, Any]) -> str:
     recorded = priority.get("recorded")
     if recorded:
         at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(recorded["time"]))
-        lines.append(f"As the round recorded it at {at}: {recorded['note']}")
+        lines.append(f"Used when the round placed it ({at}): {recorded['note']}")
     now_says = explain_terms(priority.get("duration") or {})
     if now_says and not (recorded and len(now_says) == 1 and now_says[0] in recorded["note"]):
         lines.append("The duration model now says (it has seen more jobs since):" if recorded

@@ -180,7 +180,8 @@ def test_tuner_triggered_over_rest_writes_a_report_the_plugin_shows(airflow_stac
     assert state == "success", (root / "logs" / "scheduler.log").read_text()[-4000:]
     mapped = _call("GET", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}/taskInstances",
                        headers=headers, params={"task_id": "simulate_configuration"}).json()
-    assert sum(1 for ti in mapped["task_instances"] if ti["task_id"] == "simulate_configuration") == 4
+    # four configurations, and the current one under three workload draws (the run-to-run noise)
+    assert sum(1 for ti in mapped["task_instances"] if ti["task_id"] == "simulate_configuration") == 4 + 3
     xcom = _call("GET", f"{base}/api/v2/dags/lucid_system_tuner/dagRuns/{run_id}/taskInstances/write_report/"
                      "xcomEntries/return_value", headers=headers)
     assert xcom.status_code == 200, xcom.text

@@ -60,6 +60,7 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     assert detail.status_code == 200 and "Why it is where it is" in detail.text
     assert "Priority" in detail.text or "No duration predicted" in detail.text
     assert "Explanation unavailable" not in detail.text, detail.text[-2000:]
+    assert "Used when the round placed it" in detail.text and "predicted" in detail.text  # as the decision used it
     assert client.get("/jobs/nope").status_code == 404
 
     listing = client.get("/tuner")

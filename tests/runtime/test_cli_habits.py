@@ -93,5 +93,5 @@ def test_status_cancel_queue_and_explain_speak_plainly(finished, capsys):
     again = _cli(capsys, "cancel", waiting, "--store", url)[1]
     assert "cancel requested" in first and "cancel was already requested" in again
     code, out, _ = _cli(capsys, "explain", good, "--store", url, "--lucid-config", str(config))
-    assert code == 0 and "as recorded" in out and "['" not in out, out
+    assert code == 0 and "used when placed" in out and "['" not in out, out
     assert "predicted" in out and not any(len(tok) > 8 and tok.replace(".", "").isdigit() for tok in out.split())
