@@ -173,6 +173,38 @@ def test_verdict_compares_the_best_gain_with_the_measured_noise():
     assert within["keep_current"] is True and "varied by 6 s over 3 workload draws" in within["text"]
 
 
+def test_tune_cli_replays_on_the_stores_inventory_with_fleet(tmp_path, capsys):
+    import argparse
+    import json
+
+    from lucid_af_support import SAMPLE_TRACE
+
+    from lucid_core import tuner
+    from lucid_core.runtime.inventory import HostSpec, add_host
+    from lucid_core.runtime.store import Store
+
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    store = Store(url)
+    for name, pool, gpus in (("prof0", "profiling", 4), ("main0", "main", 8), ("main1", "main", 8)):
+        add_host(store, HostSpec(name, pool=pool, executor="local", gpus=gpus, workdir=str(tmp_path / name)))
+    store.dispose()
+    parser = argparse.ArgumentParser()
+    tuner.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["tune", "--trace", str(SAMPLE_TRACE), "--fleet", "--store", url, "--tprof", "200",
+                              "--sharing", "auto", "--out", str(tmp_path / "r")])
+    assert args.func(args) == 0
+    summary = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert summary["main_nodes"] is None and [h["name"] for h in summary["fleet"]["hosts"]] == ["main0", "main1",
+                                                                                                  "prof0"]
+    assert "2 main hosts, 16 GPUs; profiling pool: 1 host, 4 GPUs" in summary["cluster"]
+    assert "Cluster: the live fleet" in capsys.readouterr().out
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    args = parser.parse_args(["tune", "--trace", str(SAMPLE_TRACE), "--fleet", "--store", empty, "--out",
+                              str(tmp_path / "r2")])
+    with pytest.raises(ValueError, match="no main host with GPUs: add hosts"):
+        args.func(args)
+
+
 def test_update_engine_steps_on_a_postgresql_store(tmp_path, monkeypatch):
     """The production store is PostgreSQL: extract, validate, train, promote and drift run there too."""
     import uuid
