@@ -376,6 +376,9 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
     header, rows = _table_rows(ranked, current, current_values, settings.objective, verdict["threshold"])
     plots = _plots(ranked, settings.objective, out)
     cluster = settings.cluster_text(base.cluster.gpus_per_node)
+    if settings.fleet is not None and len({r.overrides.get("profiler.pool_nodes") for r in candidates}) > 1:
+        cluster += ("; its profiling pool is the inventory's profiling hosts, so the Cprof values swept "
+                    "(profiler.pool_nodes) do not change it")
     left_out = max((r.left_out for r in results), default=0)
     summary: dict[str, Any] = {
         "objective": settings.objective,

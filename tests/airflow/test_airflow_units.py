@@ -162,6 +162,18 @@ def test_fleet_replay_keeps_each_vc_on_its_hosts_and_leaves_out_jobs_too_wide_fo
     assert result.metrics["avg_queue_delay_s"] == pytest.approx((0 + 599 + 0) / 3, abs=1.0)
 
 
+def test_fleet_report_says_a_cprof_sweep_cannot_change_the_inventorys_pool(tmp_path):
+    from lucid_core.tuner import ConfigResult, TunerSettings, write_report
+
+    metrics = {"avg_jct_s": 100.0, "avg_queue_delay_s": 10.0, "p999_queue_delay_s": 50.0, "gpu_utilization": 0.5,
+               "ended_in_profiling": 1.0, "jobs_shared": 0.0}
+    results = [ConfigResult(i, {"profiler.pool_nodes": n}, dict(metrics)) for i, n in enumerate((1, 2))]
+    results.append(ConfigResult(2, {}, dict(metrics), role="current"))
+    summary = write_report(results, TunerSettings(fleet=_demo_fleet()), tmp_path)
+    assert "Cprof values swept (profiler.pool_nodes) do not change it" in summary["cluster"]
+    assert summary["keep_current"] is True
+
+
 def test_verdict_compares_the_best_gain_with_the_measured_noise():
     from lucid_core.tuner import ConfigResult, assess
 
