@@ -337,6 +337,7 @@ def _report_rows(directory: str) -> list[dict]:
 def test_tuner_triggered_from_its_form_with_the_defaults_reports_on_the_users_fleet(airflow_stack, tmp_path):
     """What a new user does: open a Lucid page (sent to log in and back), open the tuner's trigger form,
     press Trigger without touching a field, wait, read the report. Headless Chromium over CDP."""
+    pytest.importorskip("websockets.sync.client", reason="the CDP driver needs websockets (the dev extra)")
     from cdp_browser import Browser
 
     base, token, _, root = airflow_stack
