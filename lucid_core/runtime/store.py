@@ -39,6 +39,20 @@ def default_store_url(env: dict[str, str] | None = None) -> str:
     return f"sqlite:///{lucid_home(env) / 'lucid.db'}"
 
 
+def with_installed_driver(url: str) -> str:
+    """A bare `postgresql://` URL names no driver, and SQLAlchemy then assumes psycopg 3; the project installs
+    psycopg2, so a bare URL uses whichever of the two is installed (an explicit `+driver` is kept)."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return url
+    import importlib.util
+
+    rest = url.split("://", 1)[1]
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return f"postgresql+{driver}://{rest}"
+    return url
+
+
 def _alembic_config(connection: sa.Connection) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
@@ -60,6 +74,7 @@ class Store:
     fence: Any = None  # the lease whose generation guards this view's writes (see `fenced`)
 
     def __init__(self, url: str, *, migrate: bool = True, echo: bool = False) -> None:
+        url = with_installed_driver(url)
         self.url = url
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)

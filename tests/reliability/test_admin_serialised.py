@@ -98,7 +98,7 @@ def test_round_repairs_runs_on_a_host_that_vanished(tmp_path):
 def test_drained_host_is_removed_once_its_runs_end(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     add_local_hosts(store, tmp_path / "hosts")
-    job = submit(store, JobRequest("sleep 3", 2, "u", "vc-a"))
+    job = submit(store, JobRequest("sleep 8", 2, "u", "vc-a"))  # outlasts the "still busy" round under load
     _until(store, lambda j: j[job].state == "RUNNING")
     with store.session() as s:
         host = s.scalar(select(RunRow.host).where(RunRow.job_id == job, RunRow.state == "running"))

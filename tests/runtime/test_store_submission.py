@@ -183,3 +183,15 @@ def test_racing_holders_never_both_win_the_lease(store):
             t.join()
         results.append(won)
     assert all(sum(won) == 1 for won in results), results
+
+
+def test_a_bare_postgresql_url_uses_the_installed_driver(pg_url):
+    from lucid_core.runtime.store import with_installed_driver
+
+    bare = "postgresql://" + pg_url.split("://", 1)[1]
+    assert with_installed_driver(bare).startswith(("postgresql+psycopg2://", "postgresql+psycopg://"))
+    assert with_installed_driver("sqlite:///x.db") == "sqlite:///x.db"
+    assert with_installed_driver("postgresql+psycopg2://h/db") == "postgresql+psycopg2://h/db"
+    store = Store(bare)  # before: "No module named 'psycopg'" with only psycopg2 installed
+    assert store.revision() == HEAD
+    store.dispose()
