@@ -163,7 +163,7 @@ def main() -> int:
     logs = [(root / f"loop{i}.err").open("w") for i in range(args.loops)]
     loops = [subprocess.Popen(
         [sys.executable, __file__, "--child", str(i), str(args.loops), str(args.stall), str(stall_log),
-         "round", "--store", url, "--lucid-config", str(config), "--every", "1s"],
+         "round", "--store", url, "--config", str(config), "--every", "1s"],
         env=env, stdout=subprocess.DEVNULL, stderr=logs[i]) for i in range(args.loops)]
     stop, counts = threading.Event(), Counter()
     admin_thread = threading.Thread(target=admin_loop, args=(store, root, stop, counts), daemon=True)

@@ -127,8 +127,7 @@ def lucid_system_tuner():
             raise AirflowSkipException("apply is off: the report proposes, nothing was changed")
         if summary.get("keep_current"):
             raise AirflowSkipException(f"nothing to apply: {summary.get('verdict')}")
-        from lucid_airflow.tuning import live_config_path
-
+        from lucid_core.config import live_config_path
         from lucid_core.tuner import chosen_overrides, write_config_toml
 
         return str(write_config_toml(chosen_overrides(summary), live_config_path()))

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lucid_core.config import ConfigError, load_config
+from lucid_core.config import ConfigError, load_config, parse_overrides
 
 
 def _repo_include() -> Path:
@@ -55,11 +55,8 @@ def _simulate(args: argparse.Namespace) -> int:
     from lucid_core.sim.workloads import WorkloadCatalog
 
     config = load_config(args.config)
-    pairs: dict[str, str] = {}
-    if args.set:
-        pairs = dict(item.split("=", 1) for item in args.set if "=" in item)
-        if len(pairs) != len(args.set):
-            raise ConfigError(f"--set takes SECTION.KNOB=VALUE, got {args.set}")
+    pairs = parse_overrides(args.set)
+    if pairs:
         config = config.with_overrides(pairs)
     if args.gpus_per_node is not None:
         config = config.with_overrides({"cluster.gpus_per_node": args.gpus_per_node})

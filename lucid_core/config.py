@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -224,6 +224,44 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
                 raise ConfigError(f"environment variable {key} must look like LUCID__SECTION__KNOB")
             overrides[".".join(parts)] = value
     return config.with_overrides(overrides) if overrides else config
+
+
+def lucid_home(env: Mapping[str, str] | None = None) -> Path:
+    """LUCID_HOME, or ~/.lucid: where the default SQLite store, run logs and the live config file live."""
+    env = os.environ if env is None else env
+    return Path(env.get("LUCID_HOME") or Path.home() / ".lucid").expanduser()
+
+
+def live_config_path(env: Mapping[str, str] | None = None) -> Path:
+    """The live scheduler's config file: LUCID_CONFIG, else LUCID_HOME/lucid.toml (it need not exist).
+
+    The one place this is decided: the round (CLI and DAG), the pages, the API and the tuner's `apply`
+    all read and write this file, so what the tuner applies is what the next round reads.
+    """
+    env = os.environ if env is None else env
+    return Path(env["LUCID_CONFIG"]).expanduser() if env.get("LUCID_CONFIG") else lucid_home(env) / "lucid.toml"
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, str]:
+    """`SECTION.KNOB=VALUE` strings (the CLI's --set) as a mapping; ConfigError naming a malformed one."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        knob, sep, value = item.partition("=")
+        if not sep or "." not in knob:
+            raise ConfigError(f"--set takes SECTION.KNOB=VALUE, got {item!r}")
+        pairs[knob.strip()] = value
+    return pairs
+
+
+def load_live_config(path: str | Path | None = None, overrides: Sequence[str] = (),
+                     env: Mapping[str, str] | None = None) -> LucidConfig:
+    """The configuration the live scheduler runs with: `path` when given (a --config flag), else the live
+    config file when it exists (`live_config_path`), then LUCID__SECTION__KNOB variables, then `overrides`."""
+    if path is None:
+        default = live_config_path(env)
+        path = default if default.is_file() else None
+    config = load_config(path, env)
+    return config.with_overrides(parse_overrides(overrides)) if overrides else config
 
 
 def describe_knobs() -> list[tuple[str, Any, str]]:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lucid_core.config import ConfigError, LucidConfig, load_config
+from lucid_core.config import ConfigError, LucidConfig, load_config, load_live_config
 from lucid_core.sim.fleet import Fleet
 from lucid_core.sim.records import TraceRecord
 
@@ -534,6 +534,9 @@ def add_parser(subparsers) -> Any:
     parser.add_argument("--catalog", default=None, help="workload catalog dir (default: synthetic)")
     parser.add_argument("--objective", default="avg_jct", choices=sorted(OBJECTIVES))
     parser.add_argument("--out", default="out/tuner", help="report folder")
+    parser.add_argument("--config", default=None,
+                        help="configuration tuned from (default: the live one: LUCID_CONFIG, LUCID_HOME/lucid.toml)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE", help="override a knob")
     parser.set_defaults(func=_run_cli)
     return parser
 
@@ -556,8 +559,9 @@ def _run_cli(args) -> int:
                              config=LucidConfig(), seed=settings.seed)
     results = []
     items = sweep_items(configs, seed=settings.seed)
+    base = load_live_config(args.config, args.set)
     for item in items:
-        results.append(run_configuration(exp.records, item["overrides"], settings, index=item["index"],
+        results.append(run_configuration(exp.records, item["overrides"], settings, index=item["index"], base=base,
                                          catalog=catalog, history=exp.history, seed=item["seed"], role=item["role"]))
         print(f"[{item['index'] + 1}/{len(items)}] {item['role']} {item['overrides'] or ''}: "
               + (results[-1].error or f"avg JCT {duration_text(results[-1].metrics['avg_jct_s'])}"), flush=True)

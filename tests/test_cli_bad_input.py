@@ -53,7 +53,7 @@ def _bad_inputs(tmp) -> dict[str, list[str]]:
         "hosts remove": ["hosts", "remove", *store, "nope"],
         "hosts check": ["hosts", "check", *store, "nope"],
         "metrics": ["metrics", "--store", "nosuchdialect://x"],
-        "round": ["round", *store, "--lucid-config", str(tmp / "missing.toml")],
+        "round": ["round", *store, "--config", str(tmp / "missing.toml")],
         "calibrate": ["calibrate", "--host", "local", "--workloads", "nosuchmodel:32", "--out", str(tmp / "cal")],
         "tune": ["tune", "--trace", missing, "--out", str(tmp / "tune")],
     }

@@ -17,13 +17,15 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from lucid_core.config import load_config
+from lucid_core.config import load_live_config
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", dest="store_url", default=None,
                    help="store URL (default: LUCID_STORE_URL, else SQLite in LUCID_HOME)")
-    p.add_argument("--lucid-config", dest="lucid_config", default=None, help="config file (TOML or YAML)")
+    p.add_argument("--config", "--lucid-config", dest="config", default=None,
+                   help="config file, TOML or YAML (default: LUCID_CONFIG, else LUCID_HOME/lucid.toml if it exists)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE", help="override a knob")
     p.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
 
 
@@ -286,7 +288,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    return load_config(args.lucid_config)
+    return load_live_config(args.config, args.set)
 
 
 def _explain(args: argparse.Namespace) -> int:

@@ -20,15 +20,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.orm import Session, sessionmaker
 
+from lucid_core.config import lucid_home
 from lucid_core.runtime.schema import SchedulerStateRow
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-
-
-def lucid_home(env: dict[str, str] | None = None) -> Path:
-    """LUCID_HOME, or ~/.lucid: where the default SQLite store and local run logs live."""
-    env = dict(os.environ) if env is None else env
-    return Path(env.get("LUCID_HOME") or Path.home() / ".lucid").expanduser()
 
 
 def default_store_url(env: dict[str, str] | None = None) -> str:

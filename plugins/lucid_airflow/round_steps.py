@@ -87,14 +87,13 @@ class ConnectionTransport:
 
 
 def _round(url: str, workdir: Path):
-    from lucid_core.config import load_config
+    from lucid_core.config import load_live_config
     from lucid_core.runtime.executor import HostExecutor
     from lucid_core.runtime.local_executor import LocalTransport
     from lucid_core.runtime.round import RoundSettings, SchedulingRound
     from lucid_core.runtime.store import Store
 
-    config_path = os.environ.get("LUCID_CONFIG")
-    config = load_config(config_path if config_path and Path(config_path).is_file() else None)
+    config = load_live_config()
     executor = HostExecutor({"ssh": ConnectionTransport(workdir), "local": LocalTransport()})
     return SchedulingRound(Store(url), executor, config, RoundSettings.from_config(config, holder=_holder()))
 

@@ -28,15 +28,6 @@ def report_directory(run_id: str) -> Path:
     return reports_root() / "tuner" / safe_name(run_id)
 
 
-def live_config_path() -> Path:
-    """LUCID_CONFIG, else LUCID_HOME/lucid.toml: the file the live scheduler loads."""
-    if os.environ.get("LUCID_CONFIG"):
-        return Path(os.environ["LUCID_CONFIG"])
-    from lucid_core.runtime.store import lucid_home
-
-    return lucid_home() / "lucid.toml"
-
-
 def load_tuner_trace(params: Mapping[str, Any]):
     """The trace records a sweep replays: a file window, or the store's finished jobs of the last days."""
     if params.get("trace_path"):
@@ -59,10 +50,9 @@ def load_tuner_trace(params: Mapping[str, Any]):
 
 def current_config():
     """The configuration the live scheduler runs with (the live config file when there is one)."""
-    from lucid_core.config import load_config
+    from lucid_core.config import load_live_config
 
-    path = live_config_path()
-    return load_config(path if path.is_file() else None)
+    return load_live_config()
 
 
 def tuner_fleet(params: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -379,25 +379,18 @@ def _inside(root: Path, relative: str) -> Path:
 def _explanation(url: str, job_id: str) -> str:
     """The runtime's explanation of a job (the same models the round uses), as lines a person reads."""
     try:
-        from lucid_core.config import load_config
+        from lucid_core.config import load_live_config
         from lucid_core.runtime.explain import explain
         from lucid_core.runtime.store import Store
 
         store = Store(url, migrate=False)
         try:
-            data = explain(store, job_id, load_config(_live_config()), time.time())
+            data = explain(store, job_id, load_live_config(), time.time())
         finally:
             store.dispose()
     except Exception as exc:  # an explanation failing must not take the page down
         return f"Explanation unavailable: {type(exc).__name__}: {exc}"
     return explanation_text(data)
-
-
-def _live_config() -> str | None:
-    import os
-
-    path = os.environ.get("LUCID_CONFIG")
-    return path if path and Path(path).is_file() else None
 
 
 def explanation_text(data: dict[str, Any]) -> str:
@@ -442,10 +435,10 @@ def explanation_text(data: dict[str, Any]) -> str:
 
 
 def _runtime_api(url: str):
-    from lucid_core.config import load_config
+    from lucid_core.config import load_live_config
     from lucid_core.runtime.api import create_app
 
-    return create_app(url, config=load_config(_live_config()))
+    return create_app(url, config=load_live_config())
 
 
 class _LazyApp:

@@ -255,3 +255,30 @@ def test_update_engine_steps_on_a_postgresql_store(tmp_path, monkeypatch):
         with admin.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+def test_the_tuners_apply_changes_what_the_next_round_reads(tmp_path, monkeypatch):
+    """LUCID_CONFIG unset: apply writes LUCID_HOME/lucid.toml, and the round (DAG task and `lucid round`),
+    the pages and `lucid tune` all read that file (before, only the tuner fell back to it)."""
+    import argparse
+
+    from lucid_airflow import round_steps, tuning
+
+    from lucid_core.config import live_config_path, load_live_config
+    from lucid_core.runtime import cli as runtime_cli
+    from lucid_core.tuner import write_config_toml
+
+    monkeypatch.delenv("LUCID_CONFIG", raising=False)
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path))
+    assert live_config_path() == tmp_path / "lucid.toml"
+    assert load_live_config().profiler.tprof_s == 200  # no file yet: the defaults
+    write_config_toml({"profiler.tprof_s": 100, "binder.sharing": "off"}, live_config_path())  # what apply_best does
+    rnd = round_steps._round(f"sqlite:///{tmp_path / 'lucid.db'}", tmp_path)
+    assert (rnd.config.profiler.tprof_s, rnd.config.binder.sharing) == (100, "off")
+    args = argparse.Namespace(config=None, set=["binder.sharing=on"])
+    assert runtime_cli._config(args).profiler.tprof_s == 100 and runtime_cli._config(args).binder.sharing == "on"
+    assert tuning.current_config().profiler.tprof_s == 100
+    monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "other.toml"))  # set: it wins, for every reader alike
+    assert live_config_path() == tmp_path / "other.toml"
+    assert load_live_config().profiler.tprof_s == 200
+    rnd.store.dispose()

@@ -42,7 +42,7 @@ def main() -> None:
     if mode == "cli":
         from lucid_core.cli import main as lucid
 
-        sys.exit(lucid(["round", "--store", url, "--json", "--lucid-config", os.environ["LUCID_CONFIG"]]))
+        sys.exit(lucid(["round", "--store", url, "--json", "--config", os.environ["LUCID_CONFIG"]]))
     sys.path.insert(0, str(REPO / "plugins"))
     from lucid_airflow import round_steps
 

@@ -87,7 +87,7 @@ def _env(tmp_path: Path, ttl_s: float) -> dict[str, str]:
 
 def _lucid_round(store: Store, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lucid_core.cli", "round", "--store", store.url,
-                           "--lucid-config", env["LUCID_CONFIG"]], env=env, capture_output=True, text=True,
+                           "--config", env["LUCID_CONFIG"]], env=env, capture_output=True, text=True,
                           timeout=60)
 
 

@@ -32,7 +32,7 @@ def finished(tmp_path, capsys, monkeypatch):
     good = submit(store, JobRequest("for i in 1 2 3 4; do echo line $i; done", gpus=1, user="bo", vc="default",
                                     name="chatty"))
     store.dispose()
-    common = ("--store", url, "--lucid-config", str(config))
+    common = ("--store", url, "--config", str(config))
     deadline = time.monotonic() + 30
     while True:
         assert _cli(capsys, "round", *common)[0] == 0
@@ -92,6 +92,6 @@ def test_status_cancel_queue_and_explain_speak_plainly(finished, capsys):
     first = _cli(capsys, "cancel", waiting, "--store", url)[1]
     again = _cli(capsys, "cancel", waiting, "--store", url)[1]
     assert "cancel requested" in first and "cancel was already requested" in again
-    code, out, _ = _cli(capsys, "explain", good, "--store", url, "--lucid-config", str(config))
+    code, out, _ = _cli(capsys, "explain", good, "--store", url, "--config", str(config))
     assert code == 0 and "used when placed" in out and "['" not in out, out
     assert "predicted" in out and not any(len(tok) > 8 and tok.replace(".", "").isdigit() for tok in out.split())
