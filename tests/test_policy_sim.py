@@ -289,3 +289,24 @@ def test_jobs_are_placed_only_on_nodes_of_their_own_vc():
     assert AffinityBinder(config.binder).pending_reason(view, view.jobs["a2"]) == (
         "no affine partner: sharing scores exceed GPU capacity")
     view.check_invariants()
+
+
+def test_per_vc_replay_keeps_the_duration_model_and_counts_progress_over_every_vc():
+    """Each VC runs on its own nodes; before, this path dropped the duration model and the progress callback."""
+    from lucid_core.sim.experiment import Experiment
+
+    asked: list[str] = []
+
+    class Recording(HistoryDurationPredictor):
+        def predict_duration(self, jobs):
+            asked.extend(j.job_id for j in jobs)
+            return [600.0] * len(jobs)
+
+    records = [TraceRecord(f"{vc}{i}", 10.0 * i, 300.0 + 50 * i, 1, vc=vc) for vc in ("a", "b") for i in range(4)]
+    exp = Experiment(records, [], WorkloadCatalog.synthetic(), LucidConfig(), nodes=2, vc_nodes={"a": 1, "b": 1})
+    seen: list[tuple[int, int]] = []
+    result, _ = run_policy("lucid", exp, duration_model=Recording(),
+                           progress=lambda done, total: seen.append((done, total)))
+    assert len(result.outcomes) == 8
+    assert {j[0] for j in asked} == {"a", "b"}  # the given model predicted the jobs of both VCs
+    assert seen[-1] == (8, 8) and all(total == 8 for _, total in seen)  # one count over both VCs

@@ -15,12 +15,13 @@ import numpy as np
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile
+from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision, Place, Preempt
 from lucid_core.policy.orchestrator import place_queue
 from lucid_core.policy.view import ClusterView
 
 
-class _QueueOnlyPolicy:
+class _QueueOnlyPolicy(SchedulingPolicy):
     """Shared by the non-preemptive baselines: no profiling, a key, one placement scan."""
 
     name = "base"
@@ -123,7 +124,7 @@ class QssfPolicy(_QueueOnlyPolicy):
         view.enqueue_main(job, (job.priority, job.submit_time, job.job_id))
 
 
-class TiresiasPolicy:
+class TiresiasPolicy(SchedulingPolicy):
     """Two-queue discretized LAS on attained GPU-time: new jobs in queue 1, demoted past the
     threshold; FIFO within a queue by entry time; higher queues preempt lower ones. Every
     preemption costs the job `checkpoint_cost_s` of extra run time (the driver applies it)."""

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile
+from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision
 from lucid_core.policy.models import DurationPredictor, UtilizationRuleClassifier
 from lucid_core.policy.orchestrator import place_queue
@@ -39,7 +40,7 @@ RULE_LEAST_LOADED = "least predicted load"
 RULE_NO_OVERSUBSCRIPTION = "no oversubscription"
 
 
-class HorusPolicy:
+class HorusPolicy(SchedulingPolicy):
     """Horus's ordering and packing rules behind the common policy interface."""
 
     name = "horus"

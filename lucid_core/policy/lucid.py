@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile
+from lucid_core.policy.base import PolicyParts, SchedulingPolicy
 from lucid_core.policy.binder import AffinityBinder
 from lucid_core.policy.decisions import Decision
 from lucid_core.policy.models import (
@@ -18,7 +19,7 @@ from lucid_core.policy.profiler import SpaceAwareProfiler
 from lucid_core.policy.view import ClusterView
 
 
-class LucidPolicy:
+class LucidPolicy(SchedulingPolicy):
     name = "lucid"
     preemptive = False
 
@@ -27,12 +28,16 @@ class LucidPolicy:
                  forecaster: ThroughputForecaster | None = None) -> None:
         self.config = config
         self.profiles = config.profiler.enabled
+        self.model_sources: dict[str, str] = {}  # model kind -> where it came from (the live round fills it)
         self.duration_model = duration_model or HistoryDurationPredictor()
         self.forecaster = forecaster or RecentSlotsForecaster(config.forecast.slot_s)
         self.profiler = SpaceAwareProfiler(config.profiler)
         self.binder = AffinityBinder(config.binder, packing_model)
         self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator,
                                          config.orchestrator.aging)
+
+    def describe(self) -> PolicyParts:
+        return PolicyParts(self.duration_model, self.binder.packing_model, self.forecaster, dict(self.model_sources))
 
     # --- hooks ----------------------------------------------------------------------------
     def on_submit(self, view: ClusterView, job: Job) -> None:

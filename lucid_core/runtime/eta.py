@@ -43,7 +43,7 @@ def assumed_durations(policy: SchedulingPolicy, jobs: Sequence[Job]) -> list[flo
     """Each job's whole work in the what-if: its predicted duration, else what the policy's model
     predicts now (floored as the orchestrator floors a prediction), else an hour."""
     missing = [job for job in jobs if job.predicted_duration is None]
-    model = getattr(policy, "duration_model", None)
+    model = policy.describe().duration_model
     predicted = {}
     if missing:
         raw = model.predict_duration(missing) if model is not None else [UNKNOWN_DURATION_S] * len(missing)

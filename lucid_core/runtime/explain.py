@@ -176,9 +176,8 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
         shared = shared_speeds(s, [job_id]).get(job_id)
     policy = (policy_factory or default_policy)(config, load_snapshot(store, now))
     job = job_of(row)
-    duration_model = getattr(policy, "duration_model", None)
-    binder = getattr(policy, "binder", None)
-    packing_model = getattr(binder, "packing_model", None)
+    parts = policy.describe()
+    duration_model, packing_model = parts.duration_model, parts.packing_model
     partner_reason = None
     partner = None
     for d in decisions:
@@ -223,6 +222,6 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                   "exit_code": r.exit_code, "outcome": r.outcome} for r in runs],
         "decisions": [{"time": d.time, "kind": d.kind, "reason": d.reason, "status": d.status} for d in decisions],
         "events": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
-        "models": getattr(policy, "model_sources", {}),
+        "models": parts.model_sources,
     }
     return out

@@ -915,7 +915,7 @@ class SchedulingRound:
         placed = [view.jobs[d.job_id] for d in decisions
                   if isinstance(d, Place) and d.job_id in view.jobs and not d.job_id.startswith(HOLD_PREFIX)]
         if placed:
-            notes = prediction_notes(getattr(policy, "duration_model", None), placed)
+            notes = prediction_notes(policy.describe().duration_model, placed)
             s.add_all([JobEventRow(job_id=job_id, time=now, kind="Predicted", message=note)
                        for job_id, note in notes.items()])
 

@@ -169,7 +169,7 @@ def default_policy(config: LucidConfig, snapshot: Snapshot) -> SchedulingPolicy:
 
     duration, packing, forecaster, sources = policy_models(config, snapshot)
     policy = LucidPolicy(config, duration_model=duration, packing_model=packing, forecaster=forecaster)
-    policy.model_sources = sources  # type: ignore[attr-defined]
+    policy.model_sources = sources
     return policy
 
 
@@ -291,7 +291,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
                 policy.on_profiled(view, job, job.profile)
             else:
                 requeue(policy, view, job)
-    forecaster = getattr(policy, "forecaster", None)
+    forecaster = policy.describe().forecaster
     if isinstance(forecaster, ReplayForecaster):
         forecaster.muted = False
     return BuiltView(view, policy, available, frozen)

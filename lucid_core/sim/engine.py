@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import Job, JobState, Pool, Profile
+from lucid_core.domain import JobState, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling
 from lucid_core.policy.view import ClusterView
@@ -87,246 +87,291 @@ def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: L
     knows) from `start.now`, and `records` are later submissions. With `until`, it may stop
     before every job has ended (see `SimResult.stopped_by`); without, unfinished jobs are an error.
     """
-    started = wallclock.perf_counter()
-    if workloads is not None and len(workloads) != len(records):
-        raise ValueError(f"{len(workloads)} workloads for {len(records)} trace records")
-    speeds = speeds or default_speeds
-    if start is None:
-        view = ClusterView(config)
-        view.add_nodes(Pool.MAIN, main_nodes)
-        if getattr(policy, "profiles", False):
-            view.add_nodes(Pool.PROFILING, config.profiler.pool_nodes if profiling_nodes is None else profiling_nodes)
-    elif main_nodes or profiling_nodes is not None:
-        raise ValueError("a run from a start state uses the start view's nodes; give no main_nodes/profiling_nodes")
-    else:
-        view = start.view
-    carried = start.jobs if start is not None else ()
-    too_wide = [r.job_id for r in records if r.gpus > view.main.total_gpus]
-    if too_wide:
-        raise ValueError(f"{len(too_wide)} job(s) need more GPUs than the {view.main.total_gpus} of the cluster "
-                         f"(e.g. {too_wide[:3]}); give the simulation more nodes or filter the trace")
-    runs: dict[str, _Run] = {}
-    heap: list[tuple[float, int, int, str, int]] = []
-    seq = 0
-    for i, rec in enumerate(records):
-        if rec.job_id in runs:
-            raise ValueError(f"duplicate job id {rec.job_id} in trace")
-        runs[rec.job_id] = _Run(rec, workloads[i] if workloads is not None else None)
-        heap.append((rec.submit_time, _ARRIVAL, seq, rec.job_id, 0))
-        seq += 1
-    for rec in carried:
-        if rec.job_id in runs:
-            raise ValueError(f"job {rec.job_id} is both in the start state and submitted")
-        runs[rec.job_id] = _Run(rec, None)
-    heapq.heapify(heap)
-    precompute = getattr(policy, "precompute", None)
-    if precompute is not None:
-        precompute([Job(job_id=r.job_id, user=r.user or r.vc, vc=r.vc, gpus=r.gpus, submit_time=r.submit_time,
-                        name=r.name) for r in records])
+    return Simulation(records, policy, config, main_nodes=main_nodes, profiling_nodes=profiling_nodes,
+                      workloads=workloads, speeds=speeds, check_invariants=check_invariants, keep_log=keep_log,
+                      progress=progress, start=start, until=until).run()
 
-    measured_profile = view.profile_of  # what the view knew before: no profile in a fresh view
 
-    def profile_of(job_id: str) -> Profile | None:
-        run = runs.get(job_id)
+class Simulation:
+    """One replay: the event heap, each job's true work (`_Run`) and the outcomes; the policy decides,
+    this object only carries its decisions out in simulated time. Build one per run."""
+
+    def __init__(self, records: Sequence[TraceRecord], policy: SchedulingPolicy, config: LucidConfig, *,
+                 main_nodes: int = 0, profiling_nodes: int | None = None,
+                 workloads: Sequence[Workload] | None = None, speeds: SpeedFn | None = None,
+                 check_invariants: bool = False, keep_log: bool = False,
+                 progress: Callable[[int, int], None] | None = None,
+                 start: StartState | None = None, until: Until | None = None) -> None:
+        self.started = wallclock.perf_counter()
+        if workloads is not None and len(workloads) != len(records):
+            raise ValueError(f"{len(workloads)} workloads for {len(records)} trace records")
+        self.records, self.policy, self.config = records, policy, config
+        self.speeds = speeds or default_speeds
+        self.check_invariants, self.keep_log, self.progress = check_invariants, keep_log, progress
+        self.start, self.until = start, until
+        self.view = self._initial_view(main_nodes, profiling_nodes)
+        self.carried = start.jobs if start is not None else ()
+        too_wide = [r.job_id for r in records if r.gpus > self.view.main.total_gpus]
+        if too_wide:
+            raise ValueError(f"{len(too_wide)} job(s) need more GPUs than the {self.view.main.total_gpus} of the "
+                             f"cluster (e.g. {too_wide[:3]}); give the simulation more nodes or filter the trace")
+        self.runs: dict[str, _Run] = {}
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self.seq = 0
+        self._load(workloads)
+        policy.precompute([r.to_job() for r in records])
+        self._measured_profile = self.view.profile_of  # what the view knew before: no profile in a fresh view
+        self.view.profile_of = self._profile_of
+        self.outcomes: list[JobOutcome] = []
+        first = (records[0].submit_time if records else 0.0, 0)
+        self.timeline: list[tuple[float, int]] = [first] if start is None else [(start.now, self.view.main.busy_gpus)]
+        self.counts: Counter[str] = Counter()
+        self.log: list[tuple[float, str, str, str]] = []
+        self.wakes: set[float] = set()
+        self.events = 0
+        self.total = len(records) + len(self.carried)
+        self.original = {r.job_id: r.duration for r in records}
+        self.submitted_at = {r.job_id: r.submit_time for r in records}
+
+    def _initial_view(self, main_nodes: int, profiling_nodes: int | None) -> ClusterView:
+        """An empty cluster of the given size, or the start state's cluster caught mid-run."""
+        if self.start is None:
+            view = ClusterView(self.config)
+            view.add_nodes(Pool.MAIN, main_nodes)
+            if self.policy.profiles:
+                view.add_nodes(Pool.PROFILING,
+                               self.config.profiler.pool_nodes if profiling_nodes is None else profiling_nodes)
+            return view
+        if main_nodes or profiling_nodes is not None:
+            raise ValueError("a run from a start state uses the start view's nodes; give no main_nodes/profiling_nodes")
+        return self.start.view
+
+    def _load(self, workloads: Sequence[Workload] | None) -> None:
+        """Every submission becomes an arrival event; the start state's jobs are carried in."""
+        for i, rec in enumerate(self.records):
+            if rec.job_id in self.runs:
+                raise ValueError(f"duplicate job id {rec.job_id} in trace")
+            self.runs[rec.job_id] = _Run(rec, workloads[i] if workloads is not None else None)
+            self.heap.append((rec.submit_time, _ARRIVAL, self.seq, rec.job_id, 0))
+            self.seq += 1
+        for rec in self.carried:
+            if rec.job_id in self.runs:
+                raise ValueError(f"job {rec.job_id} is both in the start state and submitted")
+            self.runs[rec.job_id] = _Run(rec, None)
+        heapq.heapify(self.heap)
+
+    # --- what the policy may know of a job -----------------------------------------------
+    def _profile_of(self, job_id: str) -> Profile | None:
+        run = self.runs.get(job_id)
         w = run.workload if run is not None else None
         if w is None:
-            return measured_profile(job_id)
+            return self._measured_profile(job_id)
         return Profile(w.gpu_util, w.mem_util, w.gpu_mem_mb, w.amp, emulated=True)
 
-    def workload_of(job_id: str) -> Workload | None:
+    def _workload_of(self, job_id: str) -> Workload | None:
         """A job's workload for co-located speeds: the trace's, else one from its measured profile."""
-        w = runs[job_id].workload
+        w = self.runs[job_id].workload
         if w is not None:
             return w
-        p = view.jobs[job_id].profile
+        p = self.view.jobs[job_id].profile
         return None if p is None else Workload(job_id, p.gpu_util, p.mem_util, p.gpu_mem_mb, p.amp)
 
-    view.profile_of = profile_of
-    outcomes: list[JobOutcome] = []
-    if start is None:
-        timeline: list[tuple[float, int]] = [(records[0].submit_time if records else 0.0, 0)]
-    else:
-        timeline = [(start.now, view.main.busy_gpus)]
-    counts: Counter[str] = Counter()
-    log: list[tuple[float, str, str, str]] = []
-    wakes: set[float] = set()
-    events = 0
-    total = len(records) + len(carried)
-    next_progress = 0
+    # --- events and the work of running jobs ---------------------------------------------
+    def _push(self, t: float, kind: int, job_id: str, version: int = 0) -> None:
+        heapq.heappush(self.heap, (t, kind, self.seq, job_id, version))
+        self.seq += 1
 
-    def push(t: float, kind: int, job_id: str, version: int = 0) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, kind, seq, job_id, version))
-        seq += 1
+    def _wake(self, t: float) -> None:
+        if t not in self.wakes:
+            self.wakes.add(t)
+            self._push(t, _WAKE, "")
 
-    def settle(run: _Run, now: float) -> None:
+    @staticmethod
+    def _settle(run: _Run, now: float) -> None:
         run.remaining -= (now - run.since) * run.rate
         run.since = now
 
-    def plan_end(job_id: str, now: float) -> None:
-        run = runs[job_id]
+    def _plan_end(self, job_id: str, now: float) -> None:
+        run = self.runs[job_id]
         run.version += 1
-        push(now + max(run.remaining, 0.0) / run.rate, _FINISH, job_id, run.version)
+        self._push(now + max(run.remaining, 0.0) / run.rate, _FINISH, job_id, run.version)
 
-    def set_rate(job_id: str, rate: float, now: float) -> None:
-        run = runs[job_id]
-        settle(run, now)
+    def _set_rate(self, job_id: str, rate: float, now: float) -> None:
+        run = self.runs[job_id]
+        self._settle(run, now)
         if rate < 1.0 and run.shared_since is None:
             run.shared_since = now
         elif rate >= 1.0 and run.shared_since is not None:
             run.shared += now - run.shared_since
             run.shared_since = None
         run.rate = rate
-        plan_end(job_id, now)
+        self._plan_end(job_id, now)
 
-    def begin(job_id: str, now: float) -> None:
-        run = runs[job_id]
+    def _begin(self, job_id: str, now: float) -> None:
+        run = self.runs[job_id]
         run.remaining = run.record.duration + run.lost_work
         run.lost_work = 0.0
         run.rate, run.since = 1.0, now
 
-    def halt(job_id: str, now: float) -> None:
+    def _halt(self, job_id: str, now: float) -> None:
         """Bring a stopping run up to date and drop its planned end."""
-        run = runs[job_id]
-        settle(run, now)
-        alloc_start = view.jobs[job_id].start_time
+        run = self.runs[job_id]
+        self._settle(run, now)
+        alloc_start = self.view.jobs[job_id].start_time
         run.served += now - (alloc_start if alloc_start is not None else now)
         if run.shared_since is not None:
             run.shared += now - run.shared_since
             run.shared_since = None
         run.version += 1
 
-    def apply(decision: Decision, now: float) -> None:
-        counts[type(decision).__name__] += 1
-        if keep_log:
-            log.append((now, type(decision).__name__, getattr(decision, "job_id", ""), decision.reason))
+    # --- carrying out the policy's decisions ----------------------------------------------
+    def _apply(self, decision: Decision, now: float) -> None:
+        self.counts[type(decision).__name__] += 1
+        if self.keep_log:
+            self.log.append((now, type(decision).__name__, getattr(decision, "job_id", ""), decision.reason))
         if isinstance(decision, StartProfiling):
-            run = runs[decision.job_id]
-            run.profiled = True
-            begin(decision.job_id, now)
-            view.jobs[decision.job_id].start_time = now
-            if run.remaining <= decision.window_s:
-                plan_end(decision.job_id, now)
-            else:
-                run.version += 1
-                wake(now + decision.window_s)
+            self._start_profiling(decision, now)
         elif isinstance(decision, StopProfiling):
-            halt(decision.job_id, now)
+            self._halt(decision.job_id, now)
         elif isinstance(decision, Place):
-            run = runs[decision.job_id]
-            begin(decision.job_id, now)
-            if decision.profile_in_place:
-                run.profiled = True
-                until = view.allocations[decision.job_id].profiling_until
-                if until is not None:
-                    wake(until)
-            if decision.partner is not None:
-                a, b = workload_of(decision.job_id), workload_of(decision.partner)
-                s_job, s_partner = speeds(a, b) if a is not None and b is not None else (1.0, 1.0)
-                set_rate(decision.job_id, min(1.0, s_job), now)
-                set_rate(decision.partner, min(1.0, s_partner), now)
-                view.speed_reports.append((decision.job_id, min(s_job, s_partner)))
-            else:
-                plan_end(decision.job_id, now)
+            self._place(decision, now)
         elif isinstance(decision, Preempt):
-            run = runs[decision.job_id]
-            halt(decision.job_id, now)
+            run = self.runs[decision.job_id]
+            self._halt(decision.job_id, now)
             run.preemptions += 1
-            run.lost_work = config.tiresias.checkpoint_cost_s
+            run.lost_work = self.config.tiresias.checkpoint_cost_s
             run.record = replace(run.record, duration=max(run.remaining, 0.0))  # the rest of its work
 
-    def wake(t: float) -> None:
-        if t not in wakes:
-            wakes.add(t)
-            push(t, _WAKE, "")
+    def _start_profiling(self, decision: StartProfiling, now: float) -> None:
+        run = self.runs[decision.job_id]
+        run.profiled = True
+        self._begin(decision.job_id, now)
+        self.view.jobs[decision.job_id].start_time = now
+        if run.remaining <= decision.window_s:
+            self._plan_end(decision.job_id, now)
+        else:
+            run.version += 1
+            self._wake(now + decision.window_s)
 
-    original = {r.job_id: r.duration for r in records}
-    submitted_at = {r.job_id: r.submit_time for r in records}
-    if start is not None:
-        original.update((r.job_id, r.duration) for r in carried)
-        submitted_at.update((r.job_id, r.submit_time) for r in carried)
-        _resume(start, runs, speeds, workload_of, plan_end, wake)
-    stop_job = until.job_finished if until is not None else None
-    stop_time = until.time if until is not None and until.time is not None else math.inf
-    max_rounds = until.rounds if until is not None else None
-    stopped_by: StopCause | None = None
-    rounds = 0
-    while heap:
-        now = heap[0][0]
-        if now > stop_time:
-            stopped_by = "time"
-            break
-        view.now = now
-        changed = False
+    def _place(self, decision: Place, now: float) -> None:
+        run = self.runs[decision.job_id]
+        self._begin(decision.job_id, now)
+        if decision.profile_in_place:
+            run.profiled = True
+            until = self.view.allocations[decision.job_id].profiling_until
+            if until is not None:
+                self._wake(until)
+        if decision.partner is not None:
+            a, b = self._workload_of(decision.job_id), self._workload_of(decision.partner)
+            s_job, s_partner = self.speeds(a, b) if a is not None and b is not None else (1.0, 1.0)
+            self._set_rate(decision.job_id, min(1.0, s_job), now)
+            self._set_rate(decision.partner, min(1.0, s_partner), now)
+            self.view.speed_reports.append((decision.job_id, min(s_job, s_partner)))
+        else:
+            self._plan_end(decision.job_id, now)
+
+    # --- arrivals and ends --------------------------------------------------------------------
+    def _arrive(self, job_id: str) -> None:
+        job = self.runs[job_id].record.to_job()
+        self.view.add_job(job)
+        self.policy.on_submit(self.view, job)
+
+    def _finish(self, job_id: str, now: float) -> None:
+        """A run's work is done: free its GPUs, speed its partner back up, record the outcome."""
+        run, view = self.runs[job_id], self.view
+        job = view.jobs[job_id]
+        alloc = view.allocations[job_id]
+        in_profiling = alloc.pool is Pool.PROFILING or (
+            alloc.profiling_until is not None and self.original[job_id] <= (now - alloc.start) + 1e-9)
+        self._halt(job_id, now)
+        partner = alloc.partner
+        view.stop(job_id)
+        if partner is not None and partner in self.runs:
+            self._set_rate(partner, 1.0, now)
+        job.end_time = now
+        job.state = JobState.COMPLETED
+        self.policy.on_finish(view, job, self.original[job_id])
+        self.outcomes.append(JobOutcome(
+            job_id=job_id, vc=job.vc, gpus=job.gpus, submit_time=self.submitted_at[job_id],
+            duration=self.original[job_id], start_time=alloc.start, end_time=now,
+            queue_delay=max(0.0, now - self.submitted_at[job_id] - run.served),
+            ended_in_profiling=in_profiling, shared_seconds=run.shared,
+            preemptions=run.preemptions, profiled=run.profiled))
+
+    def _take_events(self, now: float, stop_job: str | None) -> tuple[bool, bool]:
+        """Pop every event at `now`; (whether the cluster changed, whether `stop_job` finished)."""
+        changed = stop = False
+        heap = self.heap
         while heap and heap[0][0] == now:
             _, kind, _, job_id, version = heapq.heappop(heap)
-            events += 1
+            self.events += 1
             if kind == _WAKE:
-                wakes.discard(now)
+                self.wakes.discard(now)
                 continue
             if kind == _ARRIVAL:
-                rec = runs[job_id].record
-                job = Job(job_id=rec.job_id, user=rec.user or rec.vc, vc=rec.vc, gpus=rec.gpus,
-                          submit_time=rec.submit_time, name=rec.name)
-                view.add_job(job)
-                policy.on_submit(view, job)
+                self._arrive(job_id)
                 changed = True
                 continue
-            run = runs[job_id]
-            if version != run.version:
+            if version != self.runs[job_id].version:
                 continue
-            job = view.jobs[job_id]
-            alloc = view.allocations[job_id]
-            in_profiling = alloc.pool is Pool.PROFILING or (
-                alloc.profiling_until is not None and original[job_id] <= (now - alloc.start) + 1e-9)
-            halt(job_id, now)
-            partner = alloc.partner
-            view.stop(job_id)
-            if partner is not None and partner in runs:
-                set_rate(partner, 1.0, now)
-            job.end_time = now
-            job.state = JobState.COMPLETED
-            policy.on_finish(view, job, original[job_id])
-            start = alloc.start
-            outcomes.append(JobOutcome(
-                job_id=job_id, vc=job.vc, gpus=job.gpus, submit_time=submitted_at[job_id],
-                duration=original[job_id], start_time=start, end_time=now,
-                queue_delay=max(0.0, now - submitted_at[job_id] - run.served),
-                ended_in_profiling=in_profiling, shared_seconds=run.shared,
-                preemptions=run.preemptions, profiled=run.profiled))
+            self._finish(job_id, now)
             changed = True
-            if job_id == stop_job:
+            stop = stop or job_id == stop_job
+        return changed, stop
+
+    def run(self) -> SimResult:
+        """Advance from event to event, asking the policy to decide after each instant, until every job
+        has ended (or `until` says stop)."""
+        view, until, start = self.view, self.until, self.start
+        if start is not None:
+            self.original.update((r.job_id, r.duration) for r in self.carried)
+            self.submitted_at.update((r.job_id, r.submit_time) for r in self.carried)
+            _resume(start, self.runs, self.speeds, self._workload_of, self._plan_end, self._wake)
+        stop_job = until.job_finished if until is not None else None
+        stop_time = until.time if until is not None and until.time is not None else math.inf
+        max_rounds = until.rounds if until is not None else None
+        stopped_by: StopCause | None = None
+        rounds = next_progress = 0
+        while self.heap:
+            now = self.heap[0][0]
+            if now > stop_time:
+                stopped_by = "time"
+                break
+            view.now = now
+            changed, job_done = self._take_events(now, stop_job)
+            if job_done:
                 stopped_by = "job"
-        decisions = policy.schedule(view)
-        rounds += 1
-        for d in decisions:
-            apply(d, now)
-        if decisions or changed:
-            busy = view.main.busy_gpus
-            if timeline[-1][1] != busy:
-                timeline.append((now, busy))
-        nxt = policy.next_wakeup(view) if hasattr(policy, "next_wakeup") else None
-        if nxt is not None and nxt > now:
-            wake(nxt)
-        if check_invariants:
-            view.check_invariants()
-        if progress is not None and len(outcomes) >= next_progress:
-            progress(len(outcomes), total)
-            next_progress = len(outcomes) + max(1, total // 100)
-        if stopped_by is not None:
-            break
-        if rounds == max_rounds:
-            stopped_by = "rounds"
-            break
-    if until is not None and stopped_by is None and len(outcomes) != total:
-        stopped_by = "idle"
-    if stopped_by is None and len(outcomes) != total:
-        stuck = [j for j in runs if view.jobs.get(j) is None or view.jobs[j].end_time is None]
-        raise RuntimeError(f"simulation ended with {total - len(outcomes)} unfinished jobs "
-                           f"(e.g. {stuck[:3]}): a job wider than the cluster?")
-    return SimResult(policy.name, outcomes, timeline, view.main.total_gpus, dict(counts),
-                     wallclock.perf_counter() - started, events, log, rounds, stopped_by,
-                     view if stopped_by is not None else None)
+            decisions = self.policy.schedule(view)
+            rounds += 1
+            for d in decisions:
+                self._apply(d, now)
+            if (decisions or changed) and self.timeline[-1][1] != view.main.busy_gpus:
+                self.timeline.append((now, view.main.busy_gpus))
+            nxt = self.policy.next_wakeup(view)
+            if nxt is not None and nxt > now:
+                self._wake(nxt)
+            if self.check_invariants:
+                view.check_invariants()
+            if self.progress is not None and len(self.outcomes) >= next_progress:
+                self.progress(len(self.outcomes), self.total)
+                next_progress = len(self.outcomes) + max(1, self.total // 100)
+            if stopped_by is not None:
+                break
+            if rounds == max_rounds:
+                stopped_by = "rounds"
+                break
+        return self._result(stopped_by, rounds)
+
+    def _result(self, stopped_by: StopCause | None, rounds: int) -> SimResult:
+        if self.until is not None and stopped_by is None and len(self.outcomes) != self.total:
+            stopped_by = "idle"
+        if stopped_by is None and len(self.outcomes) != self.total:
+            stuck = [j for j in self.runs if self.view.jobs.get(j) is None or self.view.jobs[j].end_time is None]
+            raise RuntimeError(f"simulation ended with {self.total - len(self.outcomes)} unfinished jobs "
+                               f"(e.g. {stuck[:3]}): a job wider than the cluster?")
+        return SimResult(self.policy.name, self.outcomes, self.timeline, self.view.main.total_gpus,
+                         dict(self.counts), wallclock.perf_counter() - self.started, self.events, self.log, rounds,
+                         stopped_by, self.view if stopped_by is not None else None)
 
 
 def _resume(start: StartState, runs: dict[str, _Run], speeds: SpeedFn,

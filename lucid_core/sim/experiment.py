@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime
 from pathlib import Path
+from typing import Any
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job
@@ -75,8 +76,7 @@ def profiling_pool_nodes(config_pool: int, nodes: int) -> int:
 
 
 def history_jobs(history: Sequence[TraceRecord]) -> tuple[list[Job], list[float]]:
-    jobs = [Job(job_id=r.job_id, user=r.user or r.vc, vc=r.vc, gpus=r.gpus, submit_time=r.submit_time, name=r.name)
-            for r in history]
+    jobs = [r.to_job() for r in history]
     return jobs, [r.duration for r in history]
 
 
@@ -114,9 +114,9 @@ def run_policy(name: str, exp: Experiment, *, check_invariants: bool = False, ke
     gets the same number of GPUs. With virtual clusters, each VC is its own cluster."""
     if exp.vc_nodes:
         return _run_per_vc(name, exp, check_invariants=check_invariants, keep_log=keep_log,
-                           packing_model=packing_model)
+                           duration_model=duration_model, packing_model=packing_model, progress=progress)
     policy, config = build_policy(name, exp, duration_model, packing_model)
-    pool = profiling_pool_nodes(config.profiler.pool_nodes, exp.nodes) if getattr(policy, "profiles", False) else 0
+    pool = profiling_pool_nodes(config.profiler.pool_nodes, exp.nodes) if policy.profiles else 0
     workloads = exp.catalog.assign(exp.records, seed=exp.seed)
     result = simulate(exp.records, policy, config, main_nodes=exp.nodes - pool, profiling_nodes=pool,
                       workloads=workloads, speeds=exp.catalog.colocated_speeds,
@@ -147,7 +147,9 @@ def _merge_timelines(timelines: Sequence[list[tuple[float, int]]]) -> list[tuple
     return merged
 
 
-def _run_per_vc(name: str, exp: Experiment, **kwargs) -> tuple[SimResult, dict]:
+def _run_per_vc(name: str, exp: Experiment, progress: Callable[[int, int], None] | None = None,
+                **kwargs: Any) -> tuple[SimResult, dict]:
+    """Each VC on its own nodes, one after another, with the same models; progress counts over all VCs."""
     assert exp.vc_nodes is not None
     unknown = sorted({r.vc for r in exp.records} - set(exp.vc_nodes))
     if unknown:
@@ -158,7 +160,10 @@ def _run_per_vc(name: str, exp: Experiment, **kwargs) -> tuple[SimResult, dict]:
         if not records:
             continue
         sub = replace(exp, records=records, nodes=nodes, vc_nodes=None)
-        result, metrics = run_policy(name, sub, **kwargs)
+        done_before = sum(len(r.outcomes) for r in results)
+        overall = (None if progress is None else
+                   lambda done, _total, before=done_before: progress(before + done, len(exp.records)))
+        result, metrics = run_policy(name, sub, progress=overall, **kwargs)
         results.append(result)
         pool_gpus += int(metrics["profiling_pool_gpus"])
     outcomes = [o for r in results for o in r.outcomes]

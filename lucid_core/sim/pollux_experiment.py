@@ -144,7 +144,7 @@ def run_pollux_policy(name: str, exp: PolluxExperiment,
         return result, metrics
     records = fixed_records(exp.trace, gpn)
     policy = _fixed_policy(name, exp.config, records, exp.history)
-    pool = profiling_pool_nodes(exp.config.profiler.pool_nodes, exp.nodes) if getattr(policy, "profiles", False) else 0
+    pool = profiling_pool_nodes(exp.config.profiler.pool_nodes, exp.nodes) if policy.profiles else 0
     workloads = [catalog_workload(exp.catalog, j.application, math.ceil(j.batch_size / j.replicas))
                  for j in exp.trace.jobs]
     result = simulate(records, policy, exp.config, main_nodes=exp.nodes - pool, profiling_nodes=pool,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lucid_core.domain import Job
+
 
 @dataclass(frozen=True, slots=True)
 class TraceRecord:
@@ -17,6 +19,11 @@ class TraceRecord:
     user: str = ""
     name: str = ""
     state: str = ""  # the trace's final state when it has one (COMPLETED, FAILED, ...)
+
+    def to_job(self) -> Job:
+        """The job a policy sees: what a submission says (never the duration); a user-less trace's VC as user."""
+        return Job(job_id=self.job_id, user=self.user or self.vc, vc=self.vc, gpus=self.gpus,
+                   submit_time=self.submit_time, name=self.name)
 
 
 @dataclass(frozen=True, slots=True)
