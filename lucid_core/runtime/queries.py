@@ -1,4 +1,5 @@
-"""Read-side views of the store shared by the CLI and the HTTP API: queue, job status, logs."""
+"""The read side of the store: every view the CLI, the HTTP API and the plugin's pages show (queue, job
+status and history, logs, the GPU map, model versions) is a query here; the round and the store write."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from lucid_core.domain import TERMINAL_STATES, JobState
 from lucid_core.runtime.executor import HostExecutor
 from lucid_core.runtime.inventory import host_address
 from lucid_core.runtime.pair_speed import mutual_pairs
-from lucid_core.runtime.schema import HostRow, JobRow, RunRow
+from lucid_core.runtime.schema import DecisionRow, GpuRow, HostRow, JobEventRow, JobRow, ModelVersionRow, RunRow
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.submission import UnknownJob
 
@@ -163,3 +164,58 @@ def history(session: Session, query: HistoryQuery) -> HistoryPage:
              "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling}
             for j in jobs]
     return HistoryPage(rows, int(total), query)
+
+
+def waiting(store: Store) -> list[dict[str, Any]]:
+    """The jobs still waiting (submitted, profiling, queued), in `queue`'s order: the queue page's rows."""
+    return [row for row in queue(store) if row["state"] != JobState.RUNNING.value]
+
+
+@dataclass(frozen=True)
+class GpuMap:
+    """What runs where: active runs, the hosts and their GPUs, job names, and measured shared speeds."""
+
+    runs: list[RunRow]
+    hosts: list[HostRow]
+    gpus: list[GpuRow]
+    names: dict[str, str]
+    shared: dict[str, SharedSpeed]
+
+
+def gpu_map(store: Store) -> GpuMap:
+    """Runs not ended yet, every host and GPU, in one read (the running page)."""
+    with store.session() as s:
+        runs = list(s.scalars(select(RunRow).where(RunRow.ended_at.is_(None))))
+        shared = shared_speeds(s)
+        hosts = list(s.scalars(select(HostRow).order_by(HostRow.name)))
+        gpus = list(s.scalars(select(GpuRow).order_by(GpuRow.host, GpuRow.index)))
+        names = {job_id: name for job_id, name in s.execute(select(JobRow.job_id, JobRow.name).where(
+            JobRow.job_id.in_([r.job_id for r in runs])))} if runs else {}
+    return GpuMap(runs, hosts, gpus, names, shared)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job's row with its events and decisions, oldest first (the job page)."""
+
+    job: JobRow
+    events: list[JobEventRow]
+    decisions: list[DecisionRow]
+
+
+def job_record(store: Store, job_id: str) -> JobRecord:
+    """A job with its history; `UnknownJob` when there is none."""
+    with store.session() as s:
+        job = s.get(JobRow, job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        events = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.time)))
+        decisions = list(s.scalars(select(DecisionRow).where(DecisionRow.job_id == job_id).order_by(DecisionRow.id)))
+    return JobRecord(job, events, decisions)
+
+
+def model_versions(store: Store) -> list[ModelVersionRow]:
+    """Every registered model version, by kind, newest first."""
+    with store.session() as s:
+        return list(s.scalars(select(ModelVersionRow).order_by(ModelVersionRow.kind,
+                                                               ModelVersionRow.created_at.desc())))

@@ -77,15 +77,10 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         app.middleware("http")(airflow_auth_middleware)
 
     @cache
-    def engine():
-        import sqlalchemy as sa
+    def store():
+        from lucid_core.runtime.store import Store
 
-        return sa.create_engine(store_url(), pool_pre_ping=True)
-
-    def session():
-        from sqlalchemy.orm import Session
-
-        return Session(engine())
+        return Store(store_url(), migrate=False)
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> HTMLResponse:
@@ -95,23 +90,18 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/queue", response_class=HTMLResponse)
     def queue() -> HTMLResponse:
-        from sqlalchemy import select
+        from lucid_core.runtime.queries import waiting
 
-        from lucid_core.runtime.schema import JobRow
-
-        waiting = ("SUBMITTED", "PROFILING", "QUEUED")
-        with session() as s:
-            jobs = s.scalars(select(JobRow).where(JobRow.state.in_(waiting))).all()
-        jobs = sorted(jobs, key=lambda j: (j.queue_position is None, j.queue_position or 0, j.seq))
+        jobs = waiting(store())
         rows = []
         for j in jobs:
-            priority = j.gpus * j.predicted_duration if j.predicted_duration is not None else None
+            priority = j["priority_gpu_s"]
             rows.append([
-                esc(str(j.queue_position if j.queue_position is not None else "-")),
-                f'<a href="{prefix}/jobs/{esc(j.job_id)}">{esc(j.job_id)}</a>', esc(j.name), esc(j.user),
-                esc(j.vc), str(j.gpus), esc(j.state), hours(j.predicted_duration),
+                esc(str(j["position"] if j["position"] is not None else "-")),
+                f'<a href="{prefix}/jobs/{esc(j["job_id"])}">{esc(j["job_id"])}</a>', esc(j["name"]),
+                esc(j["user"]), esc(j["vc"]), str(j["gpus"]), esc(j["state"]), hours(j["predicted_duration_s"]),
                 f"{priority:.0f}" if priority is not None else "<span class='muted'>n/a</span>",
-                esc(j.pending_reason or ""),
+                esc(j["pending_reason"] or ""),
             ])
         body = (f"<p>{len(rows)} waiting job(s). Lower priority value runs first (GPUs x predicted duration).</p>"
                 + table(["order", "job", "name", "user", "VC", "GPUs", "state", "predicted duration",
@@ -120,24 +110,16 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/running", response_class=HTMLResponse)
     def running() -> HTMLResponse:
-        from sqlalchemy import select
+        from lucid_core.runtime.queries import gpu_map
 
-        from lucid_core.runtime.queries import shared_speeds
-        from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, RunRow
-
-        with session() as s:
-            runs = s.scalars(select(RunRow).where(RunRow.ended_at.is_(None))).all()
-            shared = shared_speeds(s)
-            hosts = s.scalars(select(HostRow).order_by(HostRow.name)).all()
-            gpus = s.scalars(select(GpuRow).order_by(GpuRow.host, GpuRow.index)).all()
-            names = {j.job_id: j for j in s.scalars(select(JobRow).where(
-                JobRow.job_id.in_([r.job_id for r in runs]))).all()} if runs else {}
+        found = gpu_map(store())
+        runs, shared, hosts, gpus, names = found.runs, found.shared, found.hosts, found.gpus, found.names
         on_gpu: dict[tuple[str, int], list[Any]] = {}
         for r in runs:
             for index in r.gpu_indices or []:
                 on_gpu.setdefault((r.host, int(index)), []).append(r)
         rows = [[f'<a href="{prefix}/jobs/{esc(r.job_id)}">{esc(r.job_id)}</a>',
-                 esc(names[r.job_id].name if r.job_id in names else ""), esc(r.kind), esc(r.host),
+                 esc(names.get(r.job_id, "")), esc(r.kind), esc(r.host),
                  esc(",".join(str(i) for i in r.gpu_indices or [])), esc(r.partner or ""),
                  _shared_speed_cell(shared.get(r.job_id) if r.kind == "main" else None), esc(r.state),
                  hours(time.time() - r.started_at) if r.started_at else "starting"] for r in runs]
@@ -176,7 +158,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             refused = page("Job history", f"<p class='hint'>{esc(str(exc))}</p>", prefix)
             refused.status_code = 422
             return refused
-        with session() as s:
+        with store().session() as s:
             found = history(s, query)
         rows = [[f'<a href="{prefix}/jobs/{esc(r["job_id"])}">{esc(r["job_id"])}</a>', esc(r["name"]),
                  esc(r["user"]), esc(r["vc"]), str(r["gpus"]), esc(r["state"]),
@@ -215,17 +197,14 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job_detail(job_id: str) -> HTMLResponse:
-        from sqlalchemy import select
+        from lucid_core.runtime.queries import job_record
+        from lucid_core.runtime.submission import UnknownJob
 
-        from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow
-
-        with session() as s:
-            job = s.get(JobRow, job_id)
-            if job is None:
-                raise HTTPException(404, f"no job {job_id}")
-            events = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.time)).all()
-            decisions = s.scalars(select(DecisionRow).where(DecisionRow.job_id == job_id)
-                                  .order_by(DecisionRow.id)).all()
+        try:
+            record = job_record(store(), job_id)
+        except UnknownJob:
+            raise HTTPException(404, f"no job {job_id}") from None
+        job, events, decisions = record.job, record.events, record.decisions
         fields = ["job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
                   "exit_code", "end_reason", "ended_in_profiling", "gpu_util", "mem_util", "gpu_mem_mb",
                   "share_class", "predicted_duration", "pending_reason"]
@@ -241,13 +220,9 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/models", response_class=HTMLResponse)
     def models() -> HTMLResponse:
-        from sqlalchemy import select
+        from lucid_core.runtime.queries import model_versions
 
-        from lucid_core.runtime.schema import ModelVersionRow
-
-        with session() as s:
-            versions = s.scalars(select(ModelVersionRow).order_by(ModelVersionRow.kind,
-                                                                  ModelVersionRow.created_at.desc())).all()
+        versions = model_versions(store())
         rows = [[esc(v.kind), esc(v.version), "yes" if v.active else "", esc(json.dumps(v.metrics)[:300]),
                  esc(v.note)] for v in versions]
         root = reports_root() / "models"
