@@ -211,8 +211,8 @@ def _config(aging: float | None):
 
 def bench_jct(nodes_list: Sequence[int], aging: float | None = None) -> None:
     from lucid_core.models.duration import DurationModel
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import load_experiment, run_policy
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     frame, test = _philly_split()
     catalog = WorkloadCatalog.from_artifact(CATALOG)
@@ -268,8 +268,8 @@ def bench_jct_synthetic(nodes_list: Sequence[int]) -> None:
     from lucid_core.config import load_config
     from lucid_core.models.duration import DurationModel, score_log
     from lucid_core.models.synthetic import synthetic_job_log
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import load_experiment, run_policy
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     log = synthetic_job_log(15000, n_users=40, days=21, seed=11)
     start = pd.Timestamp("2024-01-15")

@@ -39,6 +39,7 @@ def run_one(task: tuple[str, str, str]) -> dict:
     """Simulate one policy on one workload file; return its figures."""
     load, path, policy = task
     from lucid_core.config import LucidConfig
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.pollux_experiment import (
         PolluxExperiment,
         fixed_config,
@@ -46,7 +47,6 @@ def run_one(task: tuple[str, str, str]) -> dict:
         run_pollux_policy,
     )
     from lucid_core.sim.pollux_trace import read_pollux_trace
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     trace = read_pollux_trace(path)
     config = fixed_config(LucidConfig().with_overrides({"cluster.gpus_per_node": 4}))
@@ -117,6 +117,7 @@ LUCID_PARTS = (  # (label, policy, config overrides, with history)
 def lucid_parts(loads: list[str]) -> str:
     """Lucid with one part changed at a time, mean avg JCT over the 8 workloads per load."""
     from lucid_core.config import LucidConfig
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.pollux_experiment import (
         PolluxExperiment,
         fixed_config,
@@ -124,7 +125,6 @@ def lucid_parts(loads: list[str]) -> str:
         run_pollux_policy,
     )
     from lucid_core.sim.pollux_trace import read_pollux_trace
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     catalog = WorkloadCatalog.from_artifact(CATALOG)
     base = fixed_config(LucidConfig().with_overrides({"cluster.gpus_per_node": 4}))

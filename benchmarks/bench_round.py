@@ -27,7 +27,7 @@ import numpy as np
 from lucid_core.config import LucidConfig
 from lucid_core.domain import GpuRef, Job, Pool, Profile
 from lucid_core.policy.lucid import LucidPolicy
-from lucid_core.policy.models import HistoryDurationPredictor
+from lucid_core.policy.predictors import HistoryDurationPredictor
 from lucid_core.policy.view import ClusterView
 from lucid_core.runtime.executor import LaunchResult, RunStatus
 
@@ -49,7 +49,7 @@ def trained_models(seed: int = 0) -> tuple[object, object, str]:
         packing = PackingTree().fit_catalog(load_packing_catalog(shared_data_dir() / "lucid_artifact"))
         note += "; packing: pruned decision tree fitted on the Lucid artifact catalog"
     except (OSError, ValueError) as exc:
-        from lucid_core.policy.models import UtilizationRuleClassifier
+        from lucid_core.policy.predictors import UtilizationRuleClassifier
 
         packing = UtilizationRuleClassifier()
         note += f"; packing: utilization rule (artifact catalog unavailable: {exc})"
@@ -183,7 +183,7 @@ def round_overhead(n_pending: int, duration: object, packing: object, repeats: i
         store.set_state("last_mode_check", now + 1e9)  # keep the sharing-mode check out of the timing
 
         def factory(cfg: LucidConfig, snapshot: object) -> LucidPolicy:
-            from lucid_core.policy.models import RecentSlotsForecaster
+            from lucid_core.policy.predictors import RecentSlotsForecaster
 
             return LucidPolicy(cfg, duration_model=duration, packing_model=packing,
                                forecaster=ReplayForecaster(RecentSlotsForecaster()))
@@ -210,7 +210,7 @@ def main() -> None:
     repeats = 2 if args.quick else 5
     if args.quick:
         duration, packing, note = HistoryDurationPredictor(), None, "quick: history duration predictor, rule packing"
-        from lucid_core.policy.models import UtilizationRuleClassifier
+        from lucid_core.policy.predictors import UtilizationRuleClassifier
 
         packing = UtilizationRuleClassifier()
     else:

@@ -25,9 +25,9 @@ CATALOG = DATA / "lucid_artifact"
 
 def tables(nodes_list: list[int], seeds: list[int]) -> None:
     from lucid_core.config import LucidConfig
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import POLICIES, load_experiment, run_policy
     from lucid_core.sim.report import side_by_side
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     catalog = WorkloadCatalog.from_artifact(CATALOG)
     for nodes in nodes_list:
@@ -58,8 +58,8 @@ def tables(nodes_list: list[int], seeds: list[int]) -> None:
 
 def _one_speed_run(policy: str, start: str | None, end: str | None, nodes: int) -> dict:
     from lucid_core.config import LucidConfig
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import load_experiment, run_policy
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     t0 = time.perf_counter()
     exp, _ = load_experiment(PHILLY, "philly", start, end, nodes=nodes,

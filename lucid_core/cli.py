@@ -50,9 +50,9 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
 def _simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import load_experiment, read_vc_config, run_policy
     from lucid_core.sim.report import jct_cdf_plot, queue_per_vc_plot, side_by_side, utilization_plot, write_results
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     config = load_config(args.config)
     pairs = parse_overrides(args.set)

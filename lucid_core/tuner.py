@@ -152,10 +152,10 @@ def run_configuration(records: Sequence[TraceRecord], overrides: Mapping[str, An
     speeds, predictors trained on `history`), on the settings' fleet or on N nodes with the profiling
     pool carved out of them; errors are recorded, not raised, so a sweep continues. `seed` (default:
     the settings') draws the jobs' workloads: the current configuration is replayed under several."""
-    from lucid_core.policy.models import HistoryDurationPredictor
+    from lucid_core.policy.predictors import HistoryDurationPredictor
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import Experiment, build_policy, history_jobs, run_policy
     from lucid_core.sim.fleet import simulate_on_fleet
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     seed = settings.seed if seed is None else seed
     outcome = ConfigResult(index, dict(overrides), role=role, seed=seed)
@@ -542,8 +542,8 @@ def add_parser(subparsers) -> Any:
 
 
 def _run_cli(args) -> int:
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import load_experiment
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     grid = {"tprof_s": _values(args.tprof, float), "nprof_gpus": _values(args.nprof, int),
             "cprof_nodes": _values(args.cprof, int), "tiny_threshold": _values(args.tiny, float),

@@ -11,7 +11,7 @@ from lucid_core.models.duration import DurationModel, score_log
 from lucid_core.models.monotone import is_monotone
 from lucid_core.models.registry import ModelRegistry
 from lucid_core.models.synthetic import synthetic_job_log
-from lucid_core.policy.models import DurationPredictor
+from lucid_core.policy.predictors import DurationPredictor
 
 FAST = {"interactions": 3, "outer_bags": 1, "max_rounds": 300}
 

@@ -9,7 +9,8 @@ import pytest
 
 from lucid_core.models.names import NO_NAME, JobNameBucketer, normalize_name
 from lucid_core.models.registry import ModelRegistry, code_version
-from lucid_core.models.synthetic import synthetic_job_log, to_trace_records
+from lucid_core.models.synthetic import synthetic_job_log
+from lucid_core.sim.records import records_from_frame
 
 
 def test_normalize_name_merges_runs_of_one_sweep():
@@ -52,7 +53,7 @@ def test_synthetic_log_recurs_and_is_deterministic():
     by_kind = a.groupby("kind")["duration"].median()
     assert by_kind["debug"] < by_kind["sweep"] < by_kind["final"]
     assert a.groupby("user").size().max() >= 20  # users come back
-    records = to_trace_records(a.head(3))
+    records = records_from_frame(a.head(3))
     assert records[0].job_id == a.iloc[0]["job_id"] and records[0].name == a.iloc[0]["name"]
 
 

@@ -17,7 +17,7 @@ from lucid_core.models.packing import (
     pair_quality,
     speed_labels,
 )
-from lucid_core.policy.models import PackingClassifier
+from lucid_core.policy.predictors import PackingClassifier
 
 CATALOG = shared_data_dir() / "lucid_artifact"
 

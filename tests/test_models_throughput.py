@@ -8,7 +8,7 @@ import pytest
 
 from lucid_core.models.datasets import load_throughput_series, shared_data_dir
 from lucid_core.models.throughput import ThroughputForecast, ThroughputModel, slot_features
-from lucid_core.policy.models import ThroughputForecaster
+from lucid_core.policy.predictors import ThroughputForecaster
 
 SERIES = shared_data_dir() / "venus" / "cluster_throughput_2020-04_2020-08.csv"
 

@@ -13,13 +13,13 @@ from lucid_core.policy.baselines import FifoPolicy, SjfPolicy, TiresiasPolicy
 from lucid_core.policy.binder import AffinityBinder
 from lucid_core.policy.decisions import Place
 from lucid_core.policy.lucid import LucidPolicy
-from lucid_core.policy.models import HistoryDurationPredictor
 from lucid_core.policy.placement import GpuPool
+from lucid_core.policy.predictors import HistoryDurationPredictor
 from lucid_core.policy.view import ClusterView
+from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.engine import simulate
 from lucid_core.sim.experiment import POLICIES, load_experiment, run_policy
 from lucid_core.sim.records import TraceRecord, Workload
-from lucid_core.sim.workloads import WorkloadCatalog
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_GPU_NODES = {"cluster.gpus_per_node": 1}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.sample import generate_sample_trace, main, write_sample
 from lucid_core.sim.traces import read_trace
-from lucid_core.sim.workloads import WorkloadCatalog
 
 SAMPLE_DIR = Path(__file__).resolve().parents[1] / "include" / "sample"
 

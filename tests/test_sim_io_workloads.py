@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lucid_core.sim.catalog import WorkloadCatalog, stratum_of, workload_key
 from lucid_core.sim.records import TraceRecord
-from lucid_core.sim.workloads import WorkloadCatalog, stratum_of, workload_key
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("LUCID_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -25,7 +25,7 @@ from lucid_core.domain import Job
 from lucid_core.models.explain import Explanation, explain_ebm
 from lucid_core.models.monotone import monotonize_term
 from lucid_core.models.names import NO_NAME, JobNameBucketer
-from lucid_core.policy.models import HistoryDurationPredictor
+from lucid_core.policy.predictors import HistoryDurationPredictor
 
 PROFILE_COLUMNS = ("gpu_util", "mem_util", "gpu_mem_mb")
 HISTORY_COLUMNS = ("user_mean", "user_median", "user_last", "user_n", "user_gpus_mean", "bucket_mean",

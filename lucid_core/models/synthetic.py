@@ -11,8 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from lucid_core.sim.records import TraceRecord
-
 FAMILIES = ("resnet50", "bert-base", "gpt2-small", "vit-b16", "yolov5", "unet", "lstm-lm", "dcgan", "ppo-atari",
             "efficientnet-b0", "t5-small", "pointnet")
 
@@ -84,10 +82,3 @@ def synthetic_job_log(n_jobs: int = 5000, n_users: int = 30, n_vcs: int = 4, day
     })
     frame.insert(2, "submit_at", pd.Timestamp(start) + pd.to_timedelta(frame["submit_time"], unit="s"))
     return frame
-
-
-def to_trace_records(frame: pd.DataFrame) -> list[TraceRecord]:
-    """The log as simulator trace rows."""
-    return [TraceRecord(job_id=r.job_id, submit_time=float(r.submit_time), duration=float(r.duration),
-                        gpus=int(r.gpus), vc=str(r.vc), user=str(r.user), name=str(r.name))
-            for r in frame.itertuples(index=False)]

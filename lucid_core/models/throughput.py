@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from lucid_core.policy.models import Forecast, RecentSlotsForecaster
+from lucid_core.policy.predictors import Forecast, RecentSlotsForecaster
 
 SLOT_S = 600.0
 SLOTS_PER_DAY = 144

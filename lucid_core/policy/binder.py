@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from lucid_core.config import BinderConfig
 from lucid_core.domain import Job, Profile, ShareClass, SharingMode
 from lucid_core.policy.decisions import SetSharingMode, Unpair
-from lucid_core.policy.models import Forecast, PackingClassifier, UtilizationRuleClassifier
+from lucid_core.policy.predictors import Forecast, PackingClassifier, UtilizationRuleClassifier
 from lucid_core.policy.view import Allocation, ClusterView
 
 

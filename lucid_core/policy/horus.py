@@ -30,8 +30,8 @@ from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision
-from lucid_core.policy.models import DurationPredictor, UtilizationRuleClassifier
 from lucid_core.policy.orchestrator import place_queue
+from lucid_core.policy.predictors import DurationPredictor, UtilizationRuleClassifier
 from lucid_core.policy.view import ClusterView
 
 RULE_PROFILE_AT_SUBMISSION = "profile at submission"

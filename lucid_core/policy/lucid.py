@@ -7,14 +7,14 @@ from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import PolicyParts, SchedulingPolicy
 from lucid_core.policy.binder import AffinityBinder
 from lucid_core.policy.decisions import Decision
-from lucid_core.policy.models import (
+from lucid_core.policy.orchestrator import Orchestrator, place_queue
+from lucid_core.policy.predictors import (
     DurationPredictor,
     HistoryDurationPredictor,
     PackingClassifier,
     RecentSlotsForecaster,
     ThroughputForecaster,
 )
-from lucid_core.policy.orchestrator import Orchestrator, place_queue
 from lucid_core.policy.profiler import SpaceAwareProfiler
 from lucid_core.policy.view import ClusterView
 

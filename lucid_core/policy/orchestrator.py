@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from lucid_core.domain import Job, Pool
 from lucid_core.policy.decisions import Decision, Place
-from lucid_core.policy.models import DurationPredictor
+from lucid_core.policy.predictors import DurationPredictor
 from lucid_core.policy.view import ClusterView, SortKey
 
 PartnerFinder = Callable[[ClusterView, Job], "tuple[str, str] | None"]

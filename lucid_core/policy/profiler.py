@@ -13,7 +13,7 @@ import heapq
 from lucid_core.config import ProfilerConfig
 from lucid_core.domain import Job, Pool
 from lucid_core.policy.decisions import Decision, Place, SetProfilerParams, StartProfiling, StopProfiling
-from lucid_core.policy.models import Forecast
+from lucid_core.policy.predictors import Forecast
 from lucid_core.policy.view import ClusterView
 
 

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from lucid_core.config import LucidConfig
-from lucid_core.runtime import metrics, queries
+from lucid_core.runtime import prometheus, queries
 from lucid_core.runtime.eta import estimate
 from lucid_core.runtime.explain import explain
 from lucid_core.runtime.inventory import list_hosts
@@ -135,8 +135,8 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
 
     @router.get("/metrics")
     def get_metrics() -> Response:
-        """Prometheus text exposition (see `lucid_core.runtime.metrics`)."""
-        return Response(metrics.render(store, clock()), media_type=metrics.CONTENT_TYPE_LATEST)
+        """Prometheus text exposition (see `lucid_core.runtime.prometheus`)."""
+        return Response(prometheus.render(store, clock()), media_type=prometheus.CONTENT_TYPE_LATEST)
 
     app.include_router(router)
     return app

@@ -395,7 +395,7 @@ def _hosts(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.metrics import render
+    from lucid_core.runtime.prometheus import render
 
     sys.stdout.write(render(_store(args)).decode())
     return 0

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import ShareClass
-from lucid_core.policy.models import HistoryDurationPredictor, UtilizationRuleClassifier
+from lucid_core.policy.predictors import HistoryDurationPredictor, UtilizationRuleClassifier
 from lucid_core.runtime.queries import shared_speeds
 from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store import Store

@@ -473,7 +473,7 @@ class SchedulingRound:
 
     def _emulated(self, job: JobRow) -> tuple[float, float, float]:
         if self._emulated_profile is None:
-            from lucid_core.sim.workloads import WorkloadCatalog
+            from lucid_core.sim.catalog import WorkloadCatalog
 
             catalog = (WorkloadCatalog.from_artifact(self.settings.catalog_dir) if self.settings.catalog_dir
                        else WorkloadCatalog.synthetic())

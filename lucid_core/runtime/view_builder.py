@@ -18,7 +18,7 @@ from sqlalchemy import select
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, GpuRef, Job, JobState, Pool, Profile, ShareClass, SharingMode
 from lucid_core.policy.base import SchedulingPolicy
-from lucid_core.policy.models import Forecast, HistoryDurationPredictor, RecentSlotsForecaster
+from lucid_core.policy.predictors import Forecast, HistoryDurationPredictor, RecentSlotsForecaster
 from lucid_core.policy.view import ClusterView
 from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, ProfileRow, RunRow
 from lucid_core.runtime.store import Store

@@ -20,12 +20,12 @@ from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.baselines import FifoPolicy, QssfPolicy, SjfPolicy, TiresiasPolicy
 from lucid_core.policy.horus import HorusPolicy, QssfDurations
 from lucid_core.policy.lucid import LucidPolicy
-from lucid_core.policy.models import DurationPredictor, HistoryDurationPredictor, PackingClassifier
+from lucid_core.policy.predictors import DurationPredictor, HistoryDurationPredictor, PackingClassifier
+from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.engine import SimResult, simulate
 from lucid_core.sim.metrics import compute_metrics
 from lucid_core.sim.records import TraceRecord
 from lucid_core.sim.traces import read_trace
-from lucid_core.sim.workloads import WorkloadCatalog
 
 POLICIES = ("fifo", "sjf", "qssf", "horus", "tiresias", "lucid")
 

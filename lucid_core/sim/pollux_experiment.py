@@ -27,15 +27,15 @@ from lucid_core.config import LucidConfig
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.baselines import FifoPolicy, SjfPolicy, TiresiasPolicy
 from lucid_core.policy.lucid import LucidPolicy
-from lucid_core.policy.models import HistoryDurationPredictor
 from lucid_core.policy.pollux import PolluxPolicy
+from lucid_core.policy.predictors import HistoryDurationPredictor
+from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.elastic import compact_placement, fixed_run_seconds, simulate_elastic
 from lucid_core.sim.engine import SimResult, simulate
 from lucid_core.sim.experiment import history_jobs, profiling_pool_nodes
 from lucid_core.sim.metrics import compute_metrics
 from lucid_core.sim.pollux_trace import PolluxTrace
 from lucid_core.sim.records import TraceRecord, Workload
-from lucid_core.sim.workloads import WorkloadCatalog
 
 #: Pollux application -> (model, dataset) of the catalog workload it runs as.
 #: cifar10 is ResNet-18 on CIFAR-10, imagenet ResNet-50, bert BERT fine-tuning on SQuAD and ncf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from lucid_core.domain import Job
 
@@ -58,3 +59,10 @@ class JobOutcome:
     @property
     def jct(self) -> float:
         return self.end_time - self.submit_time
+
+
+def records_from_frame(frame: Any) -> list[TraceRecord]:
+    """A job log frame (job_id, submit_time, duration, gpus, vc, user, name columns) as trace rows."""
+    return [TraceRecord(job_id=r.job_id, submit_time=float(r.submit_time), duration=float(r.duration),
+                        gpus=int(r.gpus), vc=str(r.vc), user=str(r.user), name=str(r.name))
+            for r in frame.itertuples(index=False)]

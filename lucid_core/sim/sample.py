@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lucid_core.sim.workloads import WorkloadCatalog
+from lucid_core.sim.catalog import WorkloadCatalog
 
 SAMPLE_START = datetime(2024, 3, 4)  # a Monday
 TRACE_COLUMNS = ("job_id", "submit_time", "duration", "gpus", "vc", "user", "name", "state")

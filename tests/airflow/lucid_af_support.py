@@ -13,8 +13,8 @@ def seed_finished_jobs(url: str, *, scale: float = 1.0, gpus: int | None = None,
     """Write the sample trace's jobs into the store as finished jobs with emulated profiles."""
     from lucid_core.runtime.schema import JobRow
     from lucid_core.runtime.store import Store
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.traces import read_trace
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     trace = read_trace(SAMPLE_TRACE, "generic")
     records = trace.records[:limit] if limit else trace.records

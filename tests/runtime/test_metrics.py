@@ -14,7 +14,7 @@ from runtime_helpers import SETTINGS, fast_config, jobs_by_id
 from lucid_core.runtime.api import create_app
 from lucid_core.runtime.inventory import HostSpec, add_host, drain_host
 from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.metrics import render
+from lucid_core.runtime.prometheus import render
 from lucid_core.runtime.round import SchedulingRound
 from lucid_core.runtime.submission import JobRequest, cancel, submit
 

@@ -8,7 +8,7 @@ import joblib
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job
-from lucid_core.policy.models import HistoryDurationPredictor
+from lucid_core.policy.predictors import HistoryDurationPredictor
 from lucid_core.runtime.schema import ModelVersionRow
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.view_builder import default_policy, load_snapshot

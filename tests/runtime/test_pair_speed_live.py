@@ -198,7 +198,7 @@ def test_a_measured_pair_speed_is_stored_shown_and_slows_the_eta(live_pair):
     from lucid_core.runtime.api import create_app
     from lucid_core.runtime.eta import estimate
     from lucid_core.runtime.explain import shared_speed_line
-    from lucid_core.runtime.metrics import render
+    from lucid_core.runtime.prometheus import render
     from lucid_core.runtime.queries import status
 
     store, cluster, submit_gated, kwargs = live_pair
