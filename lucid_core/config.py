@@ -67,8 +67,11 @@ class ForecastConfig:
 
 @dataclass(frozen=True)
 class TiresiasConfig:
-    queue_threshold_gpu_s: float = _knob(3600.0, lo=1, doc="attained GPU-seconds that demote a job to queue 2")
-    checkpoint_cost_s: float = _knob(30.0, lo=0, doc="run time lost per preemption (checkpoint + restore)")
+    queue_threshold_gpu_s: float = _knob(18000.0, lo=1, doc=(
+        "attained GPU-seconds past which a job is in the low queue (the Lucid artifact's 18,000)"))
+    checkpoint_cost_s: float = _knob(40.0, lo=0, doc="run time lost per preemption of a job within one node")
+    checkpoint_cost_wide_s: float = _knob(60.0, lo=0, doc="run time lost per preemption of a multi-node job")
+    interval_s: float = _knob(60.0, lo=1, doc="scheduling interval: queues are revisited this often")
 
 
 @dataclass(frozen=True)

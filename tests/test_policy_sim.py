@@ -51,13 +51,40 @@ def test_sjf_uses_true_durations_without_preempting():
 
 def test_tiresias_demotes_preempts_and_pays_checkpoint_cost():
     config = LucidConfig().with_overrides({**ONE_GPU_NODES, "tiresias.queue_threshold_gpu_s": 30,
-                                           "tiresias.checkpoint_cost_s": 5})
+                                           "tiresias.checkpoint_cost_s": 5, "tiresias.interval_s": 10})
     result = simulate(THREE, TiresiasPolicy(config), config, main_nodes=1, check_invariants=True)
-    # A demoted at 30 (B preempts it); B demoted at 60 (C preempts it); C ends 70;
-    # A resumes with 70 s + 5 s restore -> 145; B with 20 s + 5 s -> 170.
-    assert _jcts(result) == {"A": 145, "B": 160, "C": 50}
+    # Ticks every 10 s. A's attained 40 > 30 at t=40: low queue, B (high) preempts it. B passes 30
+    # by t=80: C (high) preempts it and ends at 90. Low queue in submit order: A resumes at 90 with
+    # 60 s + 5 s restore -> 155; B waits for the tick at 160, runs 10 s + 5 s -> 175.
+    assert _jcts(result) == {"A": 155, "B": 165, "C": 70}
     assert {o.job_id: o.preemptions for o in result.outcomes} == {"A": 1, "B": 1, "C": 0}
     assert result.decision_counts["Preempt"] == 2
+
+
+def test_tiresias_defaults_follow_the_lucid_artifact():
+    from lucid_core.policy.baselines import checkpoint_cost_s
+
+    config = LucidConfig()
+    assert (config.tiresias.queue_threshold_gpu_s, config.tiresias.interval_s) == (18000.0, 60.0)
+    assert checkpoint_cost_s(config, 8) == 40.0 and checkpoint_cost_s(config, 16) == 60.0
+    # a job arriving between ticks waits for the next one: 1 GPU, arrival at 61 s, start at 120 s
+    config1 = LucidConfig().with_overrides(ONE_GPU_NODES)
+    result = simulate(_records(("A", 61, 100)), TiresiasPolicy(config1), config1, main_nodes=1)
+    assert _jcts(result) == {"A": 159}
+    # demoted only strictly past the threshold (attained > 18,000 GPU-s), as in the artifact
+    policy = TiresiasPolicy(config)
+    assert policy.queue_of(18000.0) == 0.0 and policy.queue_of(18000.5) == 1.0
+
+
+def test_tiresias_wide_preemption_costs_the_wide_checkpoint():
+    config = LucidConfig().with_overrides({**ONE_GPU_NODES, "tiresias.queue_threshold_gpu_s": 10,
+                                           "tiresias.checkpoint_cost_s": 5, "tiresias.checkpoint_cost_wide_s": 20,
+                                           "tiresias.interval_s": 10})
+    records = [TraceRecord("W", 0, 100, 2), TraceRecord("S", 5, 10, 1)]
+    result = simulate(records, TiresiasPolicy(config), config, main_nodes=2, check_invariants=True)
+    # W (2 GPUs) passes 10 GPU-s at t=10 (20 attained): S (high queue) preempts it and runs 10..20 on
+    # one GPU while W cannot fit; W restarts at 20 with 90 s + 20 s (wide checkpoint) -> 130.
+    assert _jcts(result) == {"W": 130, "S": 15}
 
 
 def _light(key: str = "w") -> Workload:

@@ -22,6 +22,7 @@ from typing import Literal
 from lucid_core.config import LucidConfig
 from lucid_core.domain import JobState, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.baselines import checkpoint_cost_s
 from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling
 from lucid_core.policy.view import ClusterView
 from lucid_core.sim.records import JobOutcome, TraceRecord, Workload
@@ -239,7 +240,7 @@ class Simulation:
             run = self.runs[decision.job_id]
             self._halt(decision.job_id, now)
             run.preemptions += 1
-            run.lost_work = self.config.tiresias.checkpoint_cost_s
+            run.lost_work = checkpoint_cost_s(self.config, self.view.jobs[decision.job_id].gpus)
             run.record = replace(run.record, duration=max(run.remaining, 0.0))  # the rest of its work
 
     def _start_profiling(self, decision: StartProfiling, now: float) -> None:

@@ -1,0 +1,224 @@
+"""Policy matrix: every window x cluster size x policy on the shared Philly trace, in one command.
+
+    nice -n 5 .venv/bin/python benchmarks/bench_policy_matrix.py            # the full matrix
+    .venv/bin/python benchmarks/bench_policy_matrix.py --quick              # 2 windows x 2 sizes
+    .venv/bin/python benchmarks/bench_policy_matrix.py --set orchestrator.guard_slowdown=8
+
+Windows: every full Monday..Sunday week of the file from 2017-09-11, plus 2017-11-01..14. Sizes:
+72, 54, 40, 32 nodes of 8 GPUs. Each simulation runs in its own worker process (`--jobs`, default
+2); the trace is read once per worker and window. Every policy runs with the default
+configuration (`--set` overrides apply to every policy, for experiments). Prints, per window and
+size, avg JCT, P99.9 JCT, avg and P99.9 queueing of every policy and best-baseline / Lucid ratios,
+then whether the issue-20 conditions hold. Reads ../shared/data (or $LUCID_SHARED_DATA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("LUCID_SHARED_DATA", REPO.parent / "shared" / "data"))
+PHILLY = DATA / "philly" / "philly_jobs_2017-09_2017-11.csv"
+CATALOG = DATA / "lucid_artifact"
+
+SIZES = (72, 54, 40, 32)
+BASELINES = ("fifo", "sjf", "qssf", "tiresias")
+ABLATIONS = ("lucid-nosharing", "lucid-noprofiler", "lucid-noestimator", "lucid-fixedtprof")
+POLICIES = (*BASELINES, "lucid", *ABLATIONS)
+QUICK_WINDOWS = (("2017-10-02", "2017-10-09"), ("2017-11-01", "2017-11-15"))
+QUICK_SIZES = (54, 32)
+METRICS = ("avg_jct_h", "p999_jct_h", "avg_queue_h", "p999_queue_h")
+NONTRIVIAL_QUEUE_SHARE = 0.05  # a cell counts when FIFO's avg queueing exceeds 5% of its avg JCT
+SJF_SHARE = 0.8  # Lucid must match SJF-oracle's avg JCT in at least this share of cells
+
+
+def full_weeks(first: date = date(2017, 9, 11), last_submit: date = date(2017, 11, 30)) -> list[tuple[str, str]]:
+    """Monday..Sunday windows [start, start + 7 d) from `first` that end within the file."""
+    out, start = [], first
+    while start + timedelta(days=6) <= last_submit:
+        out.append((start.isoformat(), (start + timedelta(days=7)).isoformat()))
+        start += timedelta(days=7)
+    return out
+
+
+def all_windows() -> list[tuple[str, str]]:
+    return [*full_weeks(), ("2017-11-01", "2017-11-15")]
+
+
+@dataclass(frozen=True)
+class Task:
+    start: str
+    end: str
+    nodes: int
+    policy: str
+    overrides: tuple[tuple[str, str], ...] = ()
+
+
+_EXPERIMENTS: dict[tuple[str, str, int], object] = {}
+
+
+def run_task(task: Task) -> tuple[Task, dict[str, float], float]:
+    """One simulation in a worker process; the window's experiment is cached per process."""
+    from lucid_core.config import LucidConfig
+    from lucid_core.sim.experiment import load_experiment, run_policy
+    from lucid_core.sim.workloads import WorkloadCatalog
+
+    started = time.perf_counter()
+    key = (task.start, task.end, task.nodes)
+    exp = _EXPERIMENTS.get(key)
+    config = LucidConfig().with_overrides(dict(task.overrides)) if task.overrides else LucidConfig()
+    if exp is None:
+        _EXPERIMENTS.clear()
+        exp, _ = load_experiment(PHILLY, "philly", task.start, task.end, nodes=task.nodes,
+                                 catalog=WorkloadCatalog.from_artifact(CATALOG), config=config)
+        _EXPERIMENTS[key] = exp
+    exp.config = config  # type: ignore[attr-defined]
+    _, metrics = run_policy(task.policy, exp)  # type: ignore[arg-type]
+    keep = {k: float(metrics[k]) for k in (*METRICS, "jobs", "wall_s")}
+    return task, keep, time.perf_counter() - started
+
+
+def run_matrix(windows: Sequence[tuple[str, str]], sizes: Sequence[int], policies: Sequence[str],
+               overrides: dict[str, str], workers: int) -> dict[tuple[str, int, str], dict[str, float]]:
+    """Every (window, size, policy) simulation, spread over worker processes."""
+    ov = tuple(sorted(overrides.items()))
+    # group a window's runs so each worker reads a window once; biggest windows first
+    tasks = [Task(s, e, n, p, ov) for (s, e) in windows for n in sizes for p in policies]
+    results: dict[tuple[str, int, str], dict[str, float]] = {}
+    done = 0
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_task, t) for t in tasks]
+        for future in as_completed(futures):
+            task, metrics, seconds = future.result()
+            results[(f"{task.start}..{task.end}", task.nodes, task.policy)] = metrics
+            done += 1
+            print(f"[{done}/{len(tasks)}] {task.start}..{task.end} {task.nodes:>3} {task.policy:<17} "
+                  f"avg JCT {metrics['avg_jct_h']:7.2f} h  {seconds:5.1f} s", file=sys.stderr, flush=True)
+    return results
+
+
+def cell_table(window: str, nodes: int, policies: Sequence[str],
+               results: dict[tuple[str, int, str], dict[str, float]]) -> str:
+    """One block: a row per policy, its four figures and its ratio to Lucid."""
+    lucid = results[(window, nodes, "lucid")]
+    lines = [f"{window}  {nodes} nodes  ({int(lucid['jobs'])} jobs)",
+             f"  {'policy':<17} {'avg JCT h':>9} {'x':>6} {'P99.9 JCT':>9} {'x':>6} {'avg q h':>8} {'x':>6} "
+             f"{'P99.9 q h':>9} {'x':>6}"]
+    for p in policies:
+        m = results[(window, nodes, p)]
+        cells = []
+        for k in METRICS:
+            ratio = m[k] / lucid[k] if lucid[k] > 0 else float("inf") if m[k] > 0 else 1.0
+            cells.append((m[k], ratio))
+        lines.append(f"  {p:<17} {cells[0][0]:9.2f} {cells[0][1]:5.2f}x {cells[1][0]:9.1f} {cells[1][1]:5.2f}x "
+                     f"{cells[2][0]:8.3f} {cells[2][1]:5.2f}x {cells[3][0]:9.1f} {cells[3][1]:5.2f}x")
+    return "\n".join(lines)
+
+
+def verdict(windows: Sequence[str], sizes: Sequence[int],
+            results: dict[tuple[str, int, str], dict[str, float]]) -> tuple[list[str], bool]:
+    """The Done-when conditions over the non-trivial cells: lines of a summary and pass/fail."""
+    rows = [f"{'window':<24} {'nodes':>5} {'FIFO q/JCT':>10} {'Lucid':>7} {'best FQT':>8} {'SJF':>7} "
+            f"{'Lucid q99.9':>11} {'QSSF':>7} {'Tiresias':>8}  verdict"]
+    counted = beat_sjf = 0
+    failures: list[str] = []
+    for w in windows:
+        for n in sizes:
+            def get(p: str, k: str, w: str = w, n: int = n) -> float:
+                return results[(w, n, p)][k]
+
+            fifo_share = get("fifo", "avg_queue_h") / get("fifo", "avg_jct_h")
+            lucid, sjf = get("lucid", "avg_jct_h"), get("sjf", "avg_jct_h")
+            best = min(get(p, "avg_jct_h") for p in ("fifo", "qssf", "tiresias"))
+            lq, qq, tq = (get(p, "p999_queue_h") for p in ("lucid", "qssf", "tiresias"))
+            if fifo_share <= NONTRIVIAL_QUEUE_SHARE:
+                note = "trivial (not counted)"
+            else:
+                counted += 1
+                problems = []
+                if lucid > best + 1e-9:
+                    problems.append(f"avg JCT {lucid / best:.3f}x best baseline")
+                if lq > qq + 1e-9:
+                    problems.append(f"P99.9 queue {lq / qq:.2f}x QSSF")
+                if lq > tq + 1e-9:
+                    problems.append(f"P99.9 queue {lq / tq:.2f}x Tiresias")
+                if lucid <= sjf + 1e-9:
+                    beat_sjf += 1
+                note = "ok" if not problems else "FAIL: " + "; ".join(problems)
+                if problems:
+                    failures.append(f"{w} @{n}: " + "; ".join(problems))
+                if lucid > sjf + 1e-9:
+                    note += f" (SJF better: {lucid / sjf:.3f}x)"
+            rows.append(f"{w:<24} {n:>5} {fifo_share:10.1%} {lucid:7.2f} {best:8.2f} {sjf:7.2f} {lq:11.1f} "
+                        f"{qq:7.1f} {tq:8.1f}  {note}")
+    sjf_ok = counted == 0 or beat_sjf >= SJF_SHARE * counted
+    rows.append(f"non-trivial cells: {counted}; Lucid <= best of FIFO/QSSF/Tiresias avg JCT and P99.9 queue "
+                f"<= QSSF and Tiresias: {counted - len(failures)}/{counted}; Lucid <= SJF-oracle avg JCT: "
+                f"{beat_sjf}/{counted} (need >= {SJF_SHARE:.0%}: {'ok' if sjf_ok else 'FAIL'})")
+    passed = not failures and sjf_ok
+    rows.append("DONE-WHEN: " + ("PASS" if passed else "FAIL"))
+    return rows, passed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="development subset: 2017-10-02 week and Nov 1-14, 54 and 32 nodes, no ablations")
+    parser.add_argument("--windows", help="comma-separated START..END (default: every full week + Nov 1-14)")
+    parser.add_argument("--sizes", help="comma-separated node counts (default 72,54,40,32)")
+    parser.add_argument("--policies", help=f"comma-separated (default {','.join(POLICIES)}); the four "
+                                           "baselines and lucid are always run")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE",
+                        help="override a knob for every policy (experiments only; the matrix uses defaults)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--json", help="also write every figure to this JSON file")
+    args = parser.parse_args(argv)
+
+    windows = QUICK_WINDOWS if args.quick else all_windows()
+    if args.windows:
+        windows = [tuple(w.split("..")) for w in args.windows.split(",")]  # type: ignore[misc]
+    sizes = QUICK_SIZES if args.quick else SIZES
+    if args.sizes:
+        sizes = tuple(int(s) for s in args.sizes.split(","))
+    policies: tuple[str, ...] = (*BASELINES, "lucid") if args.quick else POLICIES
+    if args.policies:
+        extra = [p.strip() for p in args.policies.split(",") if p.strip()]
+        policies = tuple(dict.fromkeys([*BASELINES, "lucid", *extra]))
+    overrides = dict(item.split("=", 1) for item in args.set)
+    started = time.perf_counter()
+    results = run_matrix(windows, sizes, policies, overrides, args.jobs)
+    wall = time.perf_counter() - started
+    names = [f"{s}..{e}" for s, e in windows]
+    print(f"# Policy matrix: Philly, {len(names)} windows x {len(sizes)} sizes x {len(policies)} policies"
+          + (f"; overrides {overrides}" if overrides else "; default configuration"))
+    print("x: policy / Lucid (above 1.00x: Lucid is better)\n")
+    for w in names:
+        for n in sizes:
+            print(cell_table(w, n, policies, results))
+            fifo = results[(w, n, "fifo")]
+            lucid = results[(w, n, "lucid")]
+            best = min(("fifo", "qssf", "tiresias"), key=lambda p: results[(w, n, p)]["avg_jct_h"])
+            bq = min(("qssf", "tiresias"), key=lambda p: results[(w, n, p)]["p999_queue_h"])
+            print(f"  best baseline / Lucid: avg JCT {results[(w, n, best)]['avg_jct_h'] / lucid['avg_jct_h']:.2f}x "
+                  f"({best}); P99.9 queue {results[(w, n, bq)]['p999_queue_h'] / max(lucid['p999_queue_h'], 1e-9):.2f}x"
+                  f" ({bq}); FIFO avg queue / avg JCT {fifo['avg_queue_h'] / fifo['avg_jct_h']:.1%}\n")
+    rows, passed = verdict(names, sizes, results)
+    print("## Done-when check\n" + "\n".join(rows))
+    sims = sum(1 for _ in results)
+    print(f"\n{sims} simulations in {wall:.0f} s wall with {args.jobs} worker processes")
+    if args.json:
+        Path(args.json).write_text(json.dumps({f"{w}|{n}|{p}": m for (w, n, p), m in results.items()}, indent=1))
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
