@@ -56,7 +56,11 @@ class BinderConfig:
 @dataclass(frozen=True)
 class OrchestratorConfig:
     estimator: bool = _knob(True, doc="ablation switch: off orders the queue by arrival (FIFO) instead")
-    aging: float = _knob(32.0, lo=0, doc="GPU-seconds of priority a queued job gains per second it waits")
+    aging: float = _knob(0.0, lo=0, doc=(
+        "GPU-seconds of priority a queued job gains per second it waits (0: off; the guard bounds waits)"))
+    guard_slowdown: float = _knob(4.0, lo=0, doc=(
+        "starvation guard: a job waiting this many times its predicted run time (at least Tprof) goes "
+        "ahead of the rest and gets a node reservation; 0 turns the guard off"))
 
 
 @dataclass(frozen=True)

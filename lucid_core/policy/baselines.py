@@ -7,6 +7,7 @@ Tiresias (2-queue discretized least-attained-service on GPU-time, preemptive).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping, Sequence
 
@@ -17,7 +18,7 @@ from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision, Place, Preempt
 from lucid_core.policy.orchestrator import place_queue
-from lucid_core.policy.view import ClusterView
+from lucid_core.policy.view import ClusterView, SortKey
 
 
 class _QueueOnlyPolicy(SchedulingPolicy):
@@ -86,14 +87,20 @@ def _time_features(jobs: Sequence[Job], vc_codes: Mapping[str, int],
 
 
 class QssfPolicy(_QueueOnlyPolicy):
-    """Quasi-shortest-service-first: GPUs x duration predicted by a gradient-boosting model
-    trained on past jobs (VC, GPU demand, submit hour and weekday, the VC's mean log duration)."""
+    """Quasi-shortest-service-first (Helios, Hu et al. SC'21): priority = GPUs x duration predicted
+    by a gradient-boosting model trained on past jobs (VC, GPU demand, submit hour and weekday, the
+    VC's mean log duration); non-preemptive, and, as in both the Helios and the Lucid artifacts,
+    the scan stops at the first job that does not fit (no backfilling). `backfill=True` is a
+    stronger variant that skips such a job instead ("qssf-backfill" in the policy matrix)."""
 
     name = "qssf"
+    strict_order = True
 
     def __init__(self, config: LucidConfig, history: Sequence[Job], history_durations: Sequence[float],
-                 random_state: int = 0) -> None:
+                 random_state: int = 0, backfill: bool = False) -> None:
         super().__init__(config)
+        if backfill:
+            self.name, self.strict_order = "qssf-backfill", False
         from sklearn.ensemble import HistGradientBoostingRegressor
 
         if len(history) < 10:
@@ -181,14 +188,18 @@ class TiresiasPolicy(SchedulingPolicy):
         if len(view.queue) == 0 or not self._on_tick(view.now):
             return []  # decisions only every interval_s, and only when someone waits
         running = [(self.queue_of(self._attained(view, j)), view.jobs[j].submit_time, j) for j in view.allocations]
-        queued = [(self.queue_of(self.attained_[j]), view.jobs[j].submit_time, j) for j in view.queue.ordered()]
-        order = sorted(running + queued)
         capacity = {vc: view.main.total_gpus_of(vc) for vc in view.main.vcs | {""}}
+        if len(capacity) == 1 and (not running or min(i[0][0] for i in view.queue.parts().values()) > max(running)):
+            return self._admit_behind_running(view)
+        # a queued job's attained service does not change while it waits: its stored key is current
+        queued = [key for items in view.queue.parts().values() for key, _ in items]
+        order = sorted(running + queued)  # type: ignore[operator]
         used = dict.fromkeys(capacity, 0)
         admitted: set[str] = set()
+        vcs = view.main.vcs
         for _, _, job_id in order:
             job = view.jobs[job_id]
-            vc = view.placement_vc(job)
+            vc = job.vc if job.vc and job.vc in vcs else ""
             if used[vc] + job.gpus <= capacity[vc]:
                 admitted.add(job_id)
                 used[vc] += job.gpus
@@ -214,6 +225,36 @@ class TiresiasPolicy(SchedulingPolicy):
                 decisions.append(Place(job_id, gpus, f"queue {int(queue) + 1} (attained "
                                        f"{self.attained_[job_id] / 3600:.2f} GPU-h, threshold "
                                        f"{self.threshold / 3600:g}), in arrival order; fits"))
+        return decisions
+
+    def _admit_behind_running(self, view: ClusterView) -> list[Decision]:
+        """The common case, every running job ahead of every queued one: nobody is preempted and
+        queued jobs are admitted in order while their GPUs fit what is free. Jobs of one queue part
+        need the same GPUs, so a part whose head does not fit is skipped whole."""
+        free = view.main.free_gpus()
+        parts = view.queue.parts()
+        heads = [(items[0][0], part, 0) for part, items in parts.items()]
+        heapq.heapify(heads)
+        admitted: list[tuple[SortKey, str]] = []
+        while heads and free > 0:
+            key, part, i = heapq.heappop(heads)
+            if part[1] > free:
+                continue
+            items = parts[part]
+            admitted.append((key, items[i][1]))
+            free -= part[1]
+            if i + 1 < len(items):
+                heapq.heappush(heads, (items[i + 1][0], part, i + 1))
+        decisions: list[Decision] = []
+        for key, job_id in admitted:
+            job = view.jobs[job_id]
+            gpus = view.main.place_compact(job.gpus, view.placement_vc(job))
+            if gpus is None:
+                continue  # admitted but fragmented: waits for the next round
+            view.start(job_id, Pool.MAIN, gpus)
+            decisions.append(Place(job_id, gpus, f"queue {int(key[0]) + 1} (attained "
+                                   f"{self.attained_[job_id] / 3600:.2f} GPU-h, threshold "
+                                   f"{self.threshold / 3600:g}), in arrival order; fits"))
         return decisions
 
     def next_wakeup(self, view: ClusterView) -> float | None:

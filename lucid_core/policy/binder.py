@@ -77,6 +77,9 @@ class AffinityBinder:
         """Why `job` may not join the running `alloc`, or None when every rule passes."""
         partner = view.jobs[alloc.job_id]
         assert job.share_class is not None and partner.share_class is not None
+        pool = view.pool(alloc.pool)
+        if pool.held and any(ref.host in pool.held for ref in alloc.gpus):
+            return "partner's node is reserved for an overdue job"
         if int(job.share_class) + int(partner.share_class) > capacity:
             return "sharing scores exceed GPU capacity"
         if partner.gpus != job.gpus:

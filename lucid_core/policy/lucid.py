@@ -7,7 +7,7 @@ from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import PolicyParts, SchedulingPolicy
 from lucid_core.policy.binder import AffinityBinder
 from lucid_core.policy.decisions import Decision
-from lucid_core.policy.orchestrator import Orchestrator, place_queue
+from lucid_core.policy.orchestrator import Orchestrator, place_queue, reservation_nodes
 from lucid_core.policy.predictors import (
     DurationPredictor,
     HistoryDurationPredictor,
@@ -34,7 +34,8 @@ class LucidPolicy(SchedulingPolicy):
         self.profiler = SpaceAwareProfiler(config.profiler)
         self.binder = AffinityBinder(config.binder, packing_model)
         self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator,
-                                         config.orchestrator.aging)
+                                         config.orchestrator.aging, config.orchestrator.guard_slowdown,
+                                         config.profiler.tprof_s)
 
     def describe(self) -> PolicyParts:
         return PolicyParts(self.duration_model, self.binder.packing_model, self.forecaster, dict(self.model_sources))
@@ -78,14 +79,22 @@ class LucidPolicy(SchedulingPolicy):
                 decisions.append(change)
             decisions.extend(self.profiler.autoscale(view, forecast))
         self.orchestrator.predict_pending(view)
+        self.orchestrator.promote_overdue(view)
         # the main queue first: profiled jobs waiting there have been waiting longest
         online = view.tprof_s if self.config.profiler.enabled else None
-        decisions.extend(place_queue(view, self._partner, online_window_s=online))
-        decisions.extend(self.profiler.start_windows(view))
+        reserve = reservation_nodes if self.orchestrator.guard_slowdown > 0 else None
+        view.reserved_for = None
+        try:
+            decisions.extend(place_queue(view, self._partner, online_window_s=online, reserve=reserve))
+            decisions.extend(self.profiler.start_windows(view))
+        finally:
+            view.main.release_holds()
         return decisions
 
     def next_wakeup(self, view: ClusterView) -> float | None:
-        return view.window_heap[0][0] if view.window_heap else None
+        times = [t for t in (view.window_heap[0][0] if view.window_heap else None,
+                             self.orchestrator.next_deadline(view)) if t is not None]
+        return min(times) if times else None
 
     def _end_windows(self, view: ClusterView) -> list[Decision]:
         decisions: list[Decision] = []

@@ -1,9 +1,17 @@
 """Resource Orchestrator (paper section 9, algorithm 2): priority order and placement.
 
-priority = GPUs x predicted duration (less an aging credit for time waited), ascending. A scan
-places every queued job that fits compactly (alone, or with an affine partner when the binder
-allows), skipping the rest: no preemption, ever. The scan visits only the head of each (GPU demand, share class) part of
-the queue, since jobs within a part fit or fail alike.
+priority = GPUs x predicted duration, ascending. A scan places every queued job that fits
+compactly (alone, or with an affine partner when the binder allows), skipping the rest: no
+preemption, ever. The scan visits only the head of each (GPU demand, share class) part of the
+queue, since jobs within a part fit or fail alike.
+
+Starvation guard (bounded slowdown): a job that has waited `guard_slowdown` times its own
+predicted run time (at least the profiling window) is *overdue*. Overdue jobs go ahead of every
+other job, oldest deadline first, and the first overdue job that cannot start gets a
+reservation: the nodes that running jobs are predicted to free first for it take no other job
+until it starts. The bound is relative to the job's own size, so it needs no constant in
+GPU-seconds and means the same on any trace and cluster size; the reservation is what makes it
+work for wide jobs, which greedy backfilling would otherwise pass over for ever.
 """
 
 from __future__ import annotations
@@ -17,16 +25,65 @@ from lucid_core.policy.predictors import DurationPredictor
 from lucid_core.policy.view import ClusterView, SortKey
 
 PartnerFinder = Callable[[ClusterView, Job], "tuple[str, str] | None"]
+Reserver = Callable[[ClusterView, Job], "list[str]"]
+
+#: overdue keys sit this far below every priority (GPU-seconds), ordered by their deadline
+OVERDUE_OFFSET = 1e12
+
+
+def is_overdue_key(key: SortKey) -> bool:
+    return key[0] < 0.0
+
+
+def predicted_release(view: ClusterView, job_id: str) -> float:
+    """When a running job is expected to free its GPUs: its predicted end, or, once it has
+    outlived the prediction (or has none yet), as long again as it has run so far."""
+    alloc = view.allocations[job_id]
+    job = view.jobs[job_id]
+    elapsed = view.now - alloc.start
+    if job.predicted_duration is not None and alloc.start + job.predicted_duration > view.now:
+        return alloc.start + job.predicted_duration
+    return view.now + max(elapsed, view.tprof_s)
+
+
+def reservation_nodes(view: ClusterView, job: Job) -> list[str]:
+    """The main nodes of the job's VC that running jobs are predicted to free soonest for it:
+    one node with `gpus` GPUs free for a job within a node, whole nodes for a wider one."""
+    size = view.main.gpus_per_node
+    vc = view.placement_vc(job)
+    release: dict[str, float] = {}
+    ranked: list[tuple[float, str]] = []
+    for name, node in view.main.nodes.items():
+        if node.vc != vc or node.gpus < min(job.gpus, size):
+            continue
+        times = []
+        for slot in node.occupants:
+            if not slot:
+                times.append(view.now)
+                continue
+            for occupant in slot:
+                if occupant not in release:
+                    release[occupant] = predicted_release(view, occupant)
+            times.append(max(release[o] for o in slot))
+        times.sort()
+        need = min(job.gpus, node.gpus)
+        ranked.append((times[need - 1] if job.gpus <= size else times[-1], name))
+    ranked.sort()
+    count = 1 if job.gpus <= size else -(-job.gpus // size)
+    return [name for _, name in ranked[:count]]
 
 
 def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
-                strict_order: bool = False, online_window_s: float | None = None) -> list[Decision]:
+                strict_order: bool = False, online_window_s: float | None = None,
+                reserve: Reserver | None = None) -> list[Decision]:
     """Scan the main queue in key order and place what fits.
 
     `find_partner(view, job)` returns (partner id, reason) for a job with no exclusive fit.
     `strict_order` stops at the first job that cannot start (FIFO without backfilling).
     `online_window_s`: a job placed without a profile is profiled during the first seconds of
     its run (jobs wider than Nprof, or no profiling pool).
+    `reserve(view, job)`: nodes to hold for the first overdue job that cannot start; they stay
+    out of every fit test until the caller's `view.main.release_holds()`.
     """
     decisions: list[Decision] = []
     parts = view.queue.parts()
@@ -71,12 +128,24 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 heapq.heappush(heads, (items[0][0], part))
         elif strict_order:
             break
+        elif reserve is not None and is_overdue_key(key) and not view.main.held:
+            kept = view.reservation
+            if kept is None or kept[0] != job_id or not all(n in main.nodes for n in kept[1]):
+                # a reservation stays on its nodes until its job starts: they only drain meanwhile
+                kept = view.reservation = (job_id, reserve(view, job))
+            main.hold(kept[1])
+            view.reserved_for = job_id
+            smallest_unfit.clear()  # fewer nodes now: fit knowledge starts again
         if find_partner is None and all(smallest_unfit.get(v) == 1 for v in queued_vcs):
             break  # nothing free in any queued job's VC and nothing to share: the rest waits
     return decisions
 
 
 def _exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
+    if is_overdue_key(key) and job.predicted_duration is not None:
+        waited = view.now - job.submit_time
+        return (f"starvation guard: waited {waited / 3600:.2f} h, over its allowed slowdown of its predicted "
+                f"{job.predicted_duration / 3600:.2f} h, so it goes ahead of shorter jobs; compact exclusive fit")
     if job.predicted_duration is not None:
         return (f"priority {job.priority / 3600:.2f} GPU-h = {job.gpus} GPU(s) x predicted "
                 f"{job.predicted_duration / 3600:.2f} h; compact exclusive fit")
@@ -84,12 +153,38 @@ def _exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
 
 
 class Orchestrator:
-    """Predicts durations in batches and keeps the main queue in priority order."""
+    """Predicts durations in batches and keeps the main queue in priority order, overdue jobs first."""
 
-    def __init__(self, duration_model: DurationPredictor, use_estimator: bool = True, aging: float = 0.0) -> None:
+    def __init__(self, duration_model: DurationPredictor, use_estimator: bool = True, aging: float = 0.0,
+                 guard_slowdown: float = 0.0, guard_floor_s: float = 0.0) -> None:
         self.duration_model = duration_model
         self.use_estimator = use_estimator
         self.aging = aging
+        self.guard_slowdown = guard_slowdown
+        self.guard_floor_s = guard_floor_s
+
+    def overdue_at(self, job: Job) -> float | None:
+        """When the job's wait reaches `guard_slowdown` x max(predicted run time, floor); None: never."""
+        if self.guard_slowdown <= 0 or job.predicted_duration is None:
+            return None
+        return job.submit_time + self.guard_slowdown * max(job.predicted_duration, self.guard_floor_s)
+
+    def promote_overdue(self, view: ClusterView) -> None:
+        """Re-key queued jobs whose guard deadline has passed (a heap of deadlines, so O(due) per round)."""
+        heap = view.guard_heap
+        while heap and heap[0][0] <= view.now:
+            _, job_id = heapq.heappop(heap)
+            if job_id in view.queue:
+                job = view.jobs[job_id]
+                view.queue.remove(job_id)
+                view.enqueue_main(job, self.sort_key(job, view.now))
+
+    def next_deadline(self, view: ClusterView) -> float | None:
+        """The next guard deadline of a job still queued (a wake-up for the driver)."""
+        heap = view.guard_heap
+        while heap and heap[0][1] not in view.queue:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def enqueue(self, view: ClusterView, job: Job) -> None:
         """Queue for prediction; the job joins the main queue at the next `predict_pending`."""
@@ -104,10 +199,17 @@ class Orchestrator:
         predictions = self.duration_model.predict_duration(jobs)
         for job, pred in zip(jobs, predictions, strict=True):
             job.predicted_duration = max(float(pred), job.known_min_duration, 1.0)
-            view.enqueue_main(job, self.sort_key(job))
+            key = self.sort_key(job, view.now)
+            view.enqueue_main(job, key)
+            due = self.overdue_at(job)
+            if due is not None and not is_overdue_key(key):
+                heapq.heappush(view.guard_heap, (due, job.job_id))
 
-    def sort_key(self, job: Job) -> SortKey:
+    def sort_key(self, job: Job, now: float | None = None) -> SortKey:
         if self.use_estimator:
+            due = self.overdue_at(job)
+            if due is not None and now is not None and due <= now:
+                return (due - OVERDUE_OFFSET, job.submit_time, job.job_id)
             # aging credits `aging` GPU-seconds of priority per second waited; adding it as
             # aging x submit time keeps the order static, since every waiting job gains alike
             return (job.priority + self.aging * job.submit_time, job.submit_time, job.job_id)

@@ -23,6 +23,7 @@ class NodeState:
     mem_used_mb: list[float] = field(default_factory=list)
     borrowed: bool = False
     vc: str = ""
+    held: bool = False  # reserved for one waiting job during a scan: no other placement sees it
 
     def __post_init__(self) -> None:
         if not self.occupants:
@@ -48,6 +49,7 @@ class GpuPool:
         # per VC: number of empty GPUs -> nodes with that many
         self._by_vc: dict[str, list[dict[str, None]]] = {}
         self.busy_gpus = 0  # GPUs with at least one job
+        self.held: dict[str, None] = {}  # nodes out of the fit index until `release_holds`
 
     # --- inventory -------------------------------------------------------------------------
     def _index(self, vc: str) -> list[dict[str, None]]:
@@ -142,9 +144,26 @@ class GpuPool:
         return tuple(chosen)
 
     # --- bookkeeping -----------------------------------------------------------------------
+    def hold(self, names: list[str]) -> None:
+        """Take nodes out of every fit test (a reservation) until `release_holds`."""
+        for name in names:
+            node = self.nodes[name]
+            if not node.held:
+                del self._index(node.vc)[node.free][name]
+                node.held = True
+                self.held[name] = None
+
+    def release_holds(self) -> None:
+        for name in self.held:
+            node = self.nodes.get(name)
+            if node is not None and node.held:
+                node.held = False
+                self._index(node.vc)[node.free][name] = None
+        self.held = {}
+
     def _move(self, node: NodeState, before: int) -> None:
         after = node.free
-        if after != before:
+        if after != before and not node.held:
             index = self._index(node.vc)
             del index[before][node.name]
             index[after][node.name] = None
@@ -186,4 +205,7 @@ class GpuPool:
                 assert len(set(slot)) == len(slot), f"{node.name}:{i} lists a job twice"
                 assert node.mem_used_mb[i] <= node.gpu_memory_mb + 1e-6, (
                     f"{node.name}:{i} uses {node.mem_used_mb[i]} MB of {node.gpu_memory_mb}")
-            assert node.name in self._index(node.vc)[node.free], f"index out of date for {node.name}"
+            if node.held:
+                assert all(node.name not in names for names in self._index(node.vc)), f"held {node.name} indexed"
+            else:
+                assert node.name in self._index(node.vc)[node.free], f"index out of date for {node.name}"

@@ -97,6 +97,12 @@ class ClusterView:
         self.window_heap: list[tuple[float, str]] = []
         # jobs whose duration the policy still has to predict (batched once per round)
         self.unpredicted: list[str] = []
+        # (starvation-guard deadline, job id) of queued jobs not yet overdue
+        self.guard_heap: list[tuple[float, str]] = []
+        # the overdue job the current round holds nodes for, if any (for explanations)
+        self.reserved_for: str | None = None
+        # (job id, node names) of the standing reservation, kept across rounds until the job starts
+        self.reservation: tuple[str, list[str]] | None = None
         # the driver's way to read a job's measured profile (telemetry live, catalog in simulation)
         self.profile_of: Callable[[str], Profile | None] = lambda job_id: None
         self.last_mode_check: float | None = None

@@ -90,9 +90,9 @@ def build_policy(name: str, exp: Experiment, duration_model: DurationPredictor |
         return FifoPolicy(config), config
     if name == "sjf":
         return SjfPolicy(config, {r.job_id: r.duration for r in exp.records}), config
-    if name == "qssf":
+    if name in ("qssf", "qssf-backfill"):
         jobs, durations = history_jobs(exp.history)
-        return QssfPolicy(config, jobs, durations, random_state=exp.seed), config
+        return QssfPolicy(config, jobs, durations, random_state=exp.seed, backfill=name == "qssf-backfill"), config
     if name == "horus":
         jobs, durations = history_jobs(exp.history)
         qssf = QssfPolicy(config, jobs, durations, random_state=exp.seed)
@@ -104,7 +104,8 @@ def build_policy(name: str, exp: Experiment, duration_model: DurationPredictor |
             jobs, durations = history_jobs(exp.history)
             duration_model = HistoryDurationPredictor().fit(jobs, durations)
         return LucidPolicy(config, duration_model=duration_model, packing_model=packing_model), config
-    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES + tuple(ABLATIONS))}")
+    raise ValueError(f"unknown policy {name!r}; choose from "
+                     f"{', '.join((*POLICIES, 'qssf-backfill', *ABLATIONS))}")
 
 
 def run_policy(name: str, exp: Experiment, *, check_invariants: bool = False, keep_log: bool = False,
