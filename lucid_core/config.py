@@ -58,9 +58,12 @@ class OrchestratorConfig:
     estimator: bool = _knob(True, doc="ablation switch: off orders the queue by arrival (FIFO) instead")
     aging: float = _knob(0.0, lo=0, doc=(
         "GPU-seconds of priority a queued job gains per second it waits (0: off; the guard bounds waits)"))
-    guard_slowdown: float = _knob(4.0, lo=0, doc=(
+    guard_slowdown: float = _knob(8.0, lo=0, doc=(
         "starvation guard: a job waiting this many times its predicted run time (at least Tprof) goes "
         "ahead of the rest and gets a node reservation; 0 turns the guard off"))
+    long_quantile: float = _knob(1.0, lo=0, hi=1, doc=(
+        "jobs whose predicted GPU-time is above this quantile of recent jobs' form one class served in "
+        "arrival order (1: off, pure shortest-first)"))
 
 
 @dataclass(frozen=True)

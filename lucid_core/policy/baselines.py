@@ -103,8 +103,10 @@ class QssfPolicy(_QueueOnlyPolicy):
             self.name, self.strict_order = "qssf-backfill", False
         from sklearn.ensemble import HistGradientBoostingRegressor
 
+        self.cache_: dict[str, float] = {}
+        self.model_: HistGradientBoostingRegressor | None = None
         if len(history) < 10:
-            raise ValueError(f"QSSF needs a training history of past jobs; got {len(history)}")
+            return  # too little to learn from: every job is predicted alike, so GPU demand orders them
         self.vc_codes_ = {vc: i for i, vc in enumerate(sorted({j.vc for j in history}))}
         sums: dict[str, list[float]] = {}
         for job, d in zip(history, history_durations, strict=True):
@@ -115,11 +117,12 @@ class QssfPolicy(_QueueOnlyPolicy):
         self.model_ = HistGradientBoostingRegressor(max_iter=200, random_state=random_state,
                                                     categorical_features=[0]).fit(X, y)
 
-        self.cache_: dict[str, float] = {}
-
     def precompute(self, jobs: Sequence[Job]) -> None:
         """Predict many jobs in one call. The model is fixed and reads only submission-time
         features, so predicting ahead gives the same values as predicting on arrival."""
+        if self.model_ is None:
+            self.cache_.update({job.job_id: 3600.0 for job in jobs})
+            return
         preds = self.model_.predict(_time_features(jobs, self.vc_codes_, self.vc_history_))
         self.cache_.update({job.job_id: max(1.0, math.expm1(float(p))) for job, p in zip(jobs, preds, strict=True)})
 

@@ -35,7 +35,7 @@ class LucidPolicy(SchedulingPolicy):
         self.binder = AffinityBinder(config.binder, packing_model)
         self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator,
                                          config.orchestrator.aging, config.orchestrator.guard_slowdown,
-                                         config.profiler.tprof_s)
+                                         config.profiler.tprof_s, config.orchestrator.long_quantile)
 
     def describe(self) -> PolicyParts:
         return PolicyParts(self.duration_model, self.binder.packing_model, self.forecaster, dict(self.model_sources))
@@ -93,7 +93,8 @@ class LucidPolicy(SchedulingPolicy):
 
     def next_wakeup(self, view: ClusterView) -> float | None:
         times = [t for t in (view.window_heap[0][0] if view.window_heap else None,
-                             self.orchestrator.next_deadline(view)) if t is not None]
+                             self.orchestrator.next_deadline(view), self.profiler.next_overdue(view))
+                 if t is not None]
         return min(times) if times else None
 
     def _end_windows(self, view: ClusterView) -> list[Decision]:

@@ -17,6 +17,8 @@ work for wide jobs, which greedy backfilling would otherwise pass over for ever.
 from __future__ import annotations
 
 import heapq
+import math
+from collections import deque
 from collections.abc import Callable
 
 from lucid_core.domain import Job, Pool
@@ -156,12 +158,24 @@ class Orchestrator:
     """Predicts durations in batches and keeps the main queue in priority order, overdue jobs first."""
 
     def __init__(self, duration_model: DurationPredictor, use_estimator: bool = True, aging: float = 0.0,
-                 guard_slowdown: float = 0.0, guard_floor_s: float = 0.0) -> None:
+                 guard_slowdown: float = 0.0, guard_floor_s: float = 0.0, long_quantile: float = 1.0,
+                 long_window: int = 1000) -> None:
         self.duration_model = duration_model
         self.use_estimator = use_estimator
         self.aging = aging
         self.guard_slowdown = guard_slowdown
         self.guard_floor_s = guard_floor_s
+        self.long_quantile = long_quantile
+        self.recent_priorities_: deque[float] = deque(maxlen=long_window)
+        self.long_cap_: float = math.inf  # GPU-seconds
+
+    def _update_long_cap(self, jobs: list[Job]) -> None:
+        """The long-job cap: the `long_quantile` quantile of recent jobs' predicted GPU-time."""
+        if self.long_quantile >= 1.0:
+            return
+        self.recent_priorities_.extend(job.priority for job in jobs)
+        at = min(len(self.recent_priorities_) - 1, int(self.long_quantile * len(self.recent_priorities_)))
+        self.long_cap_ = sorted(self.recent_priorities_)[at]
 
     def overdue_at(self, job: Job) -> float | None:
         """When the job's wait reaches `guard_slowdown` x max(predicted run time, floor); None: never."""
@@ -199,6 +213,8 @@ class Orchestrator:
         predictions = self.duration_model.predict_duration(jobs)
         for job, pred in zip(jobs, predictions, strict=True):
             job.predicted_duration = max(float(pred), job.known_min_duration, 1.0)
+        self._update_long_cap(jobs)
+        for job in jobs:
             key = self.sort_key(job, view.now)
             view.enqueue_main(job, key)
             due = self.overdue_at(job)
@@ -212,5 +228,8 @@ class Orchestrator:
                 return (due - OVERDUE_OFFSET, job.submit_time, job.job_id)
             # aging credits `aging` GPU-seconds of priority per second waited; adding it as
             # aging x submit time keeps the order static, since every waiting job gains alike
-            return (job.priority + self.aging * job.submit_time, job.submit_time, job.job_id)
+            # jobs longer than the recent quantile are one class, served in arrival order: ranking
+            # them by noisy predictions only starves the unluckiest of them
+            priority = min(job.priority, self.long_cap_)
+            return (priority + self.aging * job.submit_time, job.submit_time, job.job_id)
         return (job.submit_time, 0.0, job.job_id)

@@ -38,6 +38,27 @@ class SpaceAwareProfiler:
                 out.append((job_id, alloc.pool is Pool.PROFILING))
         return out
 
+    def overdue(self, view: ClusterView) -> list[str]:
+        """Jobs that have waited for the pool as long as their own window (arrival order). Least-GPU-
+        first would let a stream of 1-GPU jobs hold a wide job back for ever; an overdue job goes
+        first instead, and since pool runs last at most one window, it waits at most about one more."""
+        out = []
+        for job_id in view.profiling_queue:
+            job = view.jobs[job_id]
+            if view.now - job.submit_time < self.window_for(view, job):
+                if not job.long_cold_start:
+                    break  # arrival order: later jobs waited less
+                continue
+            out.append(job_id)
+        return out
+
+    def next_overdue(self, view: ClusterView) -> float | None:
+        """When the longest-waiting job of the profiling queue reaches its window."""
+        for job_id in view.profiling_queue:
+            job = view.jobs[job_id]
+            return job.submit_time + self.window_for(view, job)
+        return None
+
     def stop_decision(self, job_id: str, window: float) -> StopProfiling:
         return StopProfiling(job_id, f"profiling window of {window:.0f} s is over; job joins the main queue")
 
@@ -75,7 +96,10 @@ class SpaceAwareProfiler:
         decisions: list[Decision] = []
         if not view.profiling_queue:
             return decisions
-        order = sorted(view.profiling_queue, key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
+        overdue = self.overdue(view)
+        late = set(overdue)
+        order = overdue + sorted((j for j in view.profiling_queue if j not in late),
+                                 key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
         for job_id in order:
             job = view.jobs[job_id]
             window = self.window_for(view, job)
@@ -90,7 +114,7 @@ class SpaceAwareProfiler:
                     continue
             gpus = view.profiling.place_compact(job.gpus)
             if gpus is None:
-                break  # least-GPU-first: the rest need at least as many GPUs
+                break  # an overdue job waits for the pool to drain; least-GPU-first: the rest need as many
             view.start(job_id, Pool.PROFILING, gpus, profiling_until=until)
             decisions.append(StartProfiling(job_id, gpus, window, (
                 f"smallest GPU demand ({job.gpus}) waiting for profiling that fits the pool; "
