@@ -92,26 +92,52 @@ def run_cell(start: str, end: str, nodes: int, policies: Sequence[str],
     return out
 
 
+def load_results(path: str | None) -> dict[tuple[str, int, str], dict[str, float]]:
+    """Figures saved by an earlier (possibly interrupted) run with --json."""
+    if not path or not Path(path).is_file():
+        return {}
+    out = {}
+    for key, metrics in json.loads(Path(path).read_text()).items():
+        window, nodes, policy = key.split("|")
+        out[(window, int(nodes), policy)] = metrics
+    return out
+
+
+def save_results(path: str | None, results: dict[tuple[str, int, str], dict[str, float]]) -> None:
+    if path:
+        Path(path).write_text(json.dumps({f"{w}|{n}|{p}": m for (w, n, p), m in results.items()}, indent=1))
+
+
 def run_matrix(windows: Sequence[tuple[str, str]], sizes: Sequence[int], policies: Sequence[str],
-               overrides: dict[str, str], workers: int) -> dict[tuple[str, int, str], dict[str, float]]:
-    """Every (window, size, policy) simulation: one task per window and size, over worker processes."""
+               overrides: dict[str, str], workers: int,
+               json_path: str | None = None) -> dict[tuple[str, int, str], dict[str, float]]:
+    """Every (window, size, policy) simulation: one task per window and size, over worker processes.
+    With `json_path`, figures already there are reused and every finished cell is saved at once."""
     ov = tuple(sorted(overrides.items()))
+    results = load_results(json_path) if not overrides else {}
+    todo: dict[tuple[str, str, int], list[str]] = {}
+    for s, e in windows:
+        for n in sizes:
+            missing = [p for p in policies if (f"{s}..{e}", n, p) not in results]
+            if missing:
+                todo[(s, e, n)] = missing
     # smallest clusters first: they are the slowest cells, so the pool ends evenly
-    cells = sorted(((s, e, n) for (s, e) in windows for n in sizes), key=lambda c: c[2])
-    results: dict[tuple[str, int, str], dict[str, float]] = {}
+    cells = sorted(todo, key=lambda c: c[2])
     done = 0
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_cell, s, e, n, policies, ov): (s, e, n) for s, e, n in cells}
+        futures = {pool.submit(run_cell, s, e, n, todo[(s, e, n)], ov): (s, e, n) for s, e, n in cells}
         for future in as_completed(futures):
             s, e, n = futures[future]
             seconds = 0.0
             for policy, metrics, took in future.result():
                 results[(f"{s}..{e}", n, policy)] = metrics
                 seconds += took
+            if not overrides:
+                save_results(json_path, results)
             done += 1
             lucid = results[(f"{s}..{e}", n, "lucid")]
-            print(f"[{done}/{len(cells)}] {s}..{e} {n:>3} nodes: {len(policies)} policies in {seconds:5.1f} s; "
-                  f"Lucid avg JCT {lucid['avg_jct_h']:.2f} h", file=sys.stderr, flush=True)
+            print(f"[{done}/{len(cells)}] {s}..{e} {n:>3} nodes: {len(todo[(s, e, n)])} policies in {seconds:5.1f} s;"
+                  f" Lucid avg JCT {lucid['avg_jct_h']:.2f} h", file=sys.stderr, flush=True)
     return results
 
 
@@ -192,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE",
                         help="override a knob for every policy (experiments only; the matrix uses defaults)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--json", help="also write every figure to this JSON file")
+    parser.add_argument("--json", help="keep every figure in this JSON file, saved after each cell; figures "
+                                       "already in it are reused (resume), unless --set is given")
     args = parser.parse_args(argv)
 
     windows = QUICK_WINDOWS if args.quick else all_windows()
@@ -207,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         policies = tuple(dict.fromkeys([*BASELINES, "lucid", *extra]))
     overrides = dict(item.split("=", 1) for item in args.set)
     started = time.perf_counter()
-    results = run_matrix(windows, sizes, policies, overrides, args.jobs)
+    results = run_matrix(windows, sizes, policies, overrides, args.jobs, args.json)
     wall = time.perf_counter() - started
     names = [f"{s}..{e}" for s, e in windows]
     print(f"# Policy matrix: Philly, {len(names)} windows x {len(sizes)} sizes x {len(policies)} policies"
@@ -227,8 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("## Done-when check\n" + "\n".join(rows))
     sims = len(results)
     print(f"\n{sims} simulations in {wall:.0f} s wall with {args.jobs} worker processes")
-    if args.json:
-        Path(args.json).write_text(json.dumps({f"{w}|{n}|{p}": m for (w, n, p), m in results.items()}, indent=1))
+    if overrides:
+        save_results(args.json, results)
     return 0 if passed else 1
 
 

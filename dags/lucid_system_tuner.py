@@ -57,7 +57,11 @@ def _numbers(default: list, description: str, **items) -> Param:
         "update_cadence": Param(["daily"], type="array",
                                 items={"type": "string", "enum": ["daily", "weekly", "never"]},
                                 description="How often the duration model refreshes"),
-        "aging": _numbers([32], "Priority aging: GPU-seconds of priority a queued job gains per second", minimum=0),
+        "aging": _numbers([0], "Priority aging: GPU-seconds of priority a queued job gains per second", minimum=0),
+        "guard_slowdown": _numbers([8], "Starvation guard: a job waiting this many times its predicted run time "
+                                        "goes first with a node reservation (0: off)", minimum=0),
+        "long_quantile": _numbers([1.0], "Jobs above this quantile of predicted GPU-time run in arrival order "
+                                         "(1: off)", minimum=0, maximum=1),
         "objective": Param("avg_jct", enum=OBJECTIVES,
                            description="What the ranking minimizes (utilization: maximizes)"),
         "max_configurations": Param(64, type="integer", minimum=1, maximum=4096),

@@ -30,6 +30,8 @@ GRID_KNOBS: dict[str, str] = {
     "sharing": "binder.sharing",
     "update_cadence": "update.cadence",
     "aging": "orchestrator.aging",
+    "guard_slowdown": "orchestrator.guard_slowdown",
+    "long_quantile": "orchestrator.long_quantile",
 }
 
 #: objective -> (metric key, True when larger is better)

@@ -10,6 +10,7 @@ input sample that later drift checks compare against.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -220,6 +221,52 @@ MODEL_PLANS = {
 }
 
 
+def contended_nodes(gpus: np.ndarray, durations: np.ndarray, submits: np.ndarray, gpus_per_node: int = 8,
+                    target_load: float = 0.9) -> int:
+    """A cluster size at which the jobs contend: offered GPU-seconds over the submission span fill
+    `target_load` of it (never narrower than the widest job)."""
+    widest = math.ceil(float(gpus.max()) / gpus_per_node) if gpus.size else 1
+    span = float(submits.max() - submits.min()) if submits.size else 0.0
+    if span <= 0:
+        return max(1, widest)
+    offered = float((gpus * durations).sum()) / span  # GPUs busy on average
+    return max(1, widest, math.ceil(offered / (gpus_per_node * target_load)))
+
+
+def simulated_duration_check(frame: pd.DataFrame, recent: np.ndarray, model: Any, seed: int = 0,
+                             target_load: float = 0.9) -> dict[str, Any]:
+    """Lucid in the simulator on the recent jobs at a contended size, once with the candidate duration
+    model and once with the history fallback (both know only the older jobs, then what ends). Better
+    offline error does not imply shorter JCT: noisy per-job estimates reorder similar jobs in a
+    non-preemptive queue (BENCHMARKS: on Philly at 40 nodes every EBM lost to the fallback)."""
+    from lucid_core.config import LucidConfig
+    from lucid_core.sim.experiment import Experiment, run_policy
+    from lucid_core.sim.records import TraceRecord
+    from lucid_core.sim.workloads import WorkloadCatalog
+
+    def records(rows: pd.DataFrame) -> list[TraceRecord]:
+        rows = rows.sort_values("submit_time", kind="stable")
+        return [TraceRecord(str(r.job_id), float(r.submit_time), max(1.0, float(r.duration)), max(1, int(r.gpus)),
+                            vc=str(r.vc), user=str(r.user), name=r.name if isinstance(r.name, str) else "")
+                for r in rows.itertuples(index=False)]
+
+    window, history = records(frame[recent]), records(frame[~recent])
+    config = LucidConfig()
+    nodes = contended_nodes(np.array([r.gpus for r in window], dtype=float),
+                            np.array([r.duration for r in window], dtype=float),
+                            np.array([r.submit_time for r in window], dtype=float),
+                            config.cluster.gpus_per_node, target_load)
+    exp = Experiment(window, history, WorkloadCatalog.synthetic(seed), config, nodes, seed)
+    _, fallback = run_policy("lucid", exp)
+    model.warm_history(frame, until=window[0].submit_time)
+    _, candidate = run_policy("lucid", exp, duration_model=model)
+    return {"nodes": nodes, "jobs": len(window), "fallback_avg_jct_s": float(fallback["avg_jct_s"]),
+            "candidate_avg_jct_s": float(candidate["avg_jct_s"]),
+            "fallback_p999_queue_s": float(fallback["p999_queue_s"]),
+            "candidate_p999_queue_s": float(candidate["p999_queue_s"]),
+            "candidate_wins": float(candidate["avg_jct_s"]) <= float(fallback["avg_jct_s"])}
+
+
 def _recent_mask(frame: pd.DataFrame, recent_share: float) -> np.ndarray:
     """The most recent `recent_share` of rows (frame sorted by time), at least one and not all."""
     cut = max(1, min(len(frame) - 1, round(len(frame) * (1.0 - recent_share))))
@@ -295,6 +342,8 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
             "reference_inputs": {k: _sample(v) for k, v in inputs(older).items()},
             "recent_inputs": {k: _sample(v) for k, v in inputs(frame[recent]).items()},
         }
+        if kind == "duration" and int(recent.sum()) >= 8:
+            entry["sim_check"] = simulated_duration_check(frame, recent, candidate.model)
         promoted = registry.promoted_version(kind)
         if promoted is not None:
             previous = candidate_class(model=registry.load(kind, promoted))
@@ -329,6 +378,13 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
                 promoted_mae = entry.get("promoted_mae")
                 better = promoted_mae is None or entry["candidate_mae"] <= tolerance * promoted_mae
                 version = entry["candidate_version"]
+                check = entry.get("sim_check")
+                if better and check is not None and not check["candidate_wins"]:
+                    decisions[kind] = {"action": "keep", "version": version, "why": (
+                        f"candidate loses in the simulator ({check['jobs']} recent jobs, {check['nodes']} nodes): "
+                        f"avg JCT {check['candidate_avg_jct_s'] / 3600:.3f} h vs history fallback "
+                        f"{check['fallback_avg_jct_s'] / 3600:.3f} h: kept")}
+                    continue
                 if better:
                     registry.promote(kind, version)
                     connection.execute(sa.text("UPDATE model_versions SET active = :no WHERE kind = :kind"),

@@ -143,6 +143,32 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
     return decisions
 
 
+def ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
+                  place_reason: str | None = None, partner: str | None = None) -> tuple[str, str]:
+    """Which rule put the job where it is, as (rule, words): "sharing" when it started on a partner's
+    GPUs, "guard" when the starvation guard moved it ahead, else "priority" (GPU-time order).
+    A started job is judged by the reason of the decision that placed it; a waiting one by now."""
+    if partner is not None:
+        return "sharing", (f"sharing: it could not start alone, so it runs on the GPUs of {partner}, "
+                           "an affine partner the binder allowed")
+    pred = job.predicted_duration
+    if pred is None:
+        return "priority", "not ordered yet: it waits for profiling or for its duration estimate"
+    waited = (job.start_time if place_reason is not None and job.start_time is not None else now) - job.submit_time
+    bound = guard_slowdown * max(pred, floor_s)
+    guarded = "starvation guard" in place_reason if place_reason is not None else (
+        guard_slowdown > 0 and waited >= bound)
+    if guarded:
+        return "guard", (f"starvation guard: it waited {waited / 3600:.2f} h, at least {guard_slowdown:g} x its "
+                         f"predicted {max(pred, floor_s) / 3600:.2f} h, so it goes ahead of every shorter job "
+                         "and the first such job gets nodes reserved until it starts")
+    words = (f"priority: {job.gpus} GPU(s) x predicted {pred / 3600:.2f} h = {job.priority / 3600:.2f} GPU-h; "
+             "jobs with less predicted GPU-time go first")
+    if guard_slowdown > 0 and place_reason is None:
+        words += f"; the starvation guard moves it ahead after {bound / 3600:.2f} h of waiting"
+    return "priority", words
+
+
 def _exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
     if is_overdue_key(key) and job.predicted_duration is not None:
         waited = view.now - job.submit_time

@@ -304,6 +304,8 @@ def _explain(args: argparse.Namespace) -> int:
     if prio["predicted_duration_s"] is not None:
         lines.append(f"priority {prio['value_gpu_s'] / 3600:.3f} GPU-h = {prio['gpus']} GPU(s) x predicted "
                      f"{_duration(prio['predicted_duration_s'])}")
+    if data.get("ordered_by"):
+        lines.append(f"ordered by {data['ordered_by']['why']}")
     recorded = prio.get("recorded")
     if recorded:
         lines.append(f"  used when placed ({_when(recorded['time'])}): {recorded['note']}")

@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import ShareClass
+from lucid_core.policy.orchestrator import ordering_rule
 from lucid_core.policy.predictors import HistoryDurationPredictor, UtilizationRuleClassifier
 from lucid_core.runtime.queries import shared_speeds
 from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow, RunRow
@@ -193,6 +194,10 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                                    .order_by(DecisionRow.id.desc())).first()
             if joined is not None and joined.payload.get("partner") == job_id:
                 partner_reason = joined.reason
+    placed = next((d for d in reversed(decisions) if d.kind == "Place"), None)
+    rule, words = ordering_rule(job, now, config.orchestrator.guard_slowdown, config.profiler.tprof_s,
+                                placed.reason if placed is not None else None,
+                                (placed.payload or {}).get("partner") if placed is not None else None)
     out: dict[str, Any] = {
         "job_id": job_id, "state": row.state, "name": row.name, "user": row.user, "vc": row.vc, "gpus": row.gpus,
         "submit_time": row.submit_time, "start_time": row.start_time, "end_time": row.end_time,
@@ -206,6 +211,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
             "recorded": next(({"time": e.time, "note": e.message} for e in reversed(events)
                               if e.kind == "Predicted"), None),
         },
+        "ordered_by": {"rule": rule, "why": words},
         "profile": None if job.profile is None else {
             "gpu_util": job.profile.gpu_util, "mem_util": job.profile.mem_util,
             "gpu_mem_mb": job.profile.gpu_mem_mb, "emulated": job.profile.emulated},

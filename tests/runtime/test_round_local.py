@@ -55,6 +55,7 @@ def test_round_profiles_places_and_explains_on_each_backend(store, tmp_path):
     assert info["packing"]["class"] == "JUMBO" and info["packing"]["path"][-1].endswith("-> Jumbo")
     assert info["priority"]["predicted_duration_s"] > 0 and info["priority"]["duration"]["terms"]
     assert "no compact fit" in info["pending"]["reason"]
+    assert info["ordered_by"]["rule"] == "priority" and "less predicted GPU-time go first" in info["ordered_by"]["why"]
     assert [d["kind"] for d in info["decisions"]] == ["StartProfiling", "StopProfiling"]
     eta = estimate(store, b, fast_config(), time.time())
     running_a = estimate(store, a, fast_config(), time.time())
