@@ -159,8 +159,8 @@ def cell_table(window: str, nodes: int, policies: Sequence[str],
     return "\n".join(lines)
 
 
-def verdict(windows: Sequence[str], sizes: Sequence[int],
-            results: dict[tuple[str, int, str], dict[str, float]]) -> tuple[list[str], bool]:
+def verdict(windows: Sequence[str], sizes: Sequence[int], results: dict[tuple[str, int, str], dict[str, float]],
+            present: set[tuple[str, int]] | None = None) -> tuple[list[str], bool]:
     """The Done-when conditions over the non-trivial cells: lines of a summary and pass/fail."""
     rows = [f"{'window':<24} {'nodes':>5} {'FIFO q/JCT':>10} {'Lucid':>7} {'best peer':>9} {'SJF':>7} "
             f"{'Lucid q99.9':>11} {'QSSF':>7} {'Tiresias':>8}  verdict"]
@@ -168,6 +168,9 @@ def verdict(windows: Sequence[str], sizes: Sequence[int],
     failures: list[str] = []
     for w in windows:
         for n in sizes:
+            if present is not None and (w, n) not in present:
+                continue
+
             def get(p: str, k: str, w: str = w, n: int = n) -> float:
                 return results[(w, n, p)][k]
 
@@ -207,6 +210,28 @@ def verdict(windows: Sequence[str], sizes: Sequence[int],
     return rows, passed
 
 
+def markdown_table(windows: Sequence[str], sizes: Sequence[int], policies: Sequence[str],
+                   results: dict[tuple[str, int, str], dict[str, float]], present: set[tuple[str, int]]) -> str:
+    """One row per window and size: every policy's avg JCT, then P99.9 queueing of the tail peers."""
+    avg_cols = [p for p in policies if p != "lucid"]
+    head = (["window", "nodes", "FIFO q/JCT", *[f"{p} avg JCT h" for p in avg_cols], "lucid avg JCT h",
+             "best peer / lucid", "lucid P99.9 q h", "qssf P99.9 q h", "tiresias P99.9 q h"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w in windows:
+        for n in sizes:
+            if (w, n) not in present:
+                continue
+            r = {p: results[(w, n, p)] for p in policies}
+            best = min(r[p]["avg_jct_h"] for p in PEERS)
+            qssf_tail = min(r[p]["p999_queue_h"] for p in ("qssf", "qssf-backfill"))
+            share = r["fifo"]["avg_queue_h"] / r["fifo"]["avg_jct_h"]
+            lines.append("| " + " | ".join([
+                w, str(n), f"{share:.0%}", *[f"{r[p]['avg_jct_h']:.2f}" for p in avg_cols],
+                f"**{r['lucid']['avg_jct_h']:.2f}**", f"{best / r['lucid']['avg_jct_h']:.2f}x",
+                f"{r['lucid']['p999_queue_h']:.1f}", f"{qssf_tail:.1f}", f"{r['tiresias']['p999_queue_h']:.1f}"]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
@@ -218,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE",
                         help="override a knob for every policy (experiments only; the matrix uses defaults)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--markdown", action="store_true", help="also print one markdown table of the matrix")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the cells already in --json without simulating the missing ones")
     parser.add_argument("--json", help="keep every figure in this JSON file, saved after each cell; figures "
                                        "already in it are reused (resume), unless --set is given")
     args = parser.parse_args(argv)
@@ -234,14 +262,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         policies = tuple(dict.fromkeys([*BASELINES, "lucid", *extra]))
     overrides = dict(item.split("=", 1) for item in args.set)
     started = time.perf_counter()
-    results = run_matrix(windows, sizes, policies, overrides, args.jobs, args.json)
+    if args.report_only:
+        results = load_results(args.json)
+        have = {(w, n) for w, n, p in results if all((w, n, q) in results for q in policies)}
+        windows = [(s, e) for s, e in windows if any((f"{s}..{e}", n) in have for n in sizes)]
+        sizes = tuple(n for n in sizes if any((f"{s}..{e}", n) in have for s, e in windows))
+        missing = [(w, n) for w in (f"{s}..{e}" for s, e in windows) for n in sizes if (w, n) not in have]
+        if missing:
+            print(f"# not simulated yet (left out): {missing}")
+    else:
+        results = run_matrix(windows, sizes, policies, overrides, args.jobs, args.json)
     wall = time.perf_counter() - started
     names = [f"{s}..{e}" for s, e in windows]
     print(f"# Policy matrix: Philly, {len(names)} windows x {len(sizes)} sizes x {len(policies)} policies"
           + (f"; overrides {overrides}" if overrides else "; default configuration"))
     print("x: policy / Lucid (above 1.00x: Lucid is better)\n")
+    present = {(w, n) for w in names for n in sizes if all((w, n, p) in results for p in policies)}
     for w in names:
         for n in sizes:
+            if (w, n) not in present:
+                continue
             print(cell_table(w, n, policies, results))
             fifo = results[(w, n, "fifo")]
             lucid = results[(w, n, "lucid")]
@@ -250,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  best baseline / Lucid: avg JCT {results[(w, n, best)]['avg_jct_h'] / lucid['avg_jct_h']:.2f}x "
                   f"({best}); P99.9 queue {results[(w, n, bq)]['p999_queue_h'] / max(lucid['p999_queue_h'], 1e-9):.2f}x"
                   f" ({bq}); FIFO avg queue / avg JCT {fifo['avg_queue_h'] / fifo['avg_jct_h']:.1%}\n")
-    rows, passed = verdict(names, sizes, results)
+    if args.markdown:
+        print(markdown_table(names, sizes, policies, results, present))
+    rows, passed = verdict(names, sizes, results, present)
     print("## Done-when check\n" + "\n".join(rows))
     sims = len(results)
     print(f"\n{sims} simulations in {wall:.0f} s wall with {args.jobs} worker processes")

@@ -22,15 +22,15 @@ def test_candidate_duration_model_is_simulated_against_the_fallback():
     from lucid_core.models.duration import DurationModel
     from lucid_core.models.synthetic import synthetic_job_log
 
-    frame = synthetic_job_log(400, n_users=6, days=3, seed=3)
+    frame = synthetic_job_log(240, n_users=5, days=2, seed=3)
     frame = frame.assign(end_time=frame["submit_time"] + frame["duration"]).sort_values("end_time")
     frame = frame.reset_index(drop=True)
     recent = np.zeros(len(frame), dtype=bool)
-    recent[-120:] = True
-    model = DurationModel(interactions=0, outer_bags=1, max_rounds=30, n_jobs=1).fit(frame[~recent])
+    recent[-80:] = True
+    model = DurationModel(interactions=0, outer_bags=1, max_rounds=10, n_jobs=1).fit(frame[~recent])
     check = simulated_duration_check(frame, recent, model)
     window = frame[recent]
-    assert check["jobs"] == 120
+    assert check["jobs"] == 80
     assert check["nodes"] == contended_nodes(window["gpus"].to_numpy(float),
                                              np.maximum(window["duration"].to_numpy(float), 1.0),
                                              window["submit_time"].to_numpy(float))

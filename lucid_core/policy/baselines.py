@@ -194,20 +194,36 @@ class TiresiasPolicy(SchedulingPolicy):
         capacity = {vc: view.main.total_gpus_of(vc) for vc in view.main.vcs | {""}}
         if len(capacity) == 1 and (not running or min(i[0][0] for i in view.queue.parts().values()) > max(running)):
             return self._admit_behind_running(view)
-        # a queued job's attained service does not change while it waits: its stored key is current
-        queued = [key for items in view.queue.parts().values() for key, _ in items]
-        order = sorted(running + queued)  # type: ignore[operator]
+        # a queued job's attained service does not change while it waits: its stored key is current.
+        # Walk running jobs and queue parts in key order; a part whose head does not fit is dropped
+        # whole (its jobs need as many GPUs of the same VC, and `used` only grows)
+        ranked = sorted(running)  # `running` keeps allocation order: preemptions go out in that order
+        parts = list(view.queue.parts().items())
+        heads: list[tuple[SortKey, int, int]] = [(items[0][0], i, 0) for i, (_, items) in enumerate(parts)]
+        if ranked:
+            heads.append((ranked[0], -1, 0))  # type: ignore[arg-type]
+        heapq.heapify(heads)
         used = dict.fromkeys(capacity, 0)
         admitted: set[str] = set()
+        order: list[tuple[float, float, str]] = []
         vcs = view.main.vcs
-        for _, _, job_id in order:
+        while heads:
+            key, which, i = heapq.heappop(heads)
+            job_id = key[2]
             job = view.jobs[job_id]
             vc = job.vc if job.vc and job.vc in vcs else ""
-            if used[vc] + job.gpus <= capacity[vc]:
+            fits = used[vc] + job.gpus <= capacity[vc]
+            if fits:
                 admitted.add(job_id)
+                order.append(key)  # type: ignore[arg-type]
                 used[vc] += job.gpus
-                if len(capacity) == 1 and used[vc] >= capacity[vc]:
-                    break  # one pool, full: the rest waits
+            if which < 0:
+                if i + 1 < len(ranked):
+                    heapq.heappush(heads, (ranked[i + 1], -1, i + 1))  # type: ignore[arg-type]
+            elif fits and i + 1 < len(parts[which][1]):
+                heapq.heappush(heads, (parts[which][1][i + 1][0], which, i + 1))
+            if len(capacity) == 1 and used[vc] >= capacity[vc]:
+                break  # one pool, full: the rest waits
         decisions: list[Decision] = []
         for queue, _, job_id in running:
             if job_id not in admitted:
