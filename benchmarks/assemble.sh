@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 python3 - <<'PY'
 from pathlib import Path
 
-parts = ["simulator", "pollux", "runtime", "lease", "models", "airflow", "calibration"]
+parts = ["simulator", "policy_matrix", "pollux", "runtime", "lease", "models", "airflow", "calibration"]
 out = ["# Benchmarks", "",
        "Every figure below was produced on this project's 2-core development machine with the",
        "command given beside it; each section is also a file under `benchmarks/results/`",

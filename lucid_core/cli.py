@@ -22,7 +22,7 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--format", default="auto", help="auto, philly, helios, generic or pollux (elastic-job "
                                                     "workloads over measured applications)")
     p.add_argument("--policy", default="fifo,sjf,qssf,tiresias,lucid",
-                   help="comma-separated: fifo,sjf,qssf,horus,tiresias,lucid and lucid ablations "
+                   help="comma-separated: fifo,sjf,qssf,qssf-backfill,horus,tiresias,lucid and lucid ablations "
                         "(lucid-nosharing, lucid-noprofiler, lucid-noestimator, lucid-fixedtprof); "
                         "pollux workloads: pollux,tiresias,lucid,fifo,sjf")
     p.add_argument("--start", help="first submit day/time simulated (earlier jobs train the predictors)")
