@@ -446,3 +446,19 @@ def test_ordering_rule_names_priority_guard_or_sharing_in_words():
     assert ordering_rule(job, 9e9, 8, 200, place_reason="starvation guard: waited ...")[0] == "guard"
     rule, words = ordering_rule(job, 9e9, 8, 200, place_reason="no compact exclusive fit", partner="P")
     assert rule == "sharing" and "GPUs of P" in words
+
+
+@pytest.mark.parametrize(("quantile", "expected"), [
+    # cap at the smallest recent prediction: A (300 s) and B (200 s) are both "long" and go in
+    # arrival order after C (5 s): R 0..100, C 100..105, A 105..405, B 405..605
+    (0.0, {"R": 100, "C": 102, "A": 404, "B": 603}),
+    # no cap: shortest predicted first, C, B, A
+    (1.0, {"R": 100, "C": 102, "B": 303, "A": 604}),
+])
+def test_long_job_class_is_served_in_arrival_order(quantile, expected):
+    config = LucidConfig().with_overrides({**ONE_GPU_NODES, "profiler.enabled": False, "binder.sharing": "off",
+                                           "orchestrator.guard_slowdown": 0, "orchestrator.long_quantile": quantile})
+    records = _records(("R", 0, 100), ("A", 1, 300), ("B", 2, 200), ("C", 3, 5))
+    policy = LucidPolicy(config, duration_model=_KnownDurations({r.job_id: r.duration for r in records}))
+    result = simulate(records, policy, config, main_nodes=1, check_invariants=True)
+    assert _jcts(result) == expected
