@@ -94,7 +94,7 @@ class LucidPolicy(SchedulingPolicy):
     def next_wakeup(self, view: ClusterView) -> float | None:
         times = [t for t in (view.window_heap[0][0] if view.window_heap else None,
                              self.orchestrator.next_deadline(view), self.profiler.next_overdue(view))
-                 if t is not None]
+                 if t is not None and t > view.now]
         return min(times) if times else None
 
     def _end_windows(self, view: ClusterView) -> list[Decision]:

@@ -53,10 +53,12 @@ class SpaceAwareProfiler:
         return out
 
     def next_overdue(self, view: ClusterView) -> float | None:
-        """When the longest-waiting job of the profiling queue reaches its window."""
+        """The next time a job of the profiling queue reaches its window (later than now)."""
         for job_id in view.profiling_queue:
             job = view.jobs[job_id]
-            return job.submit_time + self.window_for(view, job)
+            due = job.submit_time + self.window_for(view, job)
+            if due > view.now:
+                return due
         return None
 
     def stop_decision(self, job_id: str, window: float) -> StopProfiling:
