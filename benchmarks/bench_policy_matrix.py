@@ -228,7 +228,8 @@ def markdown_table(windows: Sequence[str], sizes: Sequence[int], policies: Seque
             lines.append("| " + " | ".join([
                 w, str(n), f"{share:.0%}", *[f"{r[p]['avg_jct_h']:.2f}" for p in avg_cols],
                 f"**{r['lucid']['avg_jct_h']:.2f}**", f"{best / r['lucid']['avg_jct_h']:.2f}x",
-                f"{r['lucid']['p999_queue_h']:.1f}", f"{qssf_tail:.1f}", f"{r['tiresias']['p999_queue_h']:.1f}"]) + " |")
+                f"{r['lucid']['p999_queue_h']:.1f}", f"{qssf_tail:.1f}",
+                f"{r['tiresias']['p999_queue_h']:.1f}"]) + " |")
     return "\n".join(lines)
 
 
