@@ -77,8 +77,8 @@ def run_cell(start: str, end: str, nodes: int, policies: Sequence[str],
              overrides: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, dict[str, float], float]]:
     """Every policy on one window and size, in one worker process (the trace is read once)."""
     from lucid_core.config import LucidConfig
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import load_experiment, run_policy
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     config = LucidConfig().with_overrides(dict(overrides)) if overrides else LucidConfig()
     exp, _ = load_experiment(PHILLY, "philly", start, end, nodes=nodes,

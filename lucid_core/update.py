@@ -240,9 +240,9 @@ def simulated_duration_check(frame: pd.DataFrame, recent: np.ndarray, model: Any
     offline error does not imply shorter JCT: noisy per-job estimates reorder similar jobs in a
     non-preemptive queue (BENCHMARKS: on Philly at 40 nodes every EBM lost to the fallback)."""
     from lucid_core.config import LucidConfig
+    from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import Experiment, run_policy
     from lucid_core.sim.records import TraceRecord
-    from lucid_core.sim.workloads import WorkloadCatalog
 
     def records(rows: pd.DataFrame) -> list[TraceRecord]:
         rows = rows.sort_values("submit_time", kind="stable")
