@@ -26,6 +26,15 @@ class HostCommandFailed(RuntimeError):
     """A host script ran but reported an error."""
 
 
+class LaunchConflict(HostCommandFailed):
+    """The host's ledger of live runs refused a launch: the job already runs there, or another job's live run
+    holds one of its GPUs and the store did not pair the two. Nothing was started; the host is fine.
+
+    Not a fault of the host (no cool-down) and not one of the job's launch failures: the store's view was
+    behind the host's (a stale round, a second controller), and the next round, reading again, repairs it.
+    """
+
+
 class RunAsRefused(HostCommandFailed):
     """The host cannot run the job as its submitter (no such user, sudo refused, a bad name).
 
@@ -55,6 +64,11 @@ class LaunchSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     telemetry: TelemetryLaunch | None = None
     user: str | None = None  # the job's user: the OS user it runs as on hosts with run_as="submitter"
+    # the job whose run this is: given, the host refuses a second live run of it, and a run on a GPU that a
+    # live run of another job holds unless that job is `partner` (the store paired the two)
+    job_id: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    partner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +88,9 @@ class RunStatus:
     disk_full: bool = False  # the run directory's disk was full when the command ended: its log writes failed
     # a stop's count of the run's processes (by its environment marker) that had left its process group
     escaped: int = 0
+    # run records that failed their check on the host and were not believed: "pid", "exit_code"
+    tampered: tuple[str, ...] = ()
+    detail: str = ""  # UNREADABLE: the line the host answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,20 +117,24 @@ class Transport(Protocol):
 
 
 def parse_status(words: Sequence[str]) -> RunStatus:
-    """Turn the words of one poll line (after the run id) into a RunStatus."""
-    state = words[0]
+    """Turn the words of one poll line (after the run id) into a RunStatus; a line that does not parse is
+    UNREADABLE (with the line as its detail), for that run alone."""
+    state = words[0] if words else ""
     escaped = next((int(w[8:]) for w in words[1:] if w.startswith("escaped=") and w[8:].isdigit()), 0)
-    if state == "RUNNING":
-        return RunStatus("RUNNING", pid=int(words[1]))
-    if state == "EXITED":
-        code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
-        return RunStatus("EXITED", exit_code=code, stop_requested="stopped" in words[2:],
+    tampered = next((tuple(x for x in w[9:].split(",") if x in {"pid", "exit_code"})
+                     for w in words[1:] if w.startswith("tampered=")), ())
+    second = words[1] if len(words) > 1 else ""
+    if state == "RUNNING" and second.isdigit():
+        return RunStatus("RUNNING", pid=int(second), tampered=tampered)
+    if state == "EXITED" and second.isdigit():
+        return RunStatus("EXITED", exit_code=int(second), stop_requested="stopped" in words[2:],
                          disk_full="disk_full" in words[2:], escaped=escaped)
-    if state == "VANISHED":
-        return RunStatus("VANISHED", pid=int(words[1]), stop_requested="stopped" in words[2:], escaped=escaped)
-    if state in {"MISSING", "NOPID"}:
+    if state == "VANISHED" and (second.isdigit() or second == "-"):
+        return RunStatus("VANISHED", pid=int(second) if second.isdigit() else None,
+                         stop_requested="stopped" in words[2:], escaped=escaped, tampered=tampered)
+    if state in {"MISSING", "NOPID"} and len(words) == 1:
         return RunStatus(state)
-    raise HostCommandFailed(f"unexpected run status line: {' '.join(words)!r}")
+    return RunStatus("UNREADABLE", detail=" ".join(words)[:200])
 
 
 class HostExecutor:
@@ -133,16 +154,21 @@ class HostExecutor:
         """Start a run (once: a second launch of the same run id answers already_launched).
 
         On a host with run_as="submitter" the command runs as `spec.user`; raises RunAsRefused when the
-        name is not a user name or the host will not run commands as that user.
+        name is not a user name or the host will not run commands as that user, and LaunchConflict when the
+        host's ledger of live runs refuses it (see LaunchSpec.job_id).
         """
         run_as = self._run_as(host, spec)
+        claim = (host_scripts.LaunchClaim(spec.job_id, tuple(spec.gpu_indices), spec.partner)
+                 if spec.job_id is not None else None)
         script = host_scripts.launch_script(host.workdir, spec.run_id, spec.command, spec.env, spec.telemetry,
-                                            run_as)
+                                            run_as, claim)
         result = self._run(host, script)
         last = (result.stdout.strip().splitlines() or [""])[-1].split()
         if run_as is not None and last[:1] == [host_scripts.REFUSED_USER]:
             said = " ".join(last[1:])[-500:] or f"exit status {result.exit_status}"
             raise RunAsRefused(f"host {host.name} cannot run the job as user {run_as!r}: {said}")
+        if last[:1] == [host_scripts.CONFLICT]:
+            raise LaunchConflict(f"host {host.name} refused run {spec.run_id}: {' '.join(last[1:])[:500]}")
         if result.exit_status != 0 or not last or last[0] not in {"LAUNCHED", "EXISTS"}:
             raise HostCommandFailed(
                 f"host {host.name}: launch of {spec.run_id} failed (status {result.exit_status}): "
@@ -169,6 +195,7 @@ class HostExecutor:
             raise HostCommandFailed(f"host {host.name}: probe answered {result.stdout[-200:]!r}")
 
     def poll(self, host: HostAddress, run_ids: Sequence[str]) -> dict[str, RunStatus]:
+        """Each run's status; a run whose line does not parse is UNREADABLE, the others stand."""
         if not run_ids:
             return {}
         result = self._run(host, host_scripts.poll_script(host.workdir, run_ids))
@@ -185,8 +212,11 @@ class HostExecutor:
     def stop(self, host: HostAddress, run_id: str, reason: str, grace_s: float) -> RunStatus:
         script = host_scripts.stop_script(host.workdir, run_id, reason, grace_s)
         result = self._run(host, script, timeout_s=self.timeout_s + grace_s)
-        words = (result.stdout.strip().splitlines() or ["MISSING"])[-1].split()
-        return parse_status(words)
+        lines = result.stdout.strip().splitlines()
+        if not lines:  # the script did not get to its answer: nothing is known of the run
+            return RunStatus("UNREADABLE", detail=f"stop answered nothing (status {result.exit_status}): "
+                                                  f"{result.stderr.strip()[-150:]}")
+        return parse_status(lines[-1].split())
 
     def read(self, host: HostAddress, run_id: str, name: str, max_bytes: int = 1 << 20) -> str:
         return self._run(host, host_scripts.read_script(host.workdir, run_id, name, max_bytes)).stdout

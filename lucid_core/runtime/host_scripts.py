@@ -1,13 +1,22 @@
 """POSIX sh scripts the executors run on a host (over SSH or locally) to launch, poll and stop jobs.
 
 Every value the scheduler adds is shell-quoted; the user's command is written verbatim into
-`command.sh` and run by `sh`. A run directory `<workdir>/<run_id>` is the idempotency marker:
-`mkdir` claims it atomically, so launching the same run twice starts one process.
+`command.sh` and run by `sh`.
 
-Files in a run directory: pid (the wrapper's process group), command.sh, run.sh (the wrapper), marker
-(see below), stdout.log, stderr.log, exit_code (written by the wrapper when the command ends: the exit
-status, then `disk_full` when the run directory's disk had no room left as the command ended),
-stop_requested (written before the scheduler signals the job), telemetry.jsonl.
+Two rooms per run. The control directory `<workdir>/<run_id>` holds the controller's records: pid (the
+wrapper's process group), pid.self, command.sh, run.sh (the wrapper), marker (see below), stdout.log,
+stderr.log, exit_code (written by the wrapper when the command ends: the run's token, the exit status,
+then `disk_full` when the run directory's disk had no room left as the command ended), stop_requested,
+telemetry.jsonl and the telemetry agent itself (shipped with every launch, never shared between runs).
+`mkdir` claims it atomically, so launching the same run twice starts one process. The job runs in a
+working directory of its own (`LUCID_WORKDIR`): `<workdir>/.work/<run_id>` on account hosts, a
+directory in the user's home on run-as hosts; nothing it writes there reaches the control directory.
+
+Records are checked when read, against what the host's kernel says rather than what a file says: a pid
+counts only while that process lives in the run's control directory and carries the run's marker in the
+environment it was started with; an exit code only when it carries the run's token, which is written
+into the wrapper and never given to the job. A record that fails the check is reported as tampered with
+(`tampered=pid|exit_code` on the run's status line) and is not believed.
 
 Run as the submitter (`run_as` given): the wrapper, the run files and the logs stay with the host's SSH
 account (private to it), and only the command runs as the job's user through `sudo -n -u USER`,
@@ -21,6 +30,10 @@ the same id from other work directories or stores). A stop also finds, by that e
 `/proc/PID/environ` entry, the run's processes that left its process group (`setsid`, `set -m`,
 daemons) and signals them: a process that scrubs or overwrites its environment, or that the account
 and the job's user may no longer read (setuid), still escapes.
+
+A launch that names its job (`claim`) also checks the host's ledger of live runs (`<workdir>/.claims`,
+under `flock`): it refuses a second live run of the same job, and a run on a GPU that a live run of
+another job holds unless that job is the partner the store paired it with (prints CONFLICT).
 """
 
 from __future__ import annotations
@@ -105,24 +118,60 @@ set -- $(stat -f -c '%a %c %d' . 2>/dev/null)
 if [ "${1:-1}" = 0 ] || { [ "${2:-0}" != 0 ] && [ "${3:-1}" = 0 ]; }; then full=disk_full; fi"""
 
 
-def user_script(env: Mapping[str, str], command: str) -> str:
-    """What the job's user runs through sudo: the job env, the user's home as working directory, the command."""
-    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
-    return f'exec < /dev/null\n{exports}cd "$HOME" 2>/dev/null || cd /\n{command}\n'
+@dataclass(frozen=True, slots=True)
+class LaunchClaim:
+    """What a launch tells the host's ledger of live runs: whose run it is, its GPUs, the job it may share with."""
+
+    job_id: str
+    gpu_indices: tuple[int, ...] = ()
+    partner: str | None = None  # a job the store paired this one with: a live run of it may hold the same GPUs
 
 
-def wrapper_script(env: Mapping[str, str], run_as: str | None = None) -> str:
-    """The detached wrapper: runs the command (as `run_as` through sudo, if given), records the exit code.
+# the word a launch prints (then why) when the host's ledger of live runs refuses it
+CONFLICT = "CONFLICT"
+WORKROOM = ".work"  # under the work directory: the jobs' own working directories (not a run id: leading dot)
+CLAIMS = ".claims"  # under the work directory: one file per live run that named its job (LaunchClaim)
+_TOKEN_HEX = 32
+_EXIT_ROOM = 63  # bytes of exit_code.tmp taken at launch: token, status and disk_full fit
 
-    It traps TERM so that a stop reaches the command, is waited for, and still leaves an exit code.
+
+def user_script(env: Mapping[str, str], command: str, run_id: str) -> str:
+    """What the job's user runs through sudo: the job env, a working directory of its own, the command.
+
+    The directory is `~/.lucid-work/<run_id>` in the user's home (a fresh temporary one when the home is
+    not writable); `LUCID_WORKDIR` names it.
     """
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
+    room = '"$HOME"/.lucid-work/' + shlex.quote(check_run_id(run_id))
+    return (f"exec < /dev/null\n{exports}"
+            f"LUCID_WORKDIR={room}\n"
+            'if ! { mkdir -p "$LUCID_WORKDIR" && cd "$LUCID_WORKDIR"; } 2>/dev/null; then\n'
+            '  LUCID_WORKDIR=$(mktemp -d) && cd "$LUCID_WORKDIR" || { LUCID_WORKDIR=/; cd /; }\n'
+            "fi\n"
+            "export LUCID_WORKDIR\n"
+            f"{command}\n")
+
+
+def wrapper_script(env: Mapping[str, str], run_id: str, token: str, run_as: str | None = None) -> str:
+    """The detached wrapper: runs the command in the job's working directory (as `run_as` through sudo, if
+    given), records the exit code with the run's token, and takes the run off the host's ledger.
+
+    It traps TERM so that a stop reaches the command, is waited for, and still leaves an exit code. The
+    token is a shell variable of the wrapper, never exported: the job cannot see it.
+    """
+    run = shlex.quote(check_run_id(run_id))
     if run_as is None:
         exports = "\n".join(f"export {name}={shlex.quote(value)}" for name, value in env.items())
-        start = f"{exports}\nsh ./command.sh > stdout.log 2> stderr.log < /dev/null &"
+        start = (f"{exports}\n"
+                 f'LUCID_WORKDIR=$(cd ../{WORKROOM}/{run} && pwd -P) || LUCID_WORKDIR=/nonexistent\n'
+                 "export LUCID_WORKDIR\n"
+                 'here=$(pwd -P)\n'
+                 '( cd "$LUCID_WORKDIR" && exec sh "$here/command.sh" ) > stdout.log 2> stderr.log < /dev/null &')
     else:  # the job env travels in as_user.sh: sudo resets the environment
         start = (f"sudo -n -H -u {shlex.quote(check_os_user(run_as))} -- /bin/sh -c 'eval \"$(cat)\"' "
                  "< as_user.sh > stdout.log 2> stderr.log &")
-    return f"""echo $$ > pid.self
+    return f"""tok={token}
+echo $$ > pid.self
 trap 'echo 1 > term_received' TERM
 {start}
 child=$!
@@ -133,18 +182,112 @@ while :; do
   kill -s 0 $child 2>/dev/null || break
 done
 {_DISK_FULL_CHECK}
-{{ printf '%-19s\\n' "$rc $full" 1<> exit_code.tmp || printf '%s\\n' "$rc $full" > exit_code.tmp; }} &&
+rec="$tok $rc $full"
+{{ printf '%-{_EXIT_ROOM}s\\n' "$rec" 1<> exit_code.tmp || printf '%s\\n' "$rec" > exit_code.tmp; }} &&
   mv exit_code.tmp exit_code
+rm -f ../{CLAIMS}/{run}
+"""
+
+
+# Shell functions that judge a run's records by the host's own facts. `setup RUN` sets R (the control
+# directory, physical path; false when it is gone), tok (the token in its wrapper), legacy (a run started
+# before records carried a token: judged as then) and MRE (the run's marker entry, as a regex).
+# `is_wrapper R RUN PID`: that pid is alive, no zombie, works in R and carries the run's marker in the
+# environment it started with (a reused pid, or a pid file naming another process, fails).
+# `find_wrapper R RUN` sets wp (the live wrapper's pid, or empty), pv (what the pid file says) and bad
+# (`pid` when a pid file named another process); when neither pid file names it, it looks for the
+# process that works in R and carries the marker. `exit_ok R` is true when exit_code holds the run's
+# token (sets rc and full).
+_RECORDS = r"""setup() {
+  R= tok= legacy= wp= pv= bad= rc= full=
+  R=$(cd "$W/$1" 2>/dev/null && pwd -P) || return 1
+  tok=$(sed -n 's/^tok=\([0-9a-f]*\)$/\1/p' "$R/run.sh" 2>/dev/null | head -n 1)
+  if [ -z "$tok" ] && ! grep -q '^tok=' "$R/run.sh" 2>/dev/null; then legacy=1; fi
+  MRE="LUCID_RUN_MARKER=$(printf '%s' "$1" | sed 's/[.]/\\./g')\.[0-9a-f]{16}"
+  return 0
+}
+is_wrapper() {
+  case "$3" in ''|*[!0-9]*) return 1 ;; esac
+  if [ ! -d /proc/self ]; then kill -s 0 "$3" 2>/dev/null; return; fi
+  st=$(cat "/proc/$3/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [ "${st%% *}" = Z ] && return 1
+  if [ -n "$legacy" ]; then grep -q run.sh "/proc/$3/cmdline" 2>/dev/null; return; fi
+  [ "$(readlink "/proc/$3/cwd" 2>/dev/null)" = "$1" ] || return 1
+  tr '\n\000' '\001\n' < "/proc/$3/environ" 2>/dev/null | grep -q -x -E -e "$MRE"
+}
+find_wrapper() {
+  wp= bad=
+  pv=$(head -c 32 "$1/pid" 2>/dev/null | tr -d '\n')
+  for v in "$pv" "$(head -c 32 "$1/pid.self" 2>/dev/null | tr -d '\n')"; do
+    [ -n "$v" ] || continue
+    if is_wrapper "$1" "$2" "$v"; then wp=$v; break; fi
+  done
+  if [ -z "$wp" ] && [ -z "$legacy" ] && [ -d /proc/self ]; then
+    for v in $(ls -l /proc/[0-9]*/cwd 2>/dev/null | awk -v d="$1" '{ i = index($0, " -> ")
+        if (i && substr($0, i + 4) == d) {
+          s = substr($0, 1, i - 1); sub(/\/cwd$/, "", s); sub(/.*\/proc\//, "", s); print s } }'); do
+      if is_wrapper "$1" "$2" "$v"; then wp=$v; break; fi
+    done
+  fi
+  if [ -n "$wp" ] && [ "$pv" != "$wp" ] && [ -n "$pv$(cat "$1/pid.self" 2>/dev/null)" ]; then bad=pid; fi
+  if [ -z "$wp" ]; then case "$pv" in *[!0-9]*) bad=pid ;; esac; fi
+  [ -n "$wp" ]
+}
+exit_ok() {
+  [ -f "$1/exit_code" ] || return 1
+  line=$(head -c 200 "$1/exit_code" 2>/dev/null | head -n 1)
+  e1= e2= e3=
+  read -r e1 e2 e3 rest <<EOF
+$line
+EOF
+  if [ -n "$legacy" ]; then e3=$e2 e2=$e1; elif [ -z "$tok" ] || [ "$e1" != "$tok" ]; then return 1; fi
+  case "$e2" in ''|*[!0-9]*) return 1 ;; esac
+  rc=$e2 full=
+  if [ "$e3" = disk_full ]; then full=disk_full; fi
+  return 0
+}
+"""
+
+
+def _claim_check(run_id: str, claim: LaunchClaim) -> str:
+    """sh that refuses (prints CONFLICT, removes the run directory) a launch the ledger of live runs forbids;
+    runs with the ledger locked. Entries of runs no longer live are dropped as they are met."""
+    run = shlex.quote(run_id)
+    gpus = ",".join(str(i) for i in claim.gpu_indices) or "-"
+    return f"""mkdir -p "$W"/{CLAIMS} || {{ echo "ERROR cannot create $W/{CLAIMS}"; cd /; rm -rf "$D"; exit 3; }}
+exec 9>> "$W"/{CLAIMS}/.lock
+if command -v flock > /dev/null 2>&1 && ! flock -w 30 9; then
+  cd /; rm -rf "$D"; echo "{CONFLICT} the host's ledger of live runs stayed locked for 30 s"; exit 6
+fi
+me={run} job={shlex.quote(claim.job_id)} mine={shlex.quote(gpus)} partner={shlex.quote(claim.partner or "-")}
+why=
+for c in "$W"/{CLAIMS}/*; do
+  [ -f "$c" ] || continue
+  o=${{c##*/}}
+  [ "$o" = "$me" ] && continue
+  cj= cg=
+  read -r cj cg cp < "$c" || true
+  if ! setup "$o" || exit_ok "$R" || ! find_wrapper "$R" "$o"; then rm -f "$c"; continue; fi
+  if [ "$cj" = "$job" ]; then why="job $job already runs on this host as run $o"; break; fi
+  [ "$cj" = "$partner" ] && continue
+  for g in $(printf '%s' "$cg" | tr ',' ' '); do
+    case ",$mine," in *",$g,"*) why="GPU $g is held by run $o of job $cj"; break 2 ;; esac
+  done
+done
+if [ -n "$why" ]; then cd /; rm -rf "$D"; echo "{CONFLICT} $why"; exit 6; fi
 """
 
 
 def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str],
-                  telemetry: TelemetryLaunch | None = None, run_as: str | None = None) -> str:
+                  telemetry: TelemetryLaunch | None = None, run_as: str | None = None,
+                  claim: LaunchClaim | None = None) -> str:
     """Claim the run directory and start the job detached; prints LAUNCHED <pid> or EXISTS <pid>.
 
     With `run_as`, the run files are private to the SSH account and the host must first let it run a
     command as that user (`sudo -n`); when it does not, the run directory is removed and the script
-    prints REFUSED_USER with sudo's words.
+    prints REFUSED_USER with sudo's words. With `claim`, a launch the host's ledger of live runs forbids
+    prints CONFLICT and why, and starts nothing.
     """
     check_run_id(run_id)
     for name in env:
@@ -153,39 +296,55 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
     if run_as is not None:
         check_os_user(run_as)
     marker = f"{run_id}.{secrets.token_hex(8)}"  # what a stop finds processes that left the group by
+    token = secrets.token_hex(_TOKEN_HEX // 2)  # what tells the wrapper's exit record from anyone else's
     env = {**env, RUN_MARKER: marker}
     w = quote_path(workdir)
+    run = shlex.quote(run_id)
     lines = ["set -u"]
     if run_as is not None:
         lines.append("umask 077")  # logs, env and the command are no other user's business
     lines += [
         f"W={w}",
-        f'D="$W"/{shlex.quote(run_id)}',
+        f'D="$W"/{run}',
         'mkdir -p "$W" || { echo "ERROR cannot create work directory $W"; exit 3; }',
-        'if ! mkdir "$D" 2>/dev/null; then echo "EXISTS $(cat "$D/pid" 2>/dev/null)"; exit 0; fi',
+        'if ! mkdir "$D" 2>/dev/null; then echo "EXISTS $(head -c 32 "$D/pid" 2>/dev/null | tr -cd 0-9)"; exit 0; fi',
         'cd "$D"',
+        _RECORDS,
     ]
     user_files = ""
     if run_as is not None:
         user = shlex.quote(run_as)
         lines.append(f"if ! why=$(sudo -n -H -u {user} -- /bin/sh -c 'exit 0' < /dev/null 2>&1); then "
                      f'cd /; rm -rf "$D"; echo "{REFUSED_USER} $(printf \'%s\' "$why" | tr \'\\n\' \' \')"; exit 5; fi')
-        user_files = (f"printf '%s' {shlex.quote(user_script(env, command))} > as_user.sh && "
+        user_files = (f"printf '%s' {shlex.quote(user_script(env, command, run_id))} > as_user.sh && "
                       f"printf '%s\\n' {user} > run_as && ")
+    else:
+        user_files = f'mkdir -p "$W"/{WORKROOM}/{run} && '
+    if claim is not None:
+        lines.append(_claim_check(run_id, claim))
     lines += [
         f"printf '%s\\n' {shlex.quote(command)} > command.sh && "
         f"printf '%s\\n' {shlex.quote(marker)} > marker && "
-        f"printf '%s' {shlex.quote(wrapper_script(env, run_as))} > run.sh && "
+        f"printf '%s' {shlex.quote(wrapper_script(env, run_id, token, run_as))} > run.sh && "
         + user_files +
         # room for the exit code, taken now: the wrapper overwrites it in place, so a disk that fills
         # up while the job runs cannot turn a finished job into one that vanished
-        "printf '%-19s\\n' '' > exit_code.tmp || "
+        f"printf '%-{_EXIT_ROOM}s\\n' '' > exit_code.tmp || "
         # a cut-short command.sh (disk full) would run a prefix of the command: run nothing instead
         '{ echo "ERROR cannot write the run files in $D (disk full or read-only?)"; cd /; rm -rf "$D"; exit 4; }',
-        "setsid sh ./run.sh < /dev/null > /dev/null 2>&1 &",
+        # the marker is in the wrapper's own environment from its start: the kernel's copy is what polls trust
+        f"{RUN_MARKER}={shlex.quote(marker)} setsid sh ./run.sh < /dev/null > /dev/null 2>&1 9>&- &",
         "pid=$!",
         "echo $pid > pid",
+        # wait (briefly) for the wrapper to be itself, so that the first poll sees it as the run's
+        "i=0",
+        "while [ ! -s pid.self ] && [ $i -lt 300 ]; do sleep 0.01; i=$((i+1)); done",
     ]
+    if claim is not None:
+        gpus = ",".join(str(i) for i in claim.gpu_indices) or "-"
+        lines.append(f"printf '%s %s %s\\n' {shlex.quote(claim.job_id)} {shlex.quote(gpus)} "
+                     f"{shlex.quote(claim.partner or '-')} > \"$W\"/{CLAIMS}/{run}")
+        lines.append("exec 9>&-")
     if telemetry is not None:
         agent = shlex.quote(telemetry.agent_name)
         args = [
@@ -201,43 +360,40 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
         if telemetry.watch_interval_s is not None:
             args += ["--watch-interval", f"{telemetry.watch_interval_s:g}"]
         lines += [
-            f'if [ ! -f "$W"/{agent} ]; then',
-            f"  printf '%s' {shlex.quote(telemetry.agent_source)} > \"$W\"/{agent}.tmp && "
-            f'mv "$W"/{agent}.tmp "$W"/{agent}',
-            "fi",
-            f'setsid {shlex.quote(telemetry.python)} "$W"/{agent} {shlex.join(args)} '
-            "< /dev/null > telemetry.err 2>&1 &",
+            # shipped with every launch into the control directory: no job's file, and none shared
+            f"printf '%s' {shlex.quote(telemetry.agent_source)} > {agent} || "
+            '{ echo "ERROR cannot write the telemetry agent in $D"; exit 4; }',
+            f'setsid {shlex.quote(telemetry.python)} ./{agent} {shlex.join(args)} '
+            '--device-table "$W"/.emulated-gpus < /dev/null > telemetry.err 2>&1 &',
         ]
     lines.append('echo "LAUNCHED $pid"')
     return "\n".join(lines) + "\n"
 
 
-# a wrapper is alive when its pid exists, is no zombie, and still runs run.sh (not a reused pid)
-_ALIVE = """alive() {
-  kill -s 0 "$1" 2>/dev/null || return 1
-  if [ -r "/proc/$1/stat" ]; then
-    [ "$(cut -d' ' -f3 "/proc/$1/stat")" = Z ] && return 1
-    grep -q run.sh "/proc/$1/cmdline" 2>/dev/null || return 1
-  fi
-  return 0
-}
-stopflag() { if [ -f "$1/stop_requested" ] && [ -f "$1/term_received" ]; then echo stopped; fi; }"""
+def _stop_flag() -> str:
+    return 'stopflag() { if [ -f "$1/stop_requested" ] && [ -f "$1/term_received" ]; then echo " stopped"; fi; }'
 
 
 def poll_script(workdir: str, run_ids: Sequence[str]) -> str:
-    """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc [stopped] | VANISHED pid [stopped]."""
+    """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc [disk_full] [stopped] | VANISHED pid|-
+    [stopped]; RUNNING and VANISHED lines end with `tampered=pid,exit_code` (what did not pass) when a
+    record failed its check."""
     ids = " ".join(shlex.quote(check_run_id(r)) for r in run_ids)
     return f"""W={quote_path(workdir)}
-{_ALIVE}
+{_RECORDS}
+{_stop_flag()}
 for r in {ids}; do
-  D="$W/$r"
-  if [ ! -d "$D" ]; then echo "$r MISSING"; continue; fi
-  if [ -f "$D/exit_code" ]; then echo "$r EXITED $(cat "$D/exit_code") $(stopflag "$D")"; continue; fi
-  p=$(cat "$D/pid" 2>/dev/null || cat "$D/pid.self" 2>/dev/null || true)
-  if [ -z "$p" ]; then echo "$r NOPID"; continue; fi
-  if alive "$p"; then echo "$r RUNNING $p"; continue; fi
-  if [ -f "$D/exit_code" ]; then echo "$r EXITED $(cat "$D/exit_code") $(stopflag "$D")"; continue; fi
-  if [ -f "$D/stop_requested" ]; then echo "$r VANISHED $p stopped"; else echo "$r VANISHED $p"; fi
+  if ! setup "$r"; then echo "$r MISSING"; continue; fi
+  if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")"; continue; fi
+  if find_wrapper "$R" "$r"; then
+    if [ -f "$R/exit_code" ]; then bad="${{bad:+$bad,}}exit_code"; fi
+    echo "$r RUNNING $wp${{bad:+ tampered=$bad}}"; continue
+  fi
+  if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")"; continue; fi
+  if [ -f "$R/exit_code" ]; then bad="${{bad:+$bad,}}exit_code"; fi
+  if [ -z "$pv$bad" ] && [ ! -s "$R/pid.self" ]; then echo "$r NOPID"; continue; fi
+  case "$pv" in ''|*[!0-9]*) pv=- ;; esac
+  echo "$r VANISHED $pv$(stopflag "$R")${{bad:+ tampered=$bad}}"
 done
 echo END
 """
@@ -277,12 +433,15 @@ def stop_script(workdir: str, run_id: str, reason: str, grace_s: float) -> str:
     ticks = max(1, round(grace_s * 10))
     run = check_run_id(run_id)
     return f"""W={quote_path(workdir)}
-D="$W"/{shlex.quote(run)}
-if [ ! -d "$D" ]; then echo MISSING; exit 0; fi
+{_RECORDS}
+r={shlex.quote(run)}
+if ! setup "$r"; then echo MISSING; exit 0; fi
+D=$R
 printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
-p=$(cat "$D/pid" 2>/dev/null || cat "$D/pid.self" 2>/dev/null || true)
-case "$p" in *[!0-9]*) p= ;; esac
-if [ -z "$p" ]; then echo NOPID; exit 0; fi
+find_wrapper "$D" "$r"
+p=$wp
+case "$pv" in *[!0-9]*) pv= ;; esac
+if [ -z "$p$pv" ] && [ ! -s "$D/pid.self" ] && ! exit_ok "$D"; then echo NOPID; exit 0; fi
 u=$(cat "$D/run_as" 2>/dev/null || true)
 case "$u" in -*|*[!A-Za-z0-9._-]*) u= ;; esac
 as_user() {{ [ -n "$u" ] && sudo -n -u "$u" -- /bin/sh -c "$1" sh "$2" "$p" < /dev/null > /dev/null 2>&1; }}
@@ -292,7 +451,16 @@ signal() {{
 }}
 group_alive() {{ kill -s 0 -- -"$p" 2>/dev/null || as_user 'kill -s 0 -- -"$2"' 0; }}
 unset {RUN_MARKER}
-k=$(cat "$D/marker" 2>/dev/null || true)
+# the marker: the live wrapper's own (the kernel's copy), else the marker file when it names this run
+k=
+if [ -n "$p" ] && [ -z "$legacy" ]; then
+  k=$(tr '\\n\\000' '\\001\\n' < "/proc/$p/environ" 2>/dev/null | grep -x -E -e "$MRE" | head -n 1)
+  k=${{k#{RUN_MARKER}=}}
+fi
+if [ -z "$k" ]; then
+  k=$(head -c 200 "$D/marker" 2>/dev/null | head -n 1)
+  case "$k" in "$r".*) ;; *) k= ;; esac
+fi
 case "$k" in *[!A-Za-z0-9._-]*) k= ;; esac
 m={RUN_MARKER}=$k
 sweep={shlex.quote(_MARKED_SWEEP)}
@@ -312,18 +480,18 @@ any_left() {{
   return 1
 }}
 ran=
-if [ ! -f "$D/exit_code" ]; then ran=1; signal TERM; fi
+if [ -n "$p" ] && ! exit_ok "$D"; then ran=1; signal TERM; fi
 found=$(marked TERM)
 i=0
 while [ $i -lt {ticks} ]; do
-  if [ -z "$ran" ] || [ -f "$D/exit_code" ] || ! group_alive; then any_left || break; fi
+  if [ -z "$ran" ] || exit_ok "$D" || ! group_alive; then any_left || break; fi
   sleep 0.1
   i=$((i+1))
 done
 # past the grace, or the command ended and left processes behind: nothing of the run outlives a stop
 if [ -n "$ran" ] && group_alive; then
   signal KILL
-  [ -f "$D/exit_code" ] || sleep 0.1
+  exit_ok "$D" || sleep 0.1
 fi
 # what still carries the marker (a survivor of the grace, or one started meanwhile): KILLed, a few passes
 # so that one forked by a process the pass before KILLed is found too
@@ -335,14 +503,17 @@ for pass in 1 2 3; do
 $more"
   sleep 0.1
 done
-n=$(printf '%s\\n%s\\n' "$found" "$late" | awk -v p="$p" 'NF == 2 && $2 != p && !seen[$1]++' | wc -l)
+n=$(printf '%s\\n%s\\n' "$found" "$late" | awk -v p="${{p:-$pv}}" 'NF == 2 && $2 != p && !seen[$1]++' | wc -l)
 n=$((n+0))
 e=
 if [ "$n" -gt 0 ]; then e=" escaped=$n"; fi
-if [ -f "$D/exit_code" ]; then
-  rc=$(cat "$D/exit_code")
+if exit_ok "$D"; then
   if [ -f "$D/term_received" ]; then echo "EXITED $rc stopped$e"; else echo "EXITED $rc$e"; fi
-else echo "VANISHED $p stopped$e"; fi
+else
+  t=
+  if [ -f "$D/exit_code" ]; then t=" tampered=exit_code"; fi
+  echo "VANISHED ${{p:-${{pv:--}}}} stopped$e$t"
+fi
 """
 
 

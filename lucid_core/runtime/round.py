@@ -36,6 +36,7 @@ from lucid_core.runtime.executor import (
     HostCommandFailed,
     HostExecutor,
     HostUnreachable,
+    LaunchConflict,
     LaunchSpec,
     RunAsRefused,
     RunStatus,
@@ -378,6 +379,11 @@ class SchedulingRound:
                 down.add(run.host)
                 self._host_failed(run.host, exc)
                 continue
+            except LaunchConflict as exc:  # the host's ledger says the store was behind: requeue, no cool-down
+                self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
+                self._launch_failed(run, str(exc), conflict=True)
+                down |= self._stop_started_peers(run.run_id)
+                continue
             except RunAsRefused as exc:  # the job's user cannot run there: no retry, the host stays in use
                 self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
                 self._launch_failed(run, str(exc), final=True)
@@ -459,7 +465,8 @@ class SchedulingRound:
                 keep_all_s=(self._kept_window_s(run) if windowed else 0.0) if watched else None,
                 # profiled in place and watched: dense samples for the window, the watch's rate after it
                 watch_interval_s=self.settings.monitor_interval_s if windowed and watched else None)
-        return LaunchSpec(run.run_id, job.command, env, telemetry, user=job.user)
+        return LaunchSpec(run.run_id, job.command, env, telemetry, user=job.user, job_id=job.job_id,
+                          gpu_indices=tuple(run.gpu_indices), partner=run.partner)
 
     @staticmethod
     def _window_s(run: RunRow) -> float:
@@ -485,9 +492,10 @@ class SchedulingRound:
             s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
                 state="ended", ended_at=self.clock(), outcome=why))
 
-    def _launch_failed(self, run: RunRow, why: str, final: bool = False) -> None:
+    def _launch_failed(self, run: RunRow, why: str, final: bool = False, conflict: bool = False) -> None:
         """The host refused the launch: end the run and put the job back where it waits (or fail it when
-        `final`: trying again cannot help).
+        `final`: trying again cannot help). A `conflict` (the host's ledger of live runs refused it) ends
+        the run with outcome 'conflict: ...' and never counts as one of the job's launch failures.
 
         Other nodes of a wide job that did start are only marked for a stop (`peer_ended`): they count as
         ended once the stop has reached their host, so a requeued job never runs beside its old copy.
@@ -497,14 +505,21 @@ class SchedulingRound:
                 if peer.state == "running" and peer.host != run.host:
                     peer.stop_reason = peer.stop_reason or "peer_ended"
                 elif peer.state in ("planned", "running"):
-                    peer.state, peer.ended_at, peer.outcome = "ended", self.clock(), f"launch failed: {why}"[:1000]
+                    peer.state, peer.ended_at = "ended", self.clock()
+                    peer.outcome = f"{'conflict' if conflict else 'launch failed'}: {why}"[:1000]
             s.flush()
             failures = s.scalar(select(func.count(distinct(RunRow.run_id))).where(  # tries, not nodes
                 RunRow.job_id == run.job_id, RunRow.outcome.like("launch failed%"))) or 0
             job = s.get(JobRow, run.job_id)
             if job is None or JobState(job.state) in TERMINAL_STATES:
                 return
-            self._event(s, job.job_id, "launch_failed", why[:1000])
+            self._event(s, job.job_id, "launch_conflict" if conflict else "launch_failed", why[:1000])
+            if conflict:
+                failures = 0
+                other = s.scalar(select(RunRow.run_id).where(RunRow.job_id == run.job_id, RunRow.run_id != run.run_id,
+                                                             RunRow.state.in_(("planned", "running"))).limit(1))
+                if other is not None:
+                    return  # the job runs (or is about to) as another run: that one decides its fate
             if final:
                 self._end_job(s, job, JobState.FAILED, None, why[:1000], run)
                 return
@@ -540,6 +555,13 @@ class SchedulingRound:
                 down.add(run.host)
                 self._host_failed(run.host, exc)
                 continue
+            except HostCommandFailed as exc:  # this run's stop answered garbage: retried next round
+                self.report.errors.append(f"stop of run {run.run_id} (job {run.job_id}) on {run.host}: {exc}")
+                continue
+            if status.state == "UNREADABLE":
+                self._unreadable(run, status)
+                continue
+            self._note_tampering(run, status)
             self._settle(run, status)
         return down
 
@@ -572,19 +594,53 @@ class SchedulingRound:
             self._host_seen(name)
             for run in host_runs:
                 status = statuses.get(run.run_id)
-                if status is None:
-                    continue
-                if status.state == "RUNNING":
-                    pass  # profiles of windows that ended are collected below
-                elif status.state == "NOPID":
-                    if now - run.planned_at > self.settings.launch_grace_s:
-                        self._launch_failed(run, "wrapper never started on the host")
-                else:
-                    if status.state == "EXITED" and run.stop_reason is None:
-                        status = self._sweep_leftovers(host, run, status)
-                    self._settle(run, status)
+                if status is not None:
+                    self._judge(host, run, status, now)
         self._cancel_requested()
         self.collect_due_profiles(now)
+
+    def _judge(self, host: HostRow, run: RunRow, status: RunStatus, now: float) -> None:
+        """Act on one run's polled status. Its records are the host's and, on account hosts, within reach
+        of jobs: whatever they hold, only this run is affected, never the round."""
+        if status.state == "UNREADABLE":
+            self._unreadable(run, status)
+            return
+        self._note_tampering(run, status)
+        if status.state == "RUNNING":
+            return  # profiles of windows that ended are collected after reconcile
+        if status.state == "NOPID":
+            if now - run.planned_at > self.settings.launch_grace_s:
+                self._launch_failed(run, "wrapper never started on the host")
+            return
+        if status.state == "EXITED" and run.stop_reason is None:
+            status = self._sweep_leftovers(host, run, status)
+        self._settle(run, status)
+
+    def _unreadable(self, run: RunRow, status: RunStatus) -> None:
+        """A run whose status line the host garbled: named in the report and the job's events (once), and
+        judged again next round; a cancel still reaches it through the stop, which needs no status."""
+        why = f"run {run.run_id} on host {run.host}: unreadable status {status.detail!r}"
+        self.report.errors.append(f"job {run.job_id}: {why}")
+        self._event_once(run.job_id, "run_unreadable", why)
+
+    def _note_tampering(self, run: RunRow, status: RunStatus) -> None:
+        """Record (once per run and record) that a run's pid or exit-code file failed its check on the host:
+        the host judged the run by what the kernel says instead, so nothing else follows from it."""
+        if not status.tampered:
+            return
+        what = " and ".join({"pid": "its pid file named another process",
+                             "exit_code": "its exit-code file was not written by its wrapper"}[t]
+                            for t in status.tampered)
+        self._event_once(run.job_id, "records_tampered",
+                         f"run {run.run_id} on host {run.host}: {what}; the file was not believed")
+
+    def _event_once(self, job_id: str, kind: str, message: str) -> None:
+        """An event for the job unless the same one is already recorded (a round repeats what it sees)."""
+        with self.store.session() as s:
+            seen = s.scalar(select(JobEventRow.id).where(JobEventRow.job_id == job_id, JobEventRow.kind == kind,
+                                                         JobEventRow.message == message[:1000]).limit(1))
+            if seen is None:
+                self._event(s, job_id, kind, message[:1000])
 
     def _sweep_leftovers(self, host: HostRow, run: RunRow, status: RunStatus) -> RunStatus:
         """A run that ended on its own may leave processes behind (a daemon it started, workers that
@@ -652,6 +708,9 @@ class SchedulingRound:
         except HostUnreachable as exc:
             self._host_failed(run.host, exc)
             return
+        except HostCommandFailed as exc:  # judged again next round; the others' profiles are collected
+            self.report.errors.append(f"telemetry of run {run.run_id} (job {run.job_id}) on {run.host}: {exc}")
+            return
         # an agent that also watches the job's speed samples past the window: profile the window only
         samples = first_window(parse_samples(text), self._window_s(run) + self.settings.telemetry_margin_s)
         summary = summarize(samples)
@@ -688,6 +747,8 @@ class SchedulingRound:
             outcome = "run directory vanished from the host"
         elif status.state == "VANISHED":
             outcome = "stopped" if stopped else "process vanished without an exit code"
+            if "exit_code" in status.tampered and not stopped:
+                outcome += " (an exit-code file it left was not written by its wrapper and was not believed)"
         else:
             outcome = "stopped" if stopped else f"exited with code {status.exit_code}"
             if status.disk_full and not stopped:

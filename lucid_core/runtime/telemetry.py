@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import sys
@@ -457,17 +458,43 @@ def estimate_shared_speed(samples: Iterable[Sample], exclusive_util: float, *, s
                          emulated=any(bool(r.get("emulated", False)) for r in rows))
 
 
+def _number(value: Any) -> bool:
+    """A finite int or float (not a bool): what every numeric field of a sample must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_sample(record: Any) -> bool:
+    """True for a record shaped as the agent writes it; anything else in a telemetry file is not believed."""
+    if not isinstance(record, dict):
+        return False
+    if not all(_number(record.get(key)) for key in ("t", "gpu_util", "mem_util")):
+        return False
+    gpu = record.get("gpu", 0)
+    if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+        return False
+    if any(key in record and not _number(record[key]) for key in ("mem_used_mb", "job_mem_mb")):
+        return False
+    if record.get("job_sm_util") is not None and not _number(record["job_sm_util"]):
+        return False
+    others = record.get("others", 0)
+    if others is not None and (not isinstance(others, int) or isinstance(others, bool)):
+        return False
+    return isinstance(record.get("emulated", False), bool)
+
+
 def parse_samples(text: str) -> list[Sample]:
-    """JSON lines back into samples, skipping a torn last line."""
+    """JSON lines back into samples, skipping a torn last line and every line not shaped as a sample."""
     out = []
     for line in text.splitlines():
         line = line.strip()
         if not line:
             continue
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             continue
+        if is_sample(record):
+            out.append(record)
     return out
 
 

@@ -213,7 +213,8 @@ def test_log_reads_refuse_names_and_ids_that_leave_the_run_directory():
 
 
 def _finished_job_with(tmp_path: Path, body: str) -> tuple[Store, str]:
-    """A real job on a local host whose command `body` runs in its run directory, then ends."""
+    """A real job on a local host whose command `body` runs in its run's control directory (reached on
+    purpose: its working directory is elsewhere), then ends."""
     from runtime_helpers import SETTINGS, fast_config
 
     from lucid_core.runtime.round import SchedulingRound
@@ -221,7 +222,8 @@ def _finished_job_with(tmp_path: Path, body: str) -> tuple[Store, str]:
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
                              workdir=str(tmp_path / "runs")))
-    job = submit(store, JobRequest(f"echo own output; {body}", 1, "mallory", "vc-a"))
+    job = submit(store, JobRequest(f'echo own output; cd "$LUCID_WORKDIR/../../$LUCID_RUN_ID" && {body}', 1,
+                                   "mallory", "vc-a"))
     config = fast_config(**{"profiler.enabled": False})
     deadline = time.monotonic() + 20
     while True:
@@ -257,7 +259,8 @@ def test_reading_a_run_file_through_the_executor_is_confined(tmp_path, escape):
     body = {"symlinked file": f"rm -f stdout.log; ln -s {outside / 'stdout.log'} stdout.log",
             "symlinked run directory": f'cd ..; mv r1 r1.moved; ln -s {outside} r1',
             "file of another run": "rm -f stdout.log; ln -s ../other/stdout.log stdout.log"}[escape]
-    executor.launch(host, LaunchSpec("r1", f"echo mine; {body}"))
+    control = tmp_path / "w" / "r1"  # reached on purpose: the job's working directory is elsewhere
+    executor.launch(host, LaunchSpec("r1", f"echo mine; cd {control} && {body}"))
     deadline = time.monotonic() + 10
     time.sleep(0.3)  # past the wrapper's exec (the poll checks the pid runs run.sh)
     while executor.poll(host, ["r1"])["r1"].state == "RUNNING":

@@ -60,10 +60,14 @@ def test_metacharacters_in_name_user_env_and_argv_never_run_on_a_real_sshd_host(
     assert not canary.exists(), "a metacharacter in a name, user, env value or argument ran a command"
     assert json.loads(env_out.read_text()) == env  # the job saw every value byte for byte
     assert json.loads(argv_out.read_text()) == values
-    # nothing but run directories appears (the emulated telemetry's shared GPU table is the host's own)
-    host_dirs = [p for p in (tmp_path / "hosts").rglob("*") if p.is_dir() and p.parent.parent == tmp_path / "hosts"
-                 and p.name != ".emulated-gpus"]
-    assert sorted(p.name for p in host_dirs) == sorted(r.run_id for j in jobs for r in runs_of(store, j))
+    # nothing but run directories appears, and the jobs' working directories under .work (the emulated
+    # telemetry's shared GPU table and the ledger of live runs are the host's own)
+    hosts = tmp_path / "hosts"
+    host_dirs = [p for p in hosts.rglob("*") if p.is_dir() and p.parent.parent == hosts
+                 and p.name not in {".emulated-gpus", ".claims", ".work"}]
+    run_ids = sorted(r.run_id for j in jobs for r in runs_of(store, j))
+    assert sorted(p.name for p in host_dirs) == run_ids
+    assert sorted(p.name for p in hosts.glob("*/.work/*")) == run_ids
     store.dispose()
 
 
@@ -109,13 +113,14 @@ def test_any_env_value_or_argument_reaches_the_job_verbatim_and_runs_nothing(tmp
 
 def test_a_job_that_rewrites_its_run_marker_with_metacharacters_runs_nothing_at_its_stop(tmp_path):
     """The stop reads the run's marker back from the run directory, which a job on an `account` host can
-    write: whatever it holds, the stop runs nothing from it and still stops the job's group."""
+    reach and write on purpose: whatever it holds, the stop runs nothing from it and still stops the job's group."""
     canary = tmp_path / "canary"
     executor = local_executor()
     host = HostAddress("h", executor="local", workdir=str(tmp_path / "w"))
     values = [*nasty(canary), "*", "-e", "../r0", "LUCID_RUN_MARKER=x\nLUCID_RUN_MARKER=y"]
     for i, value in enumerate(values):
-        executor.launch(host, LaunchSpec(f"r{i}", f"printf '%s\\n' {shlex.quote(value)} > marker; sleep 60"))
+        control = shlex.quote(str(tmp_path / "w" / f"r{i}"))  # its control directory, reached on purpose
+        executor.launch(host, LaunchSpec(f"r{i}", f"printf '%s\\n' {shlex.quote(value)} > {control}/marker; sleep 60"))
     for i, value in enumerate(values):
         marker = tmp_path / "w" / f"r{i}" / "marker"
         deadline = time.monotonic() + 10
