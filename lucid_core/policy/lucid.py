@@ -43,7 +43,8 @@ class LucidPolicy(SchedulingPolicy):
     # --- hooks ----------------------------------------------------------------------------
     def on_submit(self, view: ClusterView, job: Job) -> None:
         self.forecaster.observe_submission(view.now, job.gpus)
-        if self.profiler.wants_profiling(view, job) and view.profiling.total_gpus > 0:
+        # a job the profiling pool could never hold (wider than its nodes allow) is profiled in its run
+        if self.profiler.wants_profiling(view, job) and view.profiling.could_hold(job.gpus):
             view.enqueue_profiling(job)
         else:
             self.orchestrator.enqueue(view, job)

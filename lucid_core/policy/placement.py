@@ -121,6 +121,11 @@ class GpuPool:
             return True
         return full == whole and any(index[k] for k in range(rest, size))
 
+    def could_hold(self, gpus: int, vc: str = "") -> bool:
+        """Whether VC `vc`'s nodes could hold an exclusive job of `gpus` GPUs once all were empty: the
+        rule of `can_fit` over capacity instead of free GPUs (a job wider than a node takes whole nodes)."""
+        return fleet_could_hold(gpus, [n.gpus for n in self.nodes.values() if n.vc == vc], self.gpus_per_node)
+
     def place_compact(self, gpus: int, vc: str = "") -> tuple[GpuRef, ...] | None:
         """Choose GPUs of VC `vc` for an exclusive job, or None when no compact fit exists. Reserves nothing."""
         size = self.gpus_per_node
@@ -209,3 +214,15 @@ class GpuPool:
                 assert all(node.name not in names for names in self._index(node.vc)), f"held {node.name} indexed"
             else:
                 assert node.name in self._index(node.vc)[node.free], f"index out of date for {node.name}"
+
+
+def fleet_could_hold(gpus: int, node_gpus: list[int], size: int) -> bool:
+    """Whether nodes of these GPU counts (node size `size`), all empty, hold an exclusive `gpus`-GPU job
+    under compact placement: one node with room, or whole `size`-GPU nodes and one more for the rest."""
+    if gpus <= size:
+        return any(n >= gpus for n in node_gpus)
+    whole, rest = divmod(gpus, size)
+    full = sum(1 for n in node_gpus if n == size)
+    if rest == 0:
+        return full >= whole
+    return full > whole or (full == whole and any(rest <= n < size for n in node_gpus))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy import false as sa_false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -29,8 +29,8 @@ class JobRow(Base):
     command: Mapped[str] = mapped_column(Text)
     env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
     workload: Mapped[str | None] = mapped_column(String(256), nullable=True)
-    # "<user>\x1f<client key>": a retried submission with the same key returns the same job
-    idempotency_key: Mapped[str | None] = mapped_column(String(300), unique=True, nullable=True)
+    # a client's key, unique per user (user, idempotency_key): a retried submission returns the same job
+    idempotency_key: Mapped[str | None] = mapped_column(String(300), nullable=True)
     amp: Mapped[bool] = mapped_column(Boolean, default=False)
     long_cold_start: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16), index=True)
@@ -54,6 +54,8 @@ class JobRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    __table_args__ = (UniqueConstraint("user", "idempotency_key", name="uq_jobs_user_idempotency_key"),)
 
 
 class JobEventRow(Base):

@@ -151,15 +151,35 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
     return errors
 
 
-def _stored_key(request: JobRequest) -> str | None:
-    return None if request.idempotency_key is None else f"{request.user}\x1f{request.idempotency_key}"
-
-
-def _job_with_key(store: Store, key: str | None) -> str | None:
+def _job_with_key(store: Store, user: str, key: str | None) -> str | None:
+    """The job `user` submitted with idempotency key `key` (keys are scoped by user: a pair of columns)."""
     if key is None:
         return None
     with store.session() as s:
-        return s.scalar(select(JobRow.job_id).where(JobRow.idempotency_key == key))
+        return s.scalar(select(JobRow.job_id).where(JobRow.user == user, JobRow.idempotency_key == key))
+
+
+def fleet_problem(store: Store, gpus: int, vc: str) -> str | None:
+    """Why no set of VC `vc`'s main hosts could ever hold a `gpus`-GPU job (None when some could).
+
+    The rule is the policy's own (GpuPool.could_hold): one host with room, or, for a job wider than the
+    fleet's node size (its largest host), whole hosts of that size and one more for the rest."""
+    from lucid_core.policy.placement import fleet_could_hold
+    from lucid_core.runtime.schema import GpuRow
+    from lucid_core.runtime.view_builder import fleet_node_size
+
+    with store.session() as s:
+        rows = s.execute(select(HostRow.name, HostRow.vc, HostRow.pool, func.count(GpuRow.index))
+                         .join(GpuRow, GpuRow.host == HostRow.name)
+                         .group_by(HostRow.name, HostRow.vc, HostRow.pool)).all()
+    size = fleet_node_size(int(n) for _, _, _, n in rows)
+    mine = sorted((int(n) for _, host_vc, pool, n in rows if host_vc == vc and pool == "main"), reverse=True)
+    if size is None or not mine or fleet_could_hold(gpus, mine, size):
+        return None
+    whole = sum(1 for n in mine if n == size)
+    return (f"{gpus} GPUs can never be placed in VC {vc}: its hosts have {', '.join(map(str, mine))} GPUs; "
+            f"a job fits on one host, or takes whole {size}-GPU hosts ({whole} in this VC) and one more "
+            f"for the rest")
 
 
 def submit(store: Store, request: JobRequest, *, now: float | None = None) -> str:
@@ -169,12 +189,16 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
         problem = submitter_user_problem(store, request.user, request.vc)
         if problem is not None:
             errors["user"] = problem
+    if "gpus" not in errors and "vc" not in errors:
+        problem = fleet_problem(store, request.gpus, request.vc)
+        if problem is not None:
+            errors["gpus"] = problem
     if errors:
         raise SubmissionError(errors)
     now = time.time() if now is None else now
-    key = _stored_key(request)
+    key = request.idempotency_key
     for _ in range(20):
-        existing = _job_with_key(store, key)
+        existing = _job_with_key(store, request.user, key)
         if existing is not None:
             return existing  # the same submission again: nothing new is written
         try:

@@ -9,7 +9,7 @@ placeholder jobs whose ids start with HOLD_PREFIX.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,7 +190,24 @@ class BuiltView:
     frozen: set[str]
 
 
+def fleet_node_size(gpu_counts: Iterable[int]) -> int | None:
+    """The policy's node size on a live fleet: its largest host's GPU count (None without hosts).
+
+    `cluster.gpus_per_node` describes a simulated cluster; live, every host holds what it really has,
+    and a job wider than one host takes whole hosts of that size (the paper's compact placement)."""
+    return max((n for n in gpu_counts if n > 0), default=None)
+
+
+def fleet_config(config: LucidConfig, gpu_counts: Iterable[int]) -> LucidConfig:
+    """`config` with the fleet's node size (see `fleet_node_size`)."""
+    size = fleet_node_size(gpu_counts)
+    if size is None or size == config.cluster.gpus_per_node:
+        return config
+    return config.with_overrides({"cluster.gpus_per_node": size})
+
+
 def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_factory: PolicyFactory) -> BuiltView:
+    config = fleet_config(config, snapshot.gpu_counts.values())
     policy = policy_factory(config, snapshot)
     view = ClusterView(config, now=now)
     state = snapshot.state

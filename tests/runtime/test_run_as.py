@@ -239,6 +239,20 @@ def test_a_job_runs_as_its_submitter_its_log_comes_back_and_cancel_kills_it(stor
         time.sleep(0.1)
 
 
+def users_processes(marker: str, user: str) -> dict[int, int]:
+    """The marked processes owned by `user` (the job's own; its wrapper and sudo, the account's, carry the
+    marker too, from their start)."""
+    uid = pwd.getpwnam(user).pw_uid
+    found = {}
+    for pid, group in marked_processes(marker).items():
+        try:
+            if Path(f"/proc/{pid}").stat().st_uid == uid:
+                found[pid] = group
+        except OSError:
+            continue
+    return found
+
+
 def test_cancel_kills_the_submitters_processes_that_left_the_group_and_not_another_users_job(
         store, submitter_host, run_root):
     """The stop finds the escaped process (a `setsid` child, owned by the job's user) by the run marker,
@@ -248,15 +262,15 @@ def test_cancel_kills_the_submitters_processes_that_left_the_group_and_not_anoth
     rounds_until(store, submitter_host, lambda jobs: all(
         jobs[j].state == "RUNNING" and runs_of(store, j)[-1].pid is not None for j in (victim, bystander)))
     marked: dict[str, tuple[str, dict[int, int]]] = {}
-    for job_id in (victim, bystander):
+    for job_id, user in ((victim, USER_A), (bystander, USER_B)):
         run = runs_of(store, job_id)[-1]
         marker = f"{RUN_MARKER}=" + (run_root / run.run_id / "marker").read_text().strip()
         deadline = time.monotonic() + 10
-        found = marked_processes(marker)
+        found = users_processes(marker, user)
         while len(found) < 2:  # both sleeps, one of them (the setsid child) out of the group
             assert time.monotonic() < deadline, (job_id, found)
             time.sleep(0.1)
-            found = marked_processes(marker)
+            found = users_processes(marker, user)
         assert sorted(group == run.pid for group in found.values()) == [False, True], (job_id, run.pid, found)
         marked[job_id] = (marker, found)
     escaped = [pid for pid, group in marked[victim][1].items() if group != runs_of(store, victim)[-1].pid]
@@ -267,7 +281,7 @@ def test_cancel_kills_the_submitters_processes_that_left_the_group_and_not_anoth
     assert jobs[victim].state == "CANCELLED", jobs[victim].end_reason
     assert marked_processes(marked[victim][0]) == {}, "a process of the cancelled run is left"
     assert "killed 1 of its processes that had left its process group" in runs_of(store, victim)[-1].outcome
-    assert marked_processes(marked[bystander][0]) == marked[bystander][1], "the stop touched user B's job"
+    assert users_processes(marked[bystander][0], USER_B) == marked[bystander][1], "the stop touched user B's job"
     cancel(store, bystander)
     rounds_until(store, submitter_host, lambda jobs: jobs[bystander].state in TERMINAL)
     assert marked_processes(marked[bystander][0]) == {}
