@@ -216,7 +216,8 @@ def test_junk_in_a_runs_own_records_is_reported_for_that_run_and_a_cancel_still_
 # every agent file the job can reach on its host (the old shared one's place, other runs' control
 # directories) is overwritten with code that leaves a canary; its own agent already runs, so it is spared
 AGENT_ATTACK = ("for f in $LUCID_WORKDIR/../../*.py $LUCID_WORKDIR/../../*/*.py; do "
-                "case $f in */$LUCID_RUN_ID/*) continue ;; esac; [ -f \"$f\" ] && printf 'import pathlib; pathlib.Path({canary!r}).touch()\\n' > \"$f\"; done; "
+                "case $f in */$LUCID_RUN_ID/*) continue ;; esac; "
+                "[ -f \"$f\" ] && printf 'import pathlib; pathlib.Path({canary!r}).touch()\\n' > \"$f\"; done; "
                 "printf 'import pathlib; pathlib.Path({canary!r}).touch()\\n' > $LUCID_WORKDIR/../../agent.py; true")
 
 
