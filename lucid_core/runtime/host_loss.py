@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select, update
 
 from lucid_core.domain import TERMINAL_STATES, JobState
-from lucid_core.runtime.executor import HostExecutor, HostUnreachable
+from lucid_core.runtime.executor import HostCommandFailed, HostExecutor, HostUnreachable
 from lucid_core.runtime.inventory import host_address
 from lucid_core.runtime.schema import HostRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store import Store
@@ -106,6 +106,10 @@ def reap_lost(store: Store, executor: HostExecutor, now: float, grace_s: float =
             status = executor.stop(host_address(host), run.run_id, "lost", grace_s)
         except HostUnreachable:
             still_gone.add(run.host)  # keep its runs lost (the GPUs stay held); try again next time
+            continue
+        except HostCommandFailed:  # this run's stop answered garbage: it stays lost, tried again next time
+            continue
+        if status.state == "UNREADABLE":
             continue
         with store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))

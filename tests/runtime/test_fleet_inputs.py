@@ -84,13 +84,13 @@ def test_idempotency_keys_are_scoped_by_user_as_a_pair_not_a_joined_string(tmp_p
     assert submit(store, JobRequest("true", 1, "a\x1fb", "vc-a", idempotency_key="c")) == first
     other_user = submit(store, JobRequest("true", 1, "z", "vc-a", idempotency_key="c"))
     assert other_user not in (first, second)
-    with store.engine.begin() as conn:  # the store itself refuses a second row for one (user, key)
-        with pytest.raises(sa.exc.IntegrityError):
-            conn.execute(sa.text("INSERT INTO jobs (job_id, seq, name, user, vc, gpus, command, env, "
-                                 "idempotency_key, amp, long_cold_start, state, submit_time, known_min_duration, "
-                                 "no_share, attempts, profiled, profile_emulated, ended_in_profiling, "
-                                 "cancel_requested) VALUES ('x', 99, '', 'z', 'vc-a', 1, 'true', '{}', 'c', 0, 0, "
-                                 "'SUBMITTED', 0, 0, 0, 0, 0, 0, 0, 0)"))
+    # the store itself refuses a second row for one (user, key)
+    with store.engine.begin() as conn, pytest.raises(sa.exc.IntegrityError):
+        conn.execute(sa.text("INSERT INTO jobs (job_id, seq, name, user, vc, gpus, command, env, "
+                             "idempotency_key, amp, long_cold_start, state, submit_time, known_min_duration, "
+                             "no_share, attempts, profiled, profile_emulated, ended_in_profiling, "
+                             "cancel_requested) VALUES ('x', 99, '', 'z', 'vc-a', 1, 'true', '{}', 'c', 0, 0, "
+                             "'SUBMITTED', 0, 0, 0, 0, 0, 0, 0, 0)"))
     store.dispose()
 
 
