@@ -32,8 +32,11 @@ daemons) and signals them: a process that scrubs or overwrites its environment, 
 and the job's user may no longer read (setuid), still escapes.
 
 A launch that names its job (`claim`) also checks the host's ledger of live runs (`<workdir>/.claims`,
-under `flock`): it refuses a second live run of the same job, and a run on a GPU that a live run of
-another job holds unless that job is the partner the store paired it with (prints CONFLICT).
+one line per run: job, GPUs, partner; checked and written under `flock` where the host has it): it
+refuses a second live run of the same job, and a run on a GPU that a live run of another job holds
+unless that job is the partner the store paired it with (prints CONFLICT). An entry counts while its
+run's wrapper is alive by the same checks as a poll; the wrapper removes its own as it ends, and
+entries of runs found dead are dropped.
 """
 
 from __future__ import annotations
