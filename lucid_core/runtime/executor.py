@@ -88,7 +88,8 @@ class RunStatus:
     disk_full: bool = False  # the run directory's disk was full when the command ended: its log writes failed
     # a stop's count of the run's processes (by its environment marker) that had left its process group
     escaped: int = 0
-    # run records that failed their check on the host and were not believed: "pid", "exit_code"
+    # run records that failed their check on the host and were not believed: "pid", "exit_code", or
+    # "records" (its whole control directory was gone while its wrapper still ran)
     tampered: tuple[str, ...] = ()
     detail: str = ""  # UNREADABLE: the line the host answered
 
@@ -121,7 +122,7 @@ def parse_status(words: Sequence[str]) -> RunStatus:
     UNREADABLE (with the line as its detail), for that run alone."""
     state = words[0] if words else ""
     escaped = next((int(w[8:]) for w in words[1:] if w.startswith("escaped=") and w[8:].isdigit()), 0)
-    tampered = next((tuple(x for x in w[9:].split(",") if x in {"pid", "exit_code"})
+    tampered = next((tuple(x for x in w[9:].split(",") if x in {"pid", "exit_code", "records"})
                      for w in words[1:] if w.startswith("tampered=")), ())
     second = words[1] if len(words) > 1 else ""
     if state == "RUNNING" and second.isdigit():

@@ -203,11 +203,25 @@ rm -f ../{CLAIMS}/{run}
 # token (sets rc and full).
 _RECORDS = r"""setup() {
   R= tok= legacy= wp= pv= bad= rc= full=
+  MRE="LUCID_RUN_MARKER=$(printf '%s' "$1" | sed 's/[.]/\\./g')\.[0-9a-f]{16}"
   R=$(cd "$W/$1" 2>/dev/null && pwd -P) || return 1
   tok=$(sed -n 's/^tok=\([0-9a-f]*\)$/\1/p' "$R/run.sh" 2>/dev/null | head -n 1)
   if [ -z "$tok" ] && ! grep -q '^tok=' "$R/run.sh" 2>/dev/null; then legacy=1; fi
-  MRE="LUCID_RUN_MARKER=$(printf '%s' "$1" | sed 's/[.]/\\./g')\.[0-9a-f]{16}"
   return 0
+}
+cwd_is() {
+  ls -l /proc/[0-9]*/cwd 2>/dev/null | awk -v d="$1" '{ i = index($0, " -> ")
+    if (i && substr($0, i + 4) == d) {
+      s = substr($0, 1, i - 1); sub(/\/cwd$/, "", s); sub(/.*\/proc\//, "", s); print s } }'
+}
+find_orphan() {
+  wp=
+  [ -d /proc/self ] || return 1
+  base=$(cd "$W" 2>/dev/null && pwd -P) || base=$W
+  for v in $(cwd_is "$base/$1 (deleted)"); do
+    if tr '\n\000' '\001\n' < "/proc/$v/environ" 2>/dev/null | grep -q -x -E -e "$MRE"; then wp=$v; return 0; fi
+  done
+  return 1
 }
 is_wrapper() {
   case "$3" in ''|*[!0-9]*) return 1 ;; esac
@@ -227,9 +241,7 @@ find_wrapper() {
     if is_wrapper "$1" "$2" "$v"; then wp=$v; break; fi
   done
   if [ -z "$wp" ] && [ -z "$legacy" ] && [ -d /proc/self ]; then
-    for v in $(ls -l /proc/[0-9]*/cwd 2>/dev/null | awk -v d="$1" '{ i = index($0, " -> ")
-        if (i && substr($0, i + 4) == d) {
-          s = substr($0, 1, i - 1); sub(/\/cwd$/, "", s); sub(/.*\/proc\//, "", s); print s } }'); do
+    for v in $(cwd_is "$1"); do
       if is_wrapper "$1" "$2" "$v"; then wp=$v; break; fi
     done
   fi
@@ -380,13 +392,18 @@ def _stop_flag() -> str:
 def poll_script(workdir: str, run_ids: Sequence[str]) -> str:
     """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc [disk_full] [stopped] | VANISHED pid|-
     [stopped]; RUNNING and VANISHED lines end with `tampered=pid,exit_code` (what did not pass) when a
-    record failed its check."""
+    record failed its check, and a run whose control directory is gone while its wrapper lives is
+    `RUNNING pid tampered=records`."""
     ids = " ".join(shlex.quote(check_run_id(r)) for r in run_ids)
     return f"""W={quote_path(workdir)}
 {_RECORDS}
 {_stop_flag()}
 for r in {ids}; do
-  if ! setup "$r"; then echo "$r MISSING"; continue; fi
+  if ! setup "$r"; then
+    # its control directory is gone (removed by a job on purpose or by accident): alive while its wrapper is
+    if find_orphan "$r"; then echo "$r RUNNING $wp tampered=records"; else echo "$r MISSING"; fi
+    continue
+  fi
   if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")"; continue; fi
   if find_wrapper "$R" "$r"; then
     if [ -f "$R/exit_code" ]; then bad="${{bad:+$bad,}}exit_code"; fi
@@ -438,10 +455,16 @@ def stop_script(workdir: str, run_id: str, reason: str, grace_s: float) -> str:
     return f"""W={quote_path(workdir)}
 {_RECORDS}
 r={shlex.quote(run)}
-if ! setup "$r"; then echo MISSING; exit 0; fi
-D=$R
-printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
-find_wrapper "$D" "$r"
+orphan=
+if setup "$r"; then
+  D=$R
+  printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
+  find_wrapper "$D" "$r"
+elif find_orphan "$r"; then  # its control directory was removed while it ran: stopped by its wrapper's marker
+  D=/nonexistent/removed orphan=1 pv=$wp
+else
+  echo MISSING; exit 0
+fi
 p=$wp
 case "$pv" in *[!0-9]*) pv= ;; esac
 if [ -z "$p$pv" ] && [ ! -s "$D/pid.self" ] && ! exit_ok "$D"; then echo NOPID; exit 0; fi
@@ -515,6 +538,7 @@ if exit_ok "$D"; then
 else
   t=
   if [ -f "$D/exit_code" ]; then t=" tampered=exit_code"; fi
+  if [ -n "$orphan" ]; then t=" tampered=records"; fi
   echo "VANISHED ${{p:-${{pv:--}}}} stopped$e$t"
 fi
 """

@@ -629,7 +629,8 @@ class SchedulingRound:
         if not status.tampered:
             return
         what = " and ".join({"pid": "its pid file named another process",
-                             "exit_code": "its exit-code file was not written by its wrapper"}[t]
+                             "exit_code": "its exit-code file was not written by its wrapper",
+                             "records": "its control directory was removed while it ran"}[t]
                             for t in status.tampered)
         self._event_once(run.job_id, "records_tampered",
                          f"run {run.run_id} on host {run.host}: {what}; the file was not believed")

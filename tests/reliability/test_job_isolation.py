@@ -36,8 +36,10 @@ CONFIG = {"profiler.enabled": False, "binder.sharing": "off"}
 def gpu_ledger_command(ledger: Path, body: str) -> str:
     """A job command that notes on the host when it starts and ends on which GPUs, around `body`."""
     at = shlex.quote(str(ledger))
-    return (f'echo "S $LUCID_RUN_ID $CUDA_VISIBLE_DEVICES $(date +%s.%N)" >> {at}; ( {body}\n)\n'
-            f'rc=$?; echo "E $LUCID_RUN_ID $CUDA_VISIBLE_DEVICES $(date +%s.%N)" >> {at}; exit $rc')
+    end = f'echo "E $LUCID_RUN_ID $CUDA_VISIBLE_DEVICES $(date +%s.%N)" >> {at}'
+    return (f"trap '{end}; exit 143' TERM\n"  # a stop (TERM to its group) is an end too
+            f'echo "S $LUCID_RUN_ID $CUDA_VISIBLE_DEVICES $(date +%s.%N)" >> {at}; ( {body}\n)\n'
+            f'rc=$?; {end}; exit $rc')
 
 
 def assert_no_gpu_double_booking(ledger: Path, workdir: Path, host: str = "m0") -> None:
@@ -150,6 +152,31 @@ def test_a_job_reaching_into_another_jobs_control_directory_is_not_believed(tmp_
     check_invariants(store, [victim, hostile, waiting])
     assert_no_gpu_double_booking(ledger, tmp_path / "runs")
     store.dispose()
+
+
+def test_a_job_that_wipes_the_hosts_work_directory_double_books_nothing_and_every_job_ends_once(tmp_path):
+    """`cd ../.. && rm -rf ./*` from its working directory removes every run's control directory on an
+    account host (beyond what such a host protects): runs whose wrappers still live are found by their
+    marker and stay RUNNING (nothing is placed on their GPUs), each then ends once with a reason; a
+    cancel of such a run still stops it."""
+    store = local_cluster(tmp_path, gpus=3)
+    ledger = tmp_path / "gpu-ledger"
+    other = submit(store, JobRequest(gpu_ledger_command(ledger, "sleep 2"), 1, "alice", "vc-a"))
+    doomed = submit(store, JobRequest(gpu_ledger_command(ledger, "sleep 60"), 1, "dave", "vc-a"))
+    run_rounds(store, lambda jobs: jobs[other].state == jobs[doomed].state == "RUNNING")
+    wiper = submit(store, JobRequest("sleep 0.5; cd ../.. && rm -rf ./*; sleep 1", 1, "bob", "vc-a"))
+    waiting = submit(store, JobRequest(gpu_ledger_command(ledger, "true"), 3, "carol", "vc-a"))
+    run_rounds(store, lambda jobs: bool(events(store, doomed, "records_tampered")))
+    assert jobs_by_id(store)[doomed].state == "RUNNING"
+    cancel(store, doomed)
+    reports = run_rounds(store, all_ended)
+    jobs = jobs_by_id(store)
+    assert jobs[doomed].state == "CANCELLED" and jobs[waiting].state == "COMPLETED"
+    for job_id in (other, wiper):  # ended once, with a reason that says what happened
+        assert jobs[job_id].state == "FAILED" and "run directory vanished" in jobs[job_id].end_reason
+    assert not [e for r in reports for e in r.errors]
+    check_invariants(store, [other, doomed, wiper, waiting])
+    assert_no_gpu_double_booking(ledger, tmp_path / "runs")
 
 
 # ------------------------------------------------------------------------ unreadable records, cancels
