@@ -201,12 +201,17 @@ rm -f ../{CLAIMS}/{run}
 # (`pid` when a pid file named another process); when neither pid file names it, it looks for the
 # process that works in R and carries the marker. `exit_ok R` is true when exit_code holds the run's
 # token (sets rc and full).
-_RECORDS = r"""setup() {
+_RECORDS = r"""first() { v=; [ -f "$1" ] || return 0; IFS= read -r v < "$1" || true; }
+setup() {
   R= tok= legacy= wp= pv= bad= rc= full=
-  MRE="LUCID_RUN_MARKER=$(printf '%s' "$1" | sed 's/[.]/\\./g')\.[0-9a-f]{16}"
-  R=$(cd "$W/$1" 2>/dev/null && pwd -P) || return 1
-  tok=$(sed -n 's/^tok=\([0-9a-f]*\)$/\1/p' "$R/run.sh" 2>/dev/null | head -n 1)
-  if [ -z "$tok" ] && ! grep -q '^tok=' "$R/run.sh" 2>/dev/null; then legacy=1; fi
+  MRE="LUCID_RUN_MARKER=$1\.[0-9a-f]{16}"
+  [ -n "${Wp:-}" ] || Wp=$(cd "$W" 2>/dev/null && pwd -P) || Wp=$W
+  R=$Wp/$1
+  [ -d "$R" ] || return 1
+  if [ -L "$R" ]; then R=$(cd "$R" 2>/dev/null && pwd -P) || return 1; fi
+  first "$R/run.sh"
+  case "$v" in tok=*) tok=${v#tok=} ;; *) legacy=1 ;; esac
+  case "$tok" in *[!0-9a-f]*) tok= ;; esac
   return 0
 }
 cwd_is() {
@@ -214,48 +219,50 @@ cwd_is() {
     if (i && substr($0, i + 4) == d) {
       s = substr($0, 1, i - 1); sub(/\/cwd$/, "", s); sub(/.*\/proc\//, "", s); print s } }'
 }
+marked_as_run() { tr '\n\000' '\001\n' < "/proc/$1/environ" 2>/dev/null | grep -q -x -E -e "$MRE"; }
 find_orphan() {
   wp=
   [ -d /proc/self ] || return 1
-  base=$(cd "$W" 2>/dev/null && pwd -P) || base=$W
-  for v in $(cwd_is "$base/$1 (deleted)"); do
-    if tr '\n\000' '\001\n' < "/proc/$v/environ" 2>/dev/null | grep -q -x -E -e "$MRE"; then wp=$v; return 0; fi
+  for v in $(cwd_is "$Wp/$1 (deleted)"); do
+    if marked_as_run "$v"; then wp=$v; return 0; fi
   done
   return 1
 }
 is_wrapper() {
   case "$3" in ''|*[!0-9]*) return 1 ;; esac
   if [ ! -d /proc/self ]; then kill -s 0 "$3" 2>/dev/null; return; fi
-  st=$(cat "/proc/$3/stat" 2>/dev/null) || return 1
+  [ -r "/proc/$3/stat" ] || return 1
+  st=
+  read -r st < "/proc/$3/stat" 2>/dev/null || true
   st=${st##*) }
-  [ "${st%% *}" = Z ] && return 1
+  [ -n "$st" ] && [ "${st%% *}" != Z ] || return 1
   if [ -n "$legacy" ]; then grep -q run.sh "/proc/$3/cmdline" 2>/dev/null; return; fi
   [ "$(readlink "/proc/$3/cwd" 2>/dev/null)" = "$1" ] || return 1
-  tr '\n\000' '\001\n' < "/proc/$3/environ" 2>/dev/null | grep -q -x -E -e "$MRE"
+  marked_as_run "$3"
 }
 find_wrapper() {
   wp= bad=
-  pv=$(head -c 32 "$1/pid" 2>/dev/null | tr -d '\n')
-  for v in "$pv" "$(head -c 32 "$1/pid.self" 2>/dev/null | tr -d '\n')"; do
-    [ -n "$v" ] || continue
-    if is_wrapper "$1" "$2" "$v"; then wp=$v; break; fi
-  done
+  first "$1/pid"
+  pv=$v
+  if is_wrapper "$1" "$2" "$pv"; then
+    wp=$pv
+  else
+    first "$1/pid.self"
+    if is_wrapper "$1" "$2" "$v"; then wp=$v; fi
+  fi
   if [ -z "$wp" ] && [ -z "$legacy" ] && [ -d /proc/self ]; then
     for v in $(cwd_is "$1"); do
       if is_wrapper "$1" "$2" "$v"; then wp=$v; break; fi
     done
   fi
-  if [ -n "$wp" ] && [ "$pv" != "$wp" ] && [ -n "$pv$(cat "$1/pid.self" 2>/dev/null)" ]; then bad=pid; fi
+  if [ -n "$wp" ] && [ "$pv" != "$wp" ]; then bad=pid; fi
   if [ -z "$wp" ]; then case "$pv" in *[!0-9]*) bad=pid ;; esac; fi
   [ -n "$wp" ]
 }
 exit_ok() {
   [ -f "$1/exit_code" ] || return 1
-  line=$(head -c 200 "$1/exit_code" 2>/dev/null | head -n 1)
   e1= e2= e3=
-  read -r e1 e2 e3 rest <<EOF
-$line
-EOF
+  read -r e1 e2 e3 rest < "$1/exit_code" || [ -n "$e1" ] || return 1
   if [ -n "$legacy" ]; then e3=$e2 e2=$e1; elif [ -z "$tok" ] || [ "$e1" != "$tok" ]; then return 1; fi
   case "$e2" in ''|*[!0-9]*) return 1 ;; esac
   rc=$e2 full=
@@ -267,7 +274,7 @@ EOF
 
 def _claim_check(run_id: str, claim: LaunchClaim) -> str:
     """sh that refuses (prints CONFLICT, removes the run directory) a launch the ledger of live runs forbids;
-    runs with the ledger locked. Entries of runs no longer live are dropped as they are met."""
+    runs with the ledger locked. An entry in the way counts only while its run lives (else it is dropped)."""
     run = shlex.quote(run_id)
     gpus = ",".join(str(i) for i in claim.gpu_indices) or "-"
     return f"""mkdir -p "$W"/{CLAIMS} || {{ echo "ERROR cannot create $W/{CLAIMS}"; cd /; rm -rf "$D"; exit 3; }}
@@ -283,12 +290,19 @@ for c in "$W"/{CLAIMS}/*; do
   [ "$o" = "$me" ] && continue
   cj= cg=
   read -r cj cg cp < "$c" || true
+  held=
+  if [ "$cj" = "$job" ]; then
+    held="job $job already runs on this host as run $o"
+  elif [ "$cj" != "$partner" ]; then
+    for g in $(printf '%s' "$cg" | tr ',' ' '); do
+      case ",$mine," in *",$g,"*) held="GPU $g is held by run $o of job $cj"; break ;; esac
+    done
+  fi
+  [ -n "$held" ] || continue
+  # only an entry in the way is checked: a run no longer alive holds nothing (its entry goes)
   if ! setup "$o" || exit_ok "$R" || ! find_wrapper "$R" "$o"; then rm -f "$c"; continue; fi
-  if [ "$cj" = "$job" ]; then why="job $job already runs on this host as run $o"; break; fi
-  [ "$cj" = "$partner" ] && continue
-  for g in $(printf '%s' "$cg" | tr ',' ' '); do
-    case ",$mine," in *",$g,"*) why="GPU $g is held by run $o of job $cj"; break 2 ;; esac
-  done
+  why=$held
+  break
 done
 if [ -n "$why" ]; then cd /; rm -rf "$D"; echo "{CONFLICT} $why"; exit 6; fi
 """
