@@ -1,6 +1,6 @@
 """Size of a watched job's telemetry.jsonl on its host: shared and unshared, for a given agent version.
 
-The agent (lucid_core/runtime/telemetry.py, or an older copy given with --agent) runs its own sample
+The agent (lucid_core/runtime/telemetry_agent.py, or an older copy given with --agent) runs its own sample
 loop with the emulated backend on a simulated clock: a job placed on the main pool after profiling,
 watched every `--interval` seconds on `--gpus` GPUs for `--hours` (with `--window`, one profiled in
 place: the round keeps its agent at the window's 1 s interval for its whole life); "shared" has another live job on
@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-AGENT = Path(__file__).resolve().parents[1] / "lucid_core" / "runtime" / "telemetry.py"
+AGENT = Path(__file__).resolve().parents[1] / "lucid_core" / "runtime" / "telemetry_agent.py"
 SPEED_TAIL_BYTES = 64 * 1024
 
 
@@ -109,7 +109,7 @@ def run_job(agent: ModuleType, workdir: Path, shared: bool, gpus: int, interval_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agent", type=Path, default=AGENT, help="telemetry.py to measure (default: this tree's)")
+    parser.add_argument("--agent", type=Path, default=AGENT, help="telemetry agent to measure (default: this tree's)")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--interval", type=float, default=5.0, help="RoundSettings.monitor_interval_s")
     parser.add_argument("--hours", type=float, default=168.0)

@@ -33,7 +33,7 @@ from lucid_core.calibration.journal import (
     trial_id,
 )
 from lucid_core.calibration.workloads.protocol import WorkloadResult, parse_events, parse_results
-from lucid_core.runtime import telemetry
+from lucid_core.runtime import telemetry, telemetry_agent
 from lucid_core.runtime.executor import HostAddress, HostExecutor, LaunchSpec, RunStatus
 from lucid_core.runtime.host_scripts import TelemetryLaunch
 
@@ -109,7 +109,7 @@ class CalibrationReport:
 def telemetry_launch(python: str, gpu: int, interval_s: float, duration_s: float,
                      emulated: tuple[float, float, float] | None, seed: int) -> TelemetryLaunch:
     """The runtime telemetry agent shipped as source, named by its content hash."""
-    source = Path(telemetry.__file__).read_text(encoding="utf-8")
+    source = Path(telemetry_agent.__file__).read_text(encoding="utf-8")
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
     return TelemetryLaunch(agent_source=source, agent_name=f"lucid-telemetry-{digest}.py", python=python,
                            gpu_indices=(gpu,), interval_s=interval_s, duration_s=duration_s,

@@ -97,7 +97,7 @@ def quote_path(path: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TelemetryLaunch:
-    """How to start the telemetry agent next to a job (see lucid_core.runtime.telemetry)."""
+    """How to start the telemetry agent next to a job (see lucid_core.runtime.telemetry_agent)."""
 
     agent_source: str
     agent_name: str  # file name in the work directory, versioned by content hash

@@ -446,7 +446,7 @@ class SchedulingRound:
         if (windowed or watched) and run.node_rank == 0:
             from pathlib import Path
 
-            from lucid_core.runtime import telemetry as agent
+            from lucid_core.runtime import telemetry_agent as agent
 
             source = Path(agent.__file__).read_text(encoding="utf-8")
             import hashlib

@@ -10,17 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lucid_core.runtime import telemetry
+from lucid_core.runtime import telemetry_agent
 from lucid_core.runtime.pair_speed import PairSpeedSettings, observe_pair_speeds, running_pairs
 from lucid_core.runtime.schema import JobRow, ProfileRow, RunRow
-from lucid_core.runtime.telemetry import (
-    EmulatedBackend,
-    EmulatedDeviceTable,
-    contention_speed,
-    estimate_shared_speed,
-    first_window,
-    parse_samples,
-)
+from lucid_core.runtime.telemetry import estimate_shared_speed, first_window, parse_samples
+from lucid_core.runtime.telemetry_agent import EmulatedBackend, EmulatedDeviceTable, contention_speed
 from lucid_core.runtime.view_builder import Snapshot
 
 
@@ -109,7 +103,7 @@ def test_emulated_backends_on_one_gpu_see_each_other_and_slow_down(tmp_path, two
 def test_standalone_agents_in_one_work_directory_share_the_emulated_gpu(tmp_path, two_jobs):
     """Shipped as a file into a host's work directory, the agents find each other there."""
     script = tmp_path / "agent.py"
-    script.write_text(Path(telemetry.__file__).read_text())
+    script.write_text(Path(telemetry_agent.__file__).read_text())
     agents = []
     for k, job in enumerate(two_jobs):
         run = tmp_path / f"run{k}"

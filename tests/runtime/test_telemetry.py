@@ -9,8 +9,9 @@ import sys
 import types
 from pathlib import Path
 
-from lucid_core.runtime import telemetry
-from lucid_core.runtime.telemetry import EmulatedBackend, NvmlBackend, parse_samples, sample_loop, summarize
+from lucid_core.runtime import telemetry_agent
+from lucid_core.runtime.telemetry import parse_samples, summarize
+from lucid_core.runtime.telemetry_agent import EmulatedBackend, NvmlBackend, sample_loop
 
 
 def test_emulated_samples_all_say_emulated_and_summarize_to_the_catalog_profile():
@@ -92,7 +93,7 @@ def test_nvml_backend_attributes_memory_and_sm_util_to_the_jobs_process_group(mo
         [record] = backend.sample(job_pgid=os.getpgid(mine.pid))
         assert record == {"gpu": 0, "gpu_util": 81.0, "mem_util": 33.0, "mem_used_mb": 6000.0,
                           "job_mem_mb": 2000.0, "job_sm_util": 45.0, "others": 1, "emulated": False}
-        assert telemetry.process_group_of(mine.pid) == mine.pid
+        assert telemetry_agent.process_group_of(mine.pid) == mine.pid
         # the next read asks only for samples newer than the newest one seen
         process_samples = FakeNvmlError(6)  # NOT_FOUND: no process ran a kernel since then
         [idle] = backend.sample(job_pgid=os.getpgid(mine.pid))
@@ -111,7 +112,7 @@ def test_nvml_backend_attributes_memory_and_sm_util_to_the_jobs_process_group(mo
 def test_agent_runs_as_a_standalone_script_until_the_job_ends(tmp_path):
     """Shipped to a host as a plain file: no lucid_core on the path (python -I), stops with its job."""
     script = tmp_path / "agent.py"
-    script.write_text(Path(telemetry.__file__).read_text())
+    script.write_text(Path(telemetry_agent.__file__).read_text())
     job = subprocess.Popen(["sleep", "0.6"], start_new_session=True)
     (tmp_path / "pid").write_text(str(job.pid))
     out = tmp_path / "t.jsonl"

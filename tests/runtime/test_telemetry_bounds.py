@@ -16,20 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from lucid_core.runtime import telemetry
+from lucid_core.runtime import telemetry_agent
 from lucid_core.runtime.pair_speed import TELEMETRY_TAIL_BYTES
 from lucid_core.runtime.telemetry import (
+    bounded_file_bytes,
+    estimate_shared_speed,
+    first_window,
+    parse_samples,
+    summarize,
+)
+from lucid_core.runtime.telemetry_agent import (
     KEPT_WATCH_BYTES,
     RECORD_BYTES_BOUND,
     EmulatedBackend,
     EmulatedDeviceTable,
     TelemetryLog,
-    bounded_file_bytes,
-    estimate_shared_speed,
-    first_window,
-    parse_samples,
     sample_loop,
-    summarize,
 )
 
 WINDOW_S = 205.0  # the profile's window as the round reads it (tprof + margin)
@@ -135,7 +137,7 @@ def test_the_standalone_agent_bounds_its_file_when_told_its_window(tmp_path, job
     """Shipped as a file: with --keep-all-s an agent alone writes nothing after its window, and one
     sharing its GPU keeps writing speed samples within --watch-bytes."""
     script = tmp_path / "agent.py"
-    script.write_text(Path(telemetry.__file__).read_text())
+    script.write_text(Path(telemetry_agent.__file__).read_text())
     job, partner = job_and_partner
     EmulatedDeviceTable(str(tmp_path / "table")).register(partner.pid, [0], 70.0, 80.0, 2500.0)
     (tmp_path / "pid").write_text(str(job.pid))
