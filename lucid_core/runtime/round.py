@@ -401,17 +401,36 @@ class SchedulingRound:
             if run.profiling_until is not None and not result.already_launched:
                 # the window is the job's: it counts from the launch, not from when it was planned
                 values["profiling_until"] = now + (run.profiling_until - run.planned_at)
-            with self.store.session() as s:
-                s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(**values))
-                row = s.get(JobRow, run.job_id)
-                if row is not None and run.node_rank == 0:
-                    row.start_time = now  # start of the job's current run
-                self._event(s, run.job_id, "launched", f"{run.kind} run {run.run_id} on {run.host} "
-                            f"GPUs {run.gpu_indices} pid {result.pid}"
-                            + (" (already running: relaunch skipped)" if result.already_launched else ""))
+            try:
+                with self.store.session() as s:
+                    s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host)
+                              .values(**values))
+                    row = s.get(JobRow, run.job_id)
+                    if row is not None and run.node_rank == 0:
+                        row.start_time = now  # start of the job's current run
+                    self._event(s, run.job_id, "launched", f"{run.kind} run {run.run_id} on {run.host} "
+                                f"GPUs {run.gpu_indices} pid {result.pid}"
+                                + (" (already running: relaunch skipped)" if result.already_launched else ""))
+            except lease.Fenced:
+                if not result.already_launched:
+                    self._undo_stale_launch(run)
+                raise
             if not result.already_launched:
                 self.report.launched.append(run.run_id)
         self._close_decisions()
+
+    def _undo_stale_launch(self, run: RunRow) -> None:
+        """This round lost its lease between renewing it and its launch reaching the host: when the new holder
+        no longer expects the run (it ended it before launch), stop it, so no run lives that the store does not
+        know; a run still planned is the new holder's to launch (the host answers already_launched)."""
+        with self.raw_store.session() as s:
+            state = s.scalar(select(RunRow.state).where(RunRow.run_id == run.run_id, RunRow.host == run.host))
+        if state in ("planned", "running"):
+            return
+        _log.warning("round %s: run %s reached %s after the lease was lost (store: %s); stopping it",
+                     self.report.round_id, run.run_id, run.host, state or "no row")
+        self._on_host(run.host, lambda: self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
+                                                           "fenced", self.settings.stop_grace_s))
 
     def _close_decisions(self) -> None:
         with self.store.session() as s:
