@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
@@ -87,6 +88,12 @@ class InjectedCrash(BaseException):
 T = TypeVar("T")
 
 
+def default_holder() -> str:
+    """A lease holder name: host and pid, plus a random token, because processes of look-alike containers
+    share both (a holder re-takes its own unexpired lease, so two controllers' names must never collide)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
 @dataclass(frozen=True)
 class RoundSettings:
     """Knobs of the live driver; defaults and meanings are those of `LucidConfig.runtime` (config.py),
@@ -109,7 +116,7 @@ class RoundSettings:
     requeue_lost: bool = RuntimeConfig.requeue_lost
     # workload catalog (Lucid artifact format) behind emulated telemetry; None: the synthetic one
     catalog_dir: str | None = None
-    holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    holder: str = field(default_factory=default_holder)
 
     @classmethod
     def from_config(cls, config: LucidConfig, **overrides: Any) -> RoundSettings:
