@@ -986,6 +986,7 @@ class SchedulingRound:
             host = self._hosts.get(run.host)
             if host is None or not host.reachable:
                 return None
+            self.keep_lease()  # many pairs' reads can outlast the lease: renew as they go
             return self._on_host(run.host, lambda: self.executor.read(host_address(host), run.run_id,
                                                                       "telemetry.jsonl", TELEMETRY_TAIL_BYTES))
 
