@@ -1,0 +1,48 @@
+"""Two controllers whose wall clocks disagree by more than the lease's TTL (a host whose NTP broke).
+
+The lease's expiry is written and judged with each process's own clock, so a controller running ahead
+sees a live round's lease as lapsed and takes it over: the live round is fenced (its store writes stop,
+so nothing runs twice through the store), but the two rounds' host actions overlap in the window between
+a renewal and the host call, and a skewed controller fences every round of the others. Judging expiry by
+the database's clock (one clock for all) would close it; until then this test records the hole.
+
+Real processes: the live round is a `lucid round` child stalled after its snapshot (lease TTL 30 s), the
+skewed one a `lucid round` whose clock runs 45 s ahead.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from fault_injection import add_local_hosts
+from test_lease_fencing import HERE, REPO, _env
+
+from lucid_core.runtime.store import Store
+
+SKEWED_ROUND = ("import sys, time; real = time.time; time.time = lambda: real() + 45.0; "
+                "from lucid_core.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.xfail(strict=True, reason="lease expiry is judged by each controller's own clock, not the "
+                                       "database's: a controller 45 s ahead takes a live 30 s lease over")
+def test_a_skewed_controller_does_not_take_a_live_lease(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_local_hosts(store, tmp_path / "hosts")
+    env = _env(tmp_path, ttl_s=30)
+    go = tmp_path / "go"
+    live = subprocess.Popen([sys.executable, str(HERE / "slow_round_child.py"), store.url, str(go), "cli"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while "STALLED" not in (line := live.stderr.readline()):
+            assert line, "the live round ended before its snapshot"
+        skewed = subprocess.run([sys.executable, "-c", SKEWED_ROUND, "round", "--store", store.url,
+                                 "--lucid-config", env["LUCID_CONFIG"]], env=env, capture_output=True, text=True,
+                                timeout=60, cwd=REPO)
+    finally:
+        go.touch()
+    out, _err = live.communicate(timeout=60)
+    store.dispose()
+    assert skewed.returncode == 3, f"the skewed controller took a live lease: rc {skewed.returncode}"
+    assert live.returncode == 0, f"the live round was fenced by the skewed one: {out[-500:]}"
