@@ -377,7 +377,7 @@ class SchedulingRound:
             if not still_planned:
                 continue  # another node's launch failed this round and ended this one: nothing of it may start
             if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
-                self._abandon(run, "job cancelled before launch")
+                self._abandon_planned(run)
                 continue
             self.renew_lease()  # a round that lost its lease launches nothing
             try:
@@ -512,6 +512,23 @@ class SchedulingRound:
                        else WorkloadCatalog.synthetic())
             self._emulated_profile = emulated_profile_from_catalog(catalog)
         return self._emulated_profile(job)
+
+    def _abandon_planned(self, run: RunRow) -> None:
+        """End a planned run of a job that ended or was cancelled. A round that died between a launch and
+        its record may have started it: stop it on its host first (MISSING when it never started); a host
+        that does not answer keeps the run planned for a later round."""
+        host = self._hosts.get(run.host)
+        if host is not None:
+            self.renew_lease()
+            status = self._on_host(run.host, lambda: self.executor.stop(host_address(host), run.run_id, "cancel",
+                                                                        self.settings.stop_grace_s))
+            if status is None:
+                return
+            if status.state != "MISSING":
+                self._abandon(run, f"stopped ({status.state}): its job was cancelled after a round that died "
+                                   "had launched it")
+                return
+        self._abandon(run, "job cancelled before launch")
 
     def _abandon(self, run: RunRow, why: str) -> None:
         with self.store.session() as s:
