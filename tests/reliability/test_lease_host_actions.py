@@ -44,8 +44,12 @@ def test_launch_stalled_past_the_lease_leaves_no_untracked_run(tmp_path, backend
     def in_process_round() -> None:
         SchedulingRound(store, local_executor(), config, RoundSettings.from_config(config, holder="setup")).run()
 
-    deadline = time.monotonic() + 90
-    blocker = submit(store, JobRequest(ledger_job(ledger, 6), 1, "u", "vc-a", name="block"))
+    deadline = time.monotonic() + 180
+    release = tmp_path / "release"  # the blocker holds m0 until the set-up is done (not a guessed sleep)
+    holding = (f'echo "S $LUCID_JOB_ID $LUCID_RUN_ID $CUDA_VISIBLE_DEVICES $PWD $(date +%s.%N)" >> {ledger}; '
+               f'while [ ! -e {release} ]; do sleep 0.1; done; echo "E $LUCID_JOB_ID $LUCID_RUN_ID $(date +%s.%N)" '
+               f'>> {ledger}')
+    blocker = submit(store, JobRequest(holding, 1, "u", "vc-a", name="block"))
     while jobs_by_id(store)[blocker].state != "RUNNING":
         in_process_round()
         assert time.monotonic() < deadline, {j: r.state for j, r in jobs_by_id(store).items()}
@@ -56,6 +60,7 @@ def test_launch_stalled_past_the_lease_leaves_no_untracked_run(tmp_path, backend
         in_process_round()
         assert time.monotonic() < deadline, {j: r.state for j, r in jobs_by_id(store).items()}
         time.sleep(0.2)
+    release.touch()
     while not any(line.startswith("E ") and line.split()[1] == blocker for line in ledger.read_text().splitlines()):
         assert time.monotonic() < deadline
         time.sleep(0.2)
