@@ -347,7 +347,7 @@ def _eta(args: argparse.Namespace) -> int:
 
 def _hosts(args: argparse.Namespace) -> int:
     from lucid_core.runtime.inventory import HostSpec, InventoryError, add_host, drain_host, list_hosts, remove_host
-    from lucid_core.runtime.lease import LeaseHeld
+    from lucid_core.runtime.lease import Fenced, LeaseHeld
 
     store = _store(args)
     try:
@@ -392,6 +392,9 @@ def _hosts(args: argparse.Namespace) -> int:
         return 2
     except LeaseHeld as exc:  # not bad input: a round holds the lease for longer than --wait
         print(f"lucid hosts {args.hosts_cmd}: {exc}", file=sys.stderr)
+        return 1
+    except Fenced as exc:  # the change outlasted its hold on the lease and a round took it: nothing written
+        print(f"lucid hosts {args.hosts_cmd}: not done, try again: {exc}", file=sys.stderr)
         return 1
     return 0
 
