@@ -62,6 +62,8 @@ def _numbers(default: list, description: str, **items) -> Param:
                                         "goes first with a node reservation (0: off)", minimum=0),
         "long_quantile": _numbers([1.0], "Jobs above this quantile of predicted GPU-time run in arrival order "
                                          "(1: off)", minimum=0, maximum=1),
+        "guard_tail": _numbers([0], "Tail guard: a job waiting this many times the recent P99 queueing goes "
+                                    "first with a node reservation (0: off)", minimum=0),
         "objective": Param("avg_jct", enum=OBJECTIVES,
                            description="What the ranking minimizes (utilization: maximizes)"),
         "max_configurations": Param(64, type="integer", minimum=1, maximum=4096),

@@ -61,6 +61,12 @@ class OrchestratorConfig:
     guard_slowdown: float = _knob(8.0, lo=0, doc=(
         "starvation guard: a job waiting this many times its predicted run time (at least Tprof) goes "
         "ahead of the rest and gets a node reservation; 0 turns the guard off"))
+    backfill_reserved: bool = _knob(False, doc=(
+        "EASY backfilling: a job predicted to end before the guard's reserved job is predicted to start "
+        "may use the reserved nodes"))
+    guard_tail: float = _knob(0.0, lo=0, doc=(
+        "tail guard: a job waiting this many times the P99 queueing of recently finished jobs is overdue "
+        "too (oldest first, with the guard's reservation); 0 turns it off"))
     long_quantile: float = _knob(1.0, lo=0, hi=1, doc=(
         "jobs whose predicted GPU-time is above this quantile of recent jobs' form one class served in "
         "arrival order (1: off, pure shortest-first)"))

@@ -32,6 +32,7 @@ GRID_KNOBS: dict[str, str] = {
     "aging": "orchestrator.aging",
     "guard_slowdown": "orchestrator.guard_slowdown",
     "long_quantile": "orchestrator.long_quantile",
+    "guard_tail": "orchestrator.guard_tail",
 }
 
 #: objective -> (metric key, True when larger is better)

@@ -382,6 +382,47 @@ def test_starvation_guard_reserves_the_node_for_an_overdue_wide_job(slowdown, ex
         assert place_w[0] == 100 and "starvation guard" in place_w[3]
 
 
+@pytest.mark.parametrize(("backfill", "expected"), [
+    # EASY: W is reserved at 61 and predicted to start when L ends at 100; S62 (20 s) is predicted to
+    # end at 82, before that, so it runs on the reserved node; S82 would end at 102 and waits for W
+    (True, {"L": 100, "W": 129, "S2": 20, "S22": 20, "S42": 20, "S62": 20, "S82": 68, "S102": 48}),
+    # plain reservation: the held node takes no job until W starts
+    (False, {"L": 100, "W": 129, "S2": 20, "S22": 20, "S42": 20, "S62": 88, "S82": 68, "S102": 68}),
+])
+def test_easy_backfill_uses_reserved_nodes_only_for_jobs_ending_before_the_reserved_start(backfill, expected):
+    config = LucidConfig().with_overrides({"cluster.gpus_per_node": 2, "profiler.enabled": False,
+                                           "profiler.tprof_s": 1, "binder.sharing": "off",
+                                           "orchestrator.guard_slowdown": 2.0,
+                                           "orchestrator.backfill_reserved": backfill})
+    records = _guard_trace()
+    policy = LucidPolicy(config, duration_model=_KnownDurations({r.job_id: r.duration for r in records}))
+    result = simulate(records, policy, config, main_nodes=1, check_invariants=True, keep_log=True)
+    assert _jcts(result) == expected
+    backfilled = [entry[2] for entry in result.decision_log if "backfilled" in str(entry[3])]
+    assert backfilled == (["S62"] if backfill else [])
+
+
+@pytest.mark.parametrize(("tail", "expected"), [
+    # tail guard 3: A and B end at 10 having waited 0 s, so the bound is 3 x max(P99 wait 0, Tprof 1)
+    # = 3 s; W (waited 9 s) and both S jobs are overdue, oldest first: W runs 10..40, S2 and S5 40..60
+    (3.0, {"A": 10, "B": 10, "W": 39, "S2": 58, "S5": 55}),
+    # off: shortest first, W waits for both S jobs
+    (0.0, {"A": 10, "B": 10, "W": 59, "S2": 28, "S5": 25}),
+])
+def test_tail_guard_bounds_waits_by_the_recent_p99_wait(tail, expected):
+    from collections import deque
+
+    config = LucidConfig().with_overrides({"cluster.gpus_per_node": 2, "profiler.enabled": False,
+                                           "profiler.tprof_s": 1, "binder.sharing": "off",
+                                           "orchestrator.guard_slowdown": 0, "orchestrator.guard_tail": tail})
+    records = _records(("A", 0, 10), ("B", 0, 10), ("W", 1, 30), ("S2", 2, 20), ("S5", 5, 20))
+    records = [replace(r, gpus=2) if r.job_id == "W" else r for r in records]
+    policy = LucidPolicy(config, duration_model=_KnownDurations({r.job_id: r.duration for r in records}))
+    policy.orchestrator.recent_waits_ = deque(maxlen=2)  # a tiny window: two finished jobs give the P99
+    result = simulate(records, policy, config, main_nodes=1, check_invariants=True)
+    assert _jcts(result) == expected
+
+
 def test_guard_floor_is_the_profiling_window_and_a_reservation_holds_until_its_job_starts():
     from lucid_core.policy.orchestrator import Orchestrator
 

@@ -35,7 +35,8 @@ class LucidPolicy(SchedulingPolicy):
         self.binder = AffinityBinder(config.binder, packing_model)
         self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator,
                                          config.orchestrator.aging, config.orchestrator.guard_slowdown,
-                                         config.profiler.tprof_s, config.orchestrator.long_quantile)
+                                         config.profiler.tprof_s, config.orchestrator.long_quantile,
+                                         guard_tail=config.orchestrator.guard_tail)
 
     def describe(self) -> PolicyParts:
         return PolicyParts(self.duration_model, self.binder.packing_model, self.forecaster, dict(self.model_sources))
@@ -65,6 +66,8 @@ class LucidPolicy(SchedulingPolicy):
 
     def on_finish(self, view: ClusterView, job: Job, run_time: float) -> None:
         self.duration_model.observe(job, run_time)
+        if job.start_time is not None:
+            self.orchestrator.observe_wait(job.start_time - job.submit_time)
 
     # --- the round ------------------------------------------------------------------------
     def schedule(self, view: ClusterView) -> list[Decision]:
@@ -83,10 +86,12 @@ class LucidPolicy(SchedulingPolicy):
         self.orchestrator.promote_overdue(view)
         # the main queue first: profiled jobs waiting there have been waiting longest
         online = view.tprof_s if self.config.profiler.enabled else None
-        reserve = reservation_nodes if self.orchestrator.guard_slowdown > 0 else None
+        guarded = self.orchestrator.guard_slowdown > 0 or self.orchestrator.guard_tail > 0
+        reserve = reservation_nodes if guarded else None
         view.reserved_for = None
         try:
-            decisions.extend(place_queue(view, self._partner, online_window_s=online, reserve=reserve))
+            decisions.extend(place_queue(view, self._partner, online_window_s=online, reserve=reserve,
+                                         backfill_reserved=self.config.orchestrator.backfill_reserved))
             decisions.extend(self.profiler.start_windows(view))
         finally:
             view.main.release_holds()

@@ -12,6 +12,13 @@ reservation: the nodes that running jobs are predicted to free first for it take
 until it starts. The bound is relative to the job's own size, so it needs no constant in
 GPU-seconds and means the same on any trace and cluster size; the reservation is what makes it
 work for wide jobs, which greedy backfilling would otherwise pass over for ever.
+
+Tail guard (`guard_tail`): a slowdown bound lets a job predicted to run for days wait days times
+the bound. The tail guard bounds the wait by the queue's own state instead: a job that has waited
+`guard_tail` times the P99 queueing of recently finished jobs is overdue too (its deadline is its
+submit time plus that bound, so such jobs go oldest first, with the same reservation). The bound
+is a multiple of what the cluster currently makes its unluckiest 1% wait, so it needs no constant
+in seconds either.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from lucid_core.domain import Job, Pool
+from lucid_core.domain import GpuRef, Job, Pool
 from lucid_core.policy.decisions import Decision, Place
+from lucid_core.policy.placement import GpuPool
 from lucid_core.policy.predictors import DurationPredictor
 from lucid_core.policy.view import ClusterView, SortKey
 
@@ -48,36 +56,45 @@ def predicted_release(view: ClusterView, job_id: str) -> float:
     return view.now + max(elapsed, view.tprof_s)
 
 
+def _node_ready_at(view: ClusterView, name: str, job: Job, release: dict[str, float]) -> float:
+    """When a node is predicted to have room for the job: `gpus` free GPUs for a job within a node,
+    every GPU free for a wider one (`release` caches running jobs' predicted releases)."""
+    node = view.main.nodes[name]
+    times = []
+    for slot in node.occupants:
+        if not slot:
+            times.append(view.now)
+            continue
+        for occupant in slot:
+            if occupant not in release:
+                release[occupant] = predicted_release(view, occupant)
+        times.append(max(release[o] for o in slot))
+    times.sort()
+    need = min(job.gpus, node.gpus)
+    return times[need - 1] if job.gpus <= view.main.gpus_per_node else times[-1]
+
+
 def reservation_nodes(view: ClusterView, job: Job) -> list[str]:
     """The main nodes of the job's VC that running jobs are predicted to free soonest for it:
     one node with `gpus` GPUs free for a job within a node, whole nodes for a wider one."""
     size = view.main.gpus_per_node
     vc = view.placement_vc(job)
     release: dict[str, float] = {}
-    ranked: list[tuple[float, str]] = []
-    for name, node in view.main.nodes.items():
-        if node.vc != vc or node.gpus < min(job.gpus, size):
-            continue
-        times = []
-        for slot in node.occupants:
-            if not slot:
-                times.append(view.now)
-                continue
-            for occupant in slot:
-                if occupant not in release:
-                    release[occupant] = predicted_release(view, occupant)
-            times.append(max(release[o] for o in slot))
-        times.sort()
-        need = min(job.gpus, node.gpus)
-        ranked.append((times[need - 1] if job.gpus <= size else times[-1], name))
-    ranked.sort()
+    ranked = sorted((_node_ready_at(view, name, job, release), name) for name, node in view.main.nodes.items()
+                    if node.vc == vc and node.gpus >= min(job.gpus, size))
     count = 1 if job.gpus <= size else -(-job.gpus // size)
     return [name for _, name in ranked[:count]]
 
 
+def reservation_start(view: ClusterView, job: Job, names: list[str]) -> float:
+    """When the reserved job is predicted to start on its nodes (the shadow time of EASY backfilling)."""
+    release: dict[str, float] = {}
+    return max((_node_ready_at(view, n, job, release) for n in names if n in view.main.nodes), default=view.now)
+
+
 def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 strict_order: bool = False, online_window_s: float | None = None,
-                reserve: Reserver | None = None) -> list[Decision]:
+                reserve: Reserver | None = None, backfill_reserved: bool = False) -> list[Decision]:
     """Scan the main queue in key order and place what fits.
 
     `find_partner(view, job)` returns (partner id, reason) for a job with no exclusive fit.
@@ -86,6 +103,8 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
     its run (jobs wider than Nprof, or no profiling pool).
     `reserve(view, job)`: nodes to hold for the first overdue job that cannot start; they stay
     out of every fit test until the caller's `view.main.release_holds()`.
+    `backfill_reserved` (EASY backfilling): a job predicted to end before the reserved job is
+    predicted to start may still use the reserved nodes.
     """
     decisions: list[Decision] = []
     parts = view.queue.parts()
@@ -94,6 +113,7 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
     queued_vcs = {part[0] for part in parts}
     smallest_unfit: dict[str, int] = {}  # per VC: a job this wide found no fit, so wider ones won't
     main = view.main
+    shadow: float | None = None  # predicted start of the reserved job, once nodes are held
     while heads:
         key, part = heapq.heappop(heads)
         items = parts.get(part)
@@ -116,6 +136,14 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 placed = True
             else:
                 smallest_unfit[vc] = job.gpus
+        if (not placed and shadow is not None and job.predicted_duration is not None
+                and view.now + job.predicted_duration <= shadow):
+            gpus = _fit_ignoring_holds(main, job.gpus, vc)
+            if gpus is not None:
+                view.start(job_id, Pool.MAIN, gpus)
+                decisions.append(Place(job_id, gpus, _exclusive_reason(view, job, key)
+                                       + "; backfilled: predicted to end before the reserved job starts"))
+                placed = True
         if not placed and find_partner is not None:
             found = find_partner(view, job)
             if found is not None:
@@ -137,10 +165,22 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 kept = view.reservation = (job_id, reserve(view, job))
             main.hold(kept[1])
             view.reserved_for = job_id
+            if backfill_reserved:
+                shadow = reservation_start(view, job, kept[1])
             smallest_unfit.clear()  # fewer nodes now: fit knowledge starts again
         if find_partner is None and all(smallest_unfit.get(v) == 1 for v in queued_vcs):
             break  # nothing free in any queued job's VC and nothing to share: the rest waits
     return decisions
+
+
+def _fit_ignoring_holds(main: GpuPool, gpus: int, vc: str) -> tuple[GpuRef, ...] | None:
+    """A compact fit that may use held nodes (the holds stay afterwards)."""
+    held = list(main.held)
+    main.release_holds()
+    try:
+        return main.place_compact(gpus, vc)
+    finally:
+        main.hold(held)
 
 
 def ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
@@ -185,7 +225,8 @@ class Orchestrator:
 
     def __init__(self, duration_model: DurationPredictor, use_estimator: bool = True, aging: float = 0.0,
                  guard_slowdown: float = 0.0, guard_floor_s: float = 0.0, long_quantile: float = 1.0,
-                 long_window: int = 1000) -> None:
+                 long_window: int = 1000, guard_tail: float = 0.0, tail_window: int = 4000,
+                 tail_quantile: float = 0.99) -> None:
         self.duration_model = duration_model
         self.use_estimator = use_estimator
         self.aging = aging
@@ -194,6 +235,25 @@ class Orchestrator:
         self.long_quantile = long_quantile
         self.recent_priorities_: deque[float] = deque(maxlen=long_window)
         self.long_cap_: float = math.inf  # GPU-seconds
+        self.guard_tail = guard_tail
+        self.tail_quantile = tail_quantile
+        self.recent_waits_: deque[float] = deque(maxlen=tail_window)
+        self.tail_bound_: float = math.inf  # seconds of waiting past which a job is overdue
+        self._waits_since_update = 0
+
+    def observe_wait(self, wait_s: float) -> None:
+        """Record a finished job's queueing; the tail bound follows the recent waits' quantile."""
+        if self.guard_tail <= 0:
+            return
+        self.recent_waits_.append(max(0.0, wait_s))
+        self._waits_since_update += 1
+        n = len(self.recent_waits_)
+        if n < self.recent_waits_.maxlen // 2 or self._waits_since_update < max(1, n // 20):
+            return  # too few waits to read a P99 from; then re-read every 5% of the window
+        self._waits_since_update = 0
+        ranked = sorted(self.recent_waits_)
+        quantile = ranked[min(n - 1, int(self.tail_quantile * n))]
+        self.tail_bound_ = self.guard_tail * max(quantile, self.guard_floor_s)
 
     def _update_long_cap(self, jobs: list[Job]) -> None:
         """The long-job cap: the `long_quantile` quantile of recent jobs' predicted GPU-time."""
@@ -218,13 +278,26 @@ class Orchestrator:
                 job = view.jobs[job_id]
                 view.queue.remove(job_id)
                 view.enqueue_main(job, self.sort_key(job, view.now))
+        arrivals = view.arrival_heap
+        while arrivals and arrivals[0][0] + self.tail_bound_ <= view.now:
+            submit, job_id = heapq.heappop(arrivals)
+            if job_id in view.queue and not is_overdue_key(view.queue.key_of(job_id)):
+                job = view.jobs[job_id]
+                view.queue.remove(job_id)
+                view.enqueue_main(job, (submit + self.tail_bound_ - OVERDUE_OFFSET, submit, job_id))
 
     def next_deadline(self, view: ClusterView) -> float | None:
         """The next guard deadline of a job still queued (a wake-up for the driver)."""
         heap = view.guard_heap
         while heap and heap[0][1] not in view.queue:
             heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        arrivals = view.arrival_heap
+        while arrivals and (arrivals[0][1] not in view.queue or is_overdue_key(view.queue.key_of(arrivals[0][1]))):
+            heapq.heappop(arrivals)
+        times = [t for t in (heap[0][0] if heap else None,
+                             arrivals[0][0] + self.tail_bound_ if arrivals and self.tail_bound_ < math.inf else None)
+                 if t is not None]
+        return min(times) if times else None
 
     def enqueue(self, view: ClusterView, job: Job) -> None:
         """Queue for prediction; the job joins the main queue at the next `predict_pending`."""
@@ -246,6 +319,8 @@ class Orchestrator:
             due = self.overdue_at(job)
             if due is not None and not is_overdue_key(key):
                 heapq.heappush(view.guard_heap, (due, job.job_id))
+            if self.guard_tail > 0 and not is_overdue_key(key):
+                heapq.heappush(view.arrival_heap, (job.submit_time, job.job_id))
 
     def sort_key(self, job: Job, now: float | None = None) -> SortKey:
         if self.use_estimator:

@@ -65,6 +65,10 @@ class MainQueue:
     def parts(self) -> dict[QueueKey, list[tuple[SortKey, str]]]:
         return self._parts
 
+    def key_of(self, job_id: str) -> SortKey:
+        """The sort key a queued job sits under."""
+        return self._where[job_id][1]
+
     def ordered(self) -> list[str]:
         """All queued job ids in the policy's order."""
         merged = [item for items in self._parts.values() for item in items]
@@ -99,6 +103,8 @@ class ClusterView:
         self.unpredicted: list[str] = []
         # (starvation-guard deadline, job id) of queued jobs not yet overdue
         self.guard_heap: list[tuple[float, str]] = []
+        # (submit time, job id) of queued jobs the tail guard has not promoted yet (arrival order)
+        self.arrival_heap: list[tuple[float, str]] = []
         # the overdue job the current round holds nodes for, if any (for explanations)
         self.reserved_for: str | None = None
         # (job id, node names) of the standing reservation, kept across rounds until the job starts
