@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/bench_policy_matrix.py --set orchestrator.guard_slowdown=8
 
 Windows: every full Monday..Sunday week of the file from 2017-09-11, plus 2017-11-01..14. Sizes:
-72, 54, 40, 32 nodes of 8 GPUs. Each simulation runs in its own worker process (`--jobs`, default
+72, 54, 40, 32 nodes of 8 GPUs; baselines FIFO, SJF (oracle), QSSF (and with backfilling),
+Tiresias and Horus (reported, not part of the check). Each simulation runs in its own worker process (`--jobs`, default
 2); the trace is read once per worker and window. Every policy runs with the default
 configuration (`--set` overrides apply to every policy, for experiments). Prints, per window and
 size, avg JCT, P99.9 JCT, avg and P99.9 queueing of every policy and best-baseline / Lucid ratios,
@@ -33,7 +34,9 @@ PHILLY = DATA / "philly" / "philly_jobs_2017-09_2017-11.csv"
 CATALOG = DATA / "lucid_artifact"
 
 SIZES = (72, 54, 40, 32)
-BASELINES = ("fifo", "sjf", "qssf", "qssf-backfill", "tiresias")
+# Horus (issue 13) is a simulation-only peer (it needs each job's model graph), reported beside
+# the others but not part of the issue-20 check, which names FIFO, QSSF and Tiresias
+BASELINES = ("fifo", "sjf", "qssf", "qssf-backfill", "tiresias", "horus")
 PEERS = ("fifo", "qssf", "qssf-backfill", "tiresias")  # the deployable baselines Lucid must beat
 TAIL_PEERS = ("qssf", "qssf-backfill", "tiresias")
 ABLATIONS = ("lucid-nosharing", "lucid-noprofiler", "lucid-noestimator", "lucid-fixedtprof")
@@ -43,6 +46,12 @@ QUICK_SIZES = (54, 32)
 METRICS = ("avg_jct_h", "p999_jct_h", "avg_queue_h", "p999_queue_h")
 NONTRIVIAL_QUEUE_SHARE = 0.05  # a cell counts when FIFO's avg queueing exceeds 5% of its avg JCT
 SJF_SHARE = 0.8  # Lucid must match SJF-oracle's avg JCT in at least this share of cells
+OPTIONAL = ("horus",)  # a cell is reported without these when they were not simulated yet
+
+
+def required(policies: Sequence[str]) -> list[str]:
+    """The policies a cell needs before it is reported (the check's own policies)."""
+    return [p for p in policies if p not in OPTIONAL]
 
 
 def full_weeks(first: date = date(2017, 9, 11), last_submit: date = date(2017, 11, 30)) -> list[tuple[str, str]]:
@@ -149,6 +158,8 @@ def cell_table(window: str, nodes: int, policies: Sequence[str],
              f"  {'policy':<17} {'avg JCT h':>9} {'x':>6} {'P99.9 JCT':>9} {'x':>6} {'avg q h':>8} {'x':>6} "
              f"{'P99.9 q h':>9} {'x':>6}"]
     for p in policies:
+        if (window, nodes, p) not in results:
+            continue
         m = results[(window, nodes, p)]
         cells = []
         for k in METRICS:
@@ -164,7 +175,7 @@ def verdict(windows: Sequence[str], sizes: Sequence[int], results: dict[tuple[st
     """The Done-when conditions over the non-trivial cells: lines of a summary and pass/fail."""
     rows = [f"{'window':<24} {'nodes':>5} {'FIFO q/JCT':>10} {'Lucid':>7} {'best peer':>9} {'SJF':>7} "
             f"{'Lucid q99.9':>11} {'QSSF':>7} {'Tiresias':>8}  verdict"]
-    counted = beat_sjf = 0
+    counted = beat_sjf = horus_cells = beat_horus = 0
     failures: list[str] = []
     for w in windows:
         for n in sizes:
@@ -198,6 +209,9 @@ def verdict(windows: Sequence[str], sizes: Sequence[int], results: dict[tuple[st
                     failures.append(f"{w} @{n}: " + "; ".join(problems))
                 if lucid > sjf + 1e-9:
                     note += f" (SJF better: {lucid / sjf:.3f}x)"
+                if (w, n, "horus") in results:
+                    horus_cells += 1
+                    beat_horus += lucid <= get("horus", "avg_jct_h") + 1e-9
             rows.append(f"{w:<24} {n:>5} {fifo_share:10.1%} {lucid:7.2f} {best:9.2f} {sjf:7.2f} {lq:11.1f} "
                         f"{qq:7.1f} {tq:8.1f}  {note}")
     sjf_ok = counted == 0 or beat_sjf >= SJF_SHARE * counted
@@ -205,6 +219,8 @@ def verdict(windows: Sequence[str], sizes: Sequence[int], results: dict[tuple[st
                 f"P99.9 queue <= QSSF (both) and Tiresias: {counted - len(failures)}/{counted}; "
                 f"Lucid <= SJF-oracle avg JCT: {beat_sjf}/{counted} "
                 f"(need >= {SJF_SHARE:.0%}: {'ok' if sjf_ok else 'FAIL'})")
+    if horus_cells:
+        rows.append(f"(not a condition) Lucid <= Horus avg JCT: {beat_horus}/{horus_cells}")
     passed = not failures and sjf_ok
     rows.append("DONE-WHEN: " + ("PASS" if passed else "FAIL"))
     return rows, passed
@@ -215,21 +231,24 @@ def markdown_table(windows: Sequence[str], sizes: Sequence[int], policies: Seque
     """One row per window and size: every policy's avg JCT, then P99.9 queueing of the tail peers."""
     avg_cols = [p for p in policies if p != "lucid"]
     head = (["window", "nodes", "FIFO q/JCT", *[f"{p} avg JCT h" for p in avg_cols], "lucid avg JCT h",
-             "best peer / lucid", "lucid P99.9 q h", "qssf P99.9 q h", "tiresias P99.9 q h"])
+             "best peer / lucid", "lucid P99.9 q h", "qssf P99.9 q h", "tiresias P99.9 q h",
+             *(["horus P99.9 q h"] if "horus" in policies else [])])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for w in windows:
         for n in sizes:
             if (w, n) not in present:
                 continue
-            r = {p: results[(w, n, p)] for p in policies}
+            r = {p: results[(w, n, p)] for p in policies if (w, n, p) in results}
             best = min(r[p]["avg_jct_h"] for p in PEERS)
             qssf_tail = min(r[p]["p999_queue_h"] for p in ("qssf", "qssf-backfill"))
             share = r["fifo"]["avg_queue_h"] / r["fifo"]["avg_jct_h"]
             lines.append("| " + " | ".join([
-                w, str(n), f"{share:.0%}", *[f"{r[p]['avg_jct_h']:.2f}" for p in avg_cols],
+                w, str(n), f"{share:.0%}", *[f"{r[p]['avg_jct_h']:.2f}" if p in r else "-" for p in avg_cols],
                 f"**{r['lucid']['avg_jct_h']:.2f}**", f"{best / r['lucid']['avg_jct_h']:.2f}x",
                 f"{r['lucid']['p999_queue_h']:.1f}", f"{qssf_tail:.1f}",
-                f"{r['tiresias']['p999_queue_h']:.1f}"]) + " |")
+                f"{r['tiresias']['p999_queue_h']:.1f}",
+                *([f"{r['horus']['p999_queue_h']:.1f}" if "horus" in r else "-"]
+                  if "horus" in policies else [])]) + " |")
     return "\n".join(lines)
 
 
@@ -265,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     if args.report_only:
         results = load_results(args.json)
-        have = {(w, n) for w, n, p in results if all((w, n, q) in results for q in policies)}
+        have = {(w, n) for w, n, p in results if all((w, n, q) in results for q in required(policies))}
         windows = [(s, e) for s, e in windows if any((f"{s}..{e}", n) in have for n in sizes)]
         sizes = tuple(n for n in sizes if any((f"{s}..{e}", n) in have for s, e in windows))
         missing = [(w, n) for w in (f"{s}..{e}" for s, e in windows) for n in sizes if (w, n) not in have]
@@ -278,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# Policy matrix: Philly, {len(names)} windows x {len(sizes)} sizes x {len(policies)} policies"
           + (f"; overrides {overrides}" if overrides else "; default configuration"))
     print("x: policy / Lucid (above 1.00x: Lucid is better)\n")
-    present = {(w, n) for w in names for n in sizes if all((w, n, p) in results for p in policies)}
+    present = {(w, n) for w in names for n in sizes if all((w, n, p) in results for p in required(policies))}
     for w in names:
         for n in sizes:
             if (w, n) not in present:
