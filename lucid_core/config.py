@@ -104,7 +104,9 @@ class UpdateConfig:
 class RuntimeConfig:
     """The live driver's knobs (the scheduling round), read by `RoundSettings.from_config`."""
 
-    lease_ttl_s: float = _knob(120.0, lo=1, doc="a round's lease on the store; a dead round's lapses after this")
+    lease_ttl_s: float = _knob(
+        0.0, lo=0, doc="a round's lease on the store; a dead round's lapses after this. 0 (default): derived from "
+        "host_call_deadline_s and stop_grace_s, so the lease outlasts any fan-out of host calls (92 s at the defaults)")
     stop_grace_s: float = _knob(10.0, lo=0, doc="seconds between TERM and KILL when a job is stopped")
     launch_grace_s: float = _knob(60.0, lo=1, doc="a launched run whose wrapper has not started by then failed")
     telemetry_interval_s: float = _knob(1.0, lo=0.05, doc="sampling interval of a profiling window")
@@ -117,6 +119,11 @@ class RuntimeConfig:
         600.0, lo=0, doc="a host silent this long loses its runs (their jobs fail, or requeue with requeue_lost); "
         "0 waits for the host forever")
     requeue_lost: bool = _knob(False, doc="put the jobs of a lost host back in the queue instead of failing them")
+    host_parallelism: int = _knob(32, lo=1, doc="hosts a round calls at once (polls, launches, stops, reads)")
+    host_call_deadline_s: float = _knob(
+        20.0, lo=0.5, doc="one host call's deadline (connecting, retries and the script; a stop adds stop_grace_s): "
+        "a silent or slow host costs a round this long at most, once; the lease TTL and the round DAG's task "
+        "timeouts are derived from it")
 
 
 @dataclass(frozen=True)

@@ -232,10 +232,14 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _executor(args: argparse.Namespace) -> Any:
+def _executor(args: argparse.Namespace, deadline_s: float | None = None) -> Any:
+    """The SSH (and local) executor; `deadline_s` bounds each host call (the round's host_call_deadline_s)."""
     from lucid_core.runtime.ssh_executor import ssh_executor
 
-    return ssh_executor(getattr(args, "known_hosts", None))
+    if deadline_s is None:
+        return ssh_executor(getattr(args, "known_hosts", None))
+    return ssh_executor(getattr(args, "known_hosts", None), timeout_s=deadline_s,
+                        connect_timeout_s=min(10.0, deadline_s))
 
 
 def _tail_lines(text: str, lines: int | None) -> str:
@@ -425,19 +429,23 @@ def _round(args: argparse.Namespace) -> int:
     given = {"stop_grace_s": args.stop_grace, "lease_ttl_s": args.lease_ttl}
     settings = RoundSettings.from_config(config, **{k: v for k, v in given.items() if v is not None})
     store = _store(args)
+    executor = _executor(args, settings.host_call_deadline_s)
     if args.every is None:
-        return _one_round(args, SchedulingRound(store, _executor(args), config, settings).run())
+        return _one_round(args, SchedulingRound(store, executor, config, settings).run())
     done, code = 0, 0
-    while args.rounds is None or done < args.rounds:
-        began = time.monotonic()
-        try:
-            code = _one_round(args, SchedulingRound(store, _executor(args), config, settings).run())
-        except Exception as exc:  # a failed round is repaired by the next one: report it and go on
-            print(f"round failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            code = 1
-        done += 1
-        if args.rounds is None or done < args.rounds:
-            time.sleep(max(0.0, args.every - (time.monotonic() - began)))
+    try:
+        while args.rounds is None or done < args.rounds:
+            began = time.monotonic()
+            try:  # one executor for the loop: each host's SSH connection is kept from round to round
+                code = _one_round(args, SchedulingRound(store, executor, config, settings, close_executor=False).run())
+            except Exception as exc:  # a failed round is repaired by the next one: report it and go on
+                print(f"round failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                code = 1
+            done += 1
+            if args.rounds is None or done < args.rounds:
+                time.sleep(max(0.0, args.every - (time.monotonic() - began)))
+    finally:
+        executor.close()
     return code
 
 

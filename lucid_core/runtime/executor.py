@@ -232,6 +232,13 @@ class HostExecutor:
                 gpus.append(GpuInfo(int(parts[0]), parts[1], float(parts[2]), parts[3] if len(parts) > 3 else None))
         return gpus
 
+    def forget(self, name: str) -> None:
+        """Drop the connection to host `name` (its call overran the deadline): the next call opens a new one."""
+        for transport in self.transports.values():
+            forget = getattr(transport, "forget", None)
+            if forget is not None:
+                forget(name)
+
     def close(self) -> None:
         for transport in self.transports.values():
             transport.close()

@@ -58,15 +58,27 @@ def running_pairs(snapshot: Snapshot) -> list[tuple[RunRow, RunRow]]:
     return pairs
 
 
+def settled_pairs(snapshot: Snapshot, now: float, settings: PairSpeedSettings) -> list[tuple[RunRow, RunRow, float]]:
+    """Running pairs whose telemetry counts by `now`, each with the time from which it counts."""
+    settled = []
+    for first, second in running_pairs(snapshot):
+        since = max(first.started_at or 0.0, second.started_at or 0.0) + settings.settle_s
+        if now >= since:
+            settled.append((first, second, since))
+    return settled
+
+
+def runs_to_read(snapshot: Snapshot, now: float, settings: PairSpeedSettings) -> list[RunRow]:
+    """The runs whose telemetry `observe_pair_speeds` will ask for (read them beforehand, all hosts at once)."""
+    return [run for first, second, _ in settled_pairs(snapshot, now, settings) for run in (first, second)]
+
+
 def observe_pair_speeds(snapshot: Snapshot, read_telemetry: Callable[[RunRow], str | None], now: float,
                         settings: PairSpeedSettings) -> PairObservation:
     """Estimate each settled pair member's speed; `read_telemetry` returns a run's samples (None: unread)."""
     estimates: dict[str, SpeedEstimate] = {}
     reports: list[tuple[str, float]] = []
-    for first, second in running_pairs(snapshot):
-        since = max(first.started_at or 0.0, second.started_at or 0.0) + settings.settle_s
-        if now < since:
-            continue
+    for first, second, since in settled_pairs(snapshot, now, settings):
         pair: list[tuple[str, SpeedEstimate]] = []
         for run in (first, second):
             job = snapshot.jobs[run.job_id]

@@ -38,14 +38,22 @@ from lucid_core.runtime.executor import (
     HostExecutor,
     HostUnreachable,
     LaunchConflict,
+    LaunchResult,
     LaunchSpec,
     RunAsRefused,
     RunStatus,
 )
+from lucid_core.runtime.host_calls import CallResult, HostCall, HostCallPool
 from lucid_core.runtime.host_scripts import TelemetryLaunch
 from lucid_core.runtime.inventory import ACTIVE_RUN_STATES, host_address
-from lucid_core.runtime.pair_speed import TELEMETRY_TAIL_BYTES, PairSpeedSettings, observe_pair_speeds
+from lucid_core.runtime.pair_speed import (
+    TELEMETRY_TAIL_BYTES,
+    PairSpeedSettings,
+    observe_pair_speeds,
+    runs_to_read,
+)
 from lucid_core.runtime.pending import pending_reasons
+from lucid_core.runtime.round_deadlines import lease_ttl_for
 from lucid_core.runtime.schema import (
     DecisionRow,
     GpuRow,
@@ -99,7 +107,7 @@ class RoundSettings:
     """Knobs of the live driver; defaults and meanings are those of `LucidConfig.runtime` (config.py),
     which deployments set (file, LUCID__RUNTIME__* variables) and `from_config` reads."""
 
-    lease_ttl_s: float = RuntimeConfig.lease_ttl_s
+    lease_ttl_s: float = 120.0  # from_config: runtime.lease_ttl_s, or derived from the host call deadline
     stop_grace_s: float = RuntimeConfig.stop_grace_s
     launch_grace_s: float = RuntimeConfig.launch_grace_s
     telemetry_interval_s: float = RuntimeConfig.telemetry_interval_s
@@ -114,6 +122,8 @@ class RoundSettings:
     # give up on a host silent this long: its runs are lost, their jobs fail (or requeue_lost); None: wait
     host_lost_after_s: float | None = RuntimeConfig.host_lost_after_s or None
     requeue_lost: bool = RuntimeConfig.requeue_lost
+    host_parallelism: int = RuntimeConfig.host_parallelism  # hosts called at once
+    host_call_deadline_s: float = RuntimeConfig.host_call_deadline_s  # one host call's deadline (a stop: + grace)
     # workload catalog (Lucid artifact format) behind emulated telemetry; None: the synthetic one
     catalog_dir: str | None = None
     holder: str = field(default_factory=default_holder)
@@ -123,6 +133,7 @@ class RoundSettings:
         """Settings from the config's `runtime` section (what `lucid round` and the round DAG use)."""
         values: dict[str, Any] = {f.name: getattr(config.runtime, f.name) for f in fields(config.runtime)}
         values["host_lost_after_s"] = values["host_lost_after_s"] or None  # 0 in the config: wait forever
+        values["lease_ttl_s"] = lease_ttl_for(config.runtime)  # 0 in the config: outlasts a fan-out of host calls
         return cls(**{**values, **overrides})
 
 
@@ -138,6 +149,7 @@ class RoundReport:
     pair_speeds: dict[str, float] = field(default_factory=dict)  # job id -> speed observed while sharing
     conflicts: list[str] = field(default_factory=list)  # writes that found the row changed under them
     removed_hosts: list[str] = field(default_factory=list)  # drained hosts deleted once empty
+    host_calls: int = 0  # calls made on hosts (polls, launches, stops, reads)
     decide_ms: float = 0.0
     total_ms: float = 0.0
     acquired: bool = True
@@ -167,14 +179,17 @@ class SchedulingRound:
     def __init__(self, store: Store, executor: HostExecutor, config: LucidConfig,
                  settings: RoundSettings | None = None, *, policy_factory: PolicyFactory | None = None,
                  emulated_profile: EmulatedProfileFn | None = None,
-                 clock: Callable[[], float] = time.time, crash_at: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, crash_at: str | None = None,
+                 close_executor: bool = True) -> None:
         self.raw_store = store
         self.store = store  # fenced on the round's lease once taken (take_lease)
         self.lease: lease.Lease | None = None
         self._renewed_at = 0.0
         self.executor = executor
+        self.close_executor = close_executor  # False: a round loop keeps its host connections across rounds
         self.config = config
         self.settings = settings or RoundSettings()
+        self.calls = HostCallPool(self.settings.host_parallelism, give_up=getattr(executor, "forget", None))
         self.policy_factory = policy_factory or default_policy
         self._emulated_profile = emulated_profile
         self.clock = clock
@@ -216,10 +231,24 @@ class SchedulingRound:
             self.give_back_lease()
             raise
         finally:
-            self.executor.close()
+            self.close()
         self._finish_round(started)
         self.give_back_lease()
         return self.report
+
+    def close(self) -> None:
+        """Release the host call pool, and the executor's connections unless a round loop keeps them."""
+        self.report.host_calls = self.calls.calls
+        self.calls.close()
+        if self.close_executor:
+            self.executor.close()
+
+    def _fan_out(self, batches: dict[str, list[Callable[[], T]]],
+                 extra_s: float = 0.0) -> dict[str, list[CallResult[T]]]:
+        """Make each host's calls (in order) on all hosts at once; each call has the round's deadline (+ extra_s)."""
+        deadline = self.settings.host_call_deadline_s + extra_s
+        return self.calls.run({host: [HostCall(call, deadline) for call in calls] for host, calls in batches.items()},
+                              limit_s=deadline)
 
     def take_lease(self) -> bool:
         """Take the store's round lease with a new fencing generation; from here on every write of this
@@ -367,63 +396,39 @@ class SchedulingRound:
                                                            RunRow.stop_reason.is_not(None))))
         down = self._stop_runs(stopping, "stop")
         still_stopping = {r.job_id for r in stopping if r.host in down}
-        for run in planned:
-            if run.host in down or run.job_id in still_stopping:
-                continue  # never start a job again while its previous run may still be alive
-            with self.store.session() as s:
-                job = s.get(JobRow, run.job_id)
-                still_planned = s.scalar(select(RunRow.state).where(
-                    RunRow.run_id == run.run_id, RunRow.host == run.host)) == "planned"
-            if not still_planned:
-                continue  # another node's launch failed this round and ended this one: nothing of it may start
-            if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
-                self._abandon_planned(run)
+        # first nodes first: a run whose first node is refused never starts its others (wide jobs only)
+        for wave in ([r for r in planned if r.node_rank == 0], [r for r in planned if r.node_rank != 0]):
+            launches: list[RunRow] = []
+            batches: dict[str, list[Callable[[], LaunchResult]]] = {}
+            for run in wave:
+                if run.host in down or run.job_id in still_stopping:
+                    continue  # never start a job again while its previous run may still be alive
+                with self.store.session() as s:
+                    job = s.get(JobRow, run.job_id)
+                    still_planned = s.scalar(select(RunRow.state).where(
+                        RunRow.run_id == run.run_id, RunRow.host == run.host)) == "planned"
+                if not still_planned:
+                    continue  # another node's launch failed this round and ended this one: nothing of it may start
+                if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
+                    self._abandon_planned(run)
+                    continue
+                address, spec = host_address(self._hosts[run.host]), self._launch_spec(run, job)
+                launches.append(run)
+                batches.setdefault(run.host, []).append(lambda a=address, sp=spec: self.executor.launch(a, sp))
+            if not launches:
                 continue
             self.renew_lease()  # a round that lost its lease launches nothing
+            results = _in_order(launches, self._fan_out(batches))
+            self._crash("after_launch")  # the hosts run them, the store does not know yet
+            # record what started before handling refusals: a refusal ends the other nodes of its run
             try:
-                result = self.executor.launch(host_address(self._hosts[run.host]), self._launch_spec(run, job))
-            except HostUnreachable as exc:
-                down.add(run.host)
-                self._host_failed(run.host, exc)
-                continue
-            except LaunchConflict as exc:  # the host's ledger says the store was behind: requeue, no cool-down
-                self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
-                self._launch_failed(run, str(exc), conflict=True)
-                down |= self._stop_started_peers(run.run_id)
-                continue
-            except RunAsRefused as exc:  # the job's user cannot run there: no retry, the host stays in use
-                self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
-                self._launch_failed(run, str(exc), final=True)
-                down |= self._stop_started_peers(run.run_id)
-                continue
-            except Exception as exc:
-                self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
-                self._cool_down(run.host, str(exc))
-                self._launch_failed(run, str(exc))
-                down |= self._stop_started_peers(run.run_id)
-                continue
-            self._crash("after_launch")  # the host runs it, the store does not know yet
-            now = self.clock()
-            values: dict[str, Any] = {"state": "running", "pid": result.pid, "started_at": now}
-            if run.profiling_until is not None and not result.already_launched:
-                # the window is the job's: it counts from the launch, not from when it was planned
-                values["profiling_until"] = now + (run.profiling_until - run.planned_at)
-            try:
-                with self.store.session() as s:
-                    s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host)
-                              .values(**values))
-                    row = s.get(JobRow, run.job_id)
-                    if row is not None and run.node_rank == 0:
-                        row.start_time = now  # start of the job's current run
-                    self._event(s, run.job_id, "launched", f"{run.kind} run {run.run_id} on {run.host} "
-                                f"GPUs {run.gpu_indices} pid {result.pid}"
-                                + (" (already running: relaunch skipped)" if result.already_launched else ""))
-            except lease.Fenced:
-                if not result.already_launched:
-                    self._undo_stale_launch(run)
+                for run, outcome in [*[r for r in results if r[1].ok], *[r for r in results if not r[1].ok]]:
+                    self._apply_launch(run, outcome, down)
+            except lease.Fenced:  # lost the lease between renewing it and the launches reaching their hosts
+                for run, outcome in results:
+                    if outcome.ok and outcome.value is not None and not outcome.value.already_launched:
+                        self._undo_stale_launch(run)
                 raise
-            if not result.already_launched:
-                self.report.launched.append(run.run_id)
         self._close_decisions()
 
     def _undo_stale_launch(self, run: RunRow) -> None:
@@ -438,6 +443,47 @@ class SchedulingRound:
                      self.report.round_id, run.run_id, run.host, state or "no row")
         self._on_host(run.host, lambda: self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
                                                            "fenced", self.settings.stop_grace_s))
+
+    def _apply_launch(self, run: RunRow, outcome: CallResult[LaunchResult], down: set[str]) -> None:
+        """Record one launch's outcome in the store: started, host down (the run stays planned), or refused."""
+        error = outcome.error
+        if isinstance(error, HostUnreachable):
+            down.add(run.host)
+            self._host_failed(run.host, error)
+            return
+        if isinstance(error, LaunchConflict):  # the host's ledger says the store was behind: requeue, no cool-down
+            self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
+            self._launch_failed(run, str(error), conflict=True)
+            down.update(self._stop_started_peers(run.run_id))
+            return
+        if isinstance(error, RunAsRefused):  # the job's user cannot run there: no retry, the host stays in use
+            self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
+            self._launch_failed(run, str(error), final=True)
+            down.update(self._stop_started_peers(run.run_id))
+            return
+        if error is not None:
+            self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
+            self._cool_down(run.host, str(error))
+            self._launch_failed(run, str(error))
+            down.update(self._stop_started_peers(run.run_id))
+            return
+        result = outcome.value
+        assert result is not None
+        now = self.clock()
+        values: dict[str, Any] = {"state": "running", "pid": result.pid, "started_at": now}
+        if run.profiling_until is not None and not result.already_launched:
+            # the window is the job's: it counts from the launch, not from when it was planned
+            values["profiling_until"] = now + (run.profiling_until - run.planned_at)
+        with self.store.session() as s:
+            s.execute(_update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(**values))
+            row = s.get(JobRow, run.job_id)
+            if row is not None and run.node_rank == 0:
+                row.start_time = now  # start of the job's current run
+            self._event(s, run.job_id, "launched", f"{run.kind} run {run.run_id} on {run.host} "
+                        f"GPUs {run.gpu_indices} pid {result.pid}"
+                        + (" (already running: relaunch skipped)" if result.already_launched else ""))
+        if not result.already_launched:
+            self.report.launched.append(run.run_id)
 
     def _close_decisions(self) -> None:
         with self.store.session() as s:
@@ -587,20 +633,27 @@ class SchedulingRound:
         """Stop each run on its host (TERM, grace, KILL) and settle it; returns the hosts that did not
         answer, whose runs stay `running` with their stop reason for a later round to retry."""
         down: set[str] = set()
+        if not runs:
+            return down
+        self.renew_lease()
+        grace = self.settings.stop_grace_s
+        batches: dict[str, list[Callable[[], RunStatus]]] = {}
         for run in runs:
+            address = host_address(self._hosts[run.host])
+            batches.setdefault(run.host, []).append(
+                lambda a=address, r=run: self.executor.stop(a, r.run_id, r.stop_reason or default_reason, grace))
+        results = _in_order(runs, self._fan_out(batches, extra_s=grace))
+        for run, result in results:
             if run.host in down:
                 continue
-            self.renew_lease()
-            try:
-                status = self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
-                                            run.stop_reason or default_reason, self.settings.stop_grace_s)
-            except HostUnreachable as exc:
+            if isinstance(result.error, HostUnreachable):
                 down.add(run.host)
-                self._host_failed(run.host, exc)
+                self._host_failed(run.host, result.error)
                 continue
-            except HostCommandFailed as exc:  # this run's stop answered garbage: retried next round
-                self.report.errors.append(f"stop of run {run.run_id} (job {run.job_id}) on {run.host}: {exc}")
+            if isinstance(result.error, HostCommandFailed):  # this run's stop answered garbage: retried next round
+                self.report.errors.append(f"stop of run {run.run_id} (job {run.job_id}) on {run.host}: {result.error}")
                 continue
+            status = _value(result)
             if status.state == "UNREADABLE":
                 self._unreadable(run, status)
                 continue
@@ -617,34 +670,31 @@ class SchedulingRound:
         by_host: dict[str, list[RunRow]] = {}
         for run in runs:
             by_host.setdefault(run.host, []).append(run)
-        for name, host in self._hosts.items():
-            host_runs = by_host.get(name, [])
-            if not host_runs and host.reachable:
+        self.keep_lease()  # polls read only: renew first when a quarter of the TTL has passed
+        polls = self._fan_out({name: [self._poll_call(host, by_host.get(name, []))]
+                               for name, host in self._hosts.items() if by_host.get(name) or not host.reachable})
+        seen: list[tuple[RunRow, RunStatus]] = []
+        for name, (result,) in polls.items():
+            if isinstance(result.error, HostUnreachable):
+                self._host_failed(name, result.error)
                 continue
-            self.keep_lease()  # a long poll of many hosts writes little: renew as it goes
-            try:
-                if host_runs:
-                    statuses = self.executor.poll(host_address(host), [r.run_id for r in host_runs])
-                else:  # idle and unreachable last time: does it answer now?
-                    self.executor.probe(host_address(host))
-                    statuses = {}
-            except HostUnreachable as exc:
-                self._host_failed(name, exc)
+            if isinstance(result.error, HostCommandFailed):  # garbled answer: judge this host's runs next round
+                self.report.errors.append(str(result.error))
                 continue
-            except HostCommandFailed as exc:  # garbled answer: judge this host's runs next round
-                self.report.errors.append(str(exc))
-                continue
+            statuses = _value(result)
             self._host_seen(name)
-            for run in host_runs:
-                status = statuses.get(run.run_id)
-                if status is not None:
-                    self._judge(host, run, status, now)
+            seen.extend((run, statuses[run.run_id]) for run in by_host.get(name, []) if run.run_id in statuses)
+        swept = self._sweep_leftovers([run for run, status in seen
+                                       if status.state == "EXITED" and run.stop_reason is None])
+        for run, status in seen:
+            self._judge(run, status, now, swept.get((run.run_id, run.host)))
         self._cancel_requested()
         self.collect_due_profiles(now)
 
-    def _judge(self, host: HostRow, run: RunRow, status: RunStatus, now: float) -> None:
-        """Act on one run's polled status. Its records are the host's and, on account hosts, within reach
-        of jobs: whatever they hold, only this run is affected, never the round."""
+    def _judge(self, run: RunRow, status: RunStatus, now: float, sweep: RunStatus | None) -> None:
+        """Act on one run's polled status (`sweep`: the leftover sweep of a run that ended on its own). Its
+        records are the host's and, on account hosts, within reach of jobs: whatever they hold, only this run
+        is affected, never the round."""
         if status.state == "UNREADABLE":
             self._unreadable(run, status)
             return
@@ -655,8 +705,8 @@ class SchedulingRound:
             if now - run.planned_at > self.settings.launch_grace_s:
                 self._launch_failed(run, "wrapper never started on the host")
             return
-        if status.state == "EXITED" and run.stop_reason is None:
-            status = self._sweep_leftovers(host, run, status)
+        if status.state == "EXITED" and run.stop_reason is None and sweep is not None and sweep.state == "EXITED":
+            status = replace(status, escaped=sweep.escaped)
         self._settle(run, status)
 
     def _unreadable(self, run: RunRow, status: RunStatus) -> None:
@@ -686,17 +736,42 @@ class SchedulingRound:
             if seen is None:
                 self._event(s, job_id, kind, message[:1000])
 
-    def _sweep_leftovers(self, host: HostRow, run: RunRow, status: RunStatus) -> RunStatus:
+    def _poll_call(self, host: HostRow, runs: list[RunRow]) -> Callable[[], dict[str, RunStatus]]:
+        """The reconcile call for one host: poll its running runs, or probe it when idle and unreachable."""
+        address, run_ids = host_address(host), [r.run_id for r in runs]
+        if run_ids:
+            return lambda: self.executor.poll(address, run_ids)
+
+        def probe() -> dict[str, RunStatus]:  # idle and unreachable last time: does it answer now?
+            self.executor.probe(address)
+            return {}
+
+        return probe
+
+    def _sweep_leftovers(self, runs: list[RunRow]) -> dict[tuple[str, str], RunStatus]:
         """A run that ended on its own may leave processes behind (a daemon it started, workers that
         left its group) holding GPU memory the next job needs: the stop script, run on an ended run,
-        kills only what still carries the run's marker. The poll's status stands if the host fails."""
-        swept = self._on_host(run.host, lambda: self.executor.stop(host_address(host), run.run_id, "ended",
-                                                                   self.settings.stop_grace_s))
-        return replace(status, escaped=swept.escaped) if swept is not None and swept.state == "EXITED" else status
+        kills only what still carries the run's marker. Returns the sweeps that answered, per (run, host);
+        for the others the poll's status stands."""
+        if not runs:
+            return {}
+        self.renew_lease()
+        grace = self.settings.stop_grace_s
+        batches: dict[str, list[Callable[[], RunStatus]]] = {}
+        for run in runs:
+            address = host_address(self._hosts[run.host])
+            batches.setdefault(run.host, []).append(lambda a=address, r=run: self.executor.stop(a, r.run_id, "ended",
+                                                                                               grace))
+        swept = {}
+        for run, result in _in_order(runs, self._fan_out(batches, extra_s=grace)):
+            value = self._answer(run.host, result)
+            if value is not None:
+                swept[(run.run_id, run.host)] = value
+        return swept
 
     def _on_host(self, name: str, call: Callable[[], T]) -> T | None:
-        """`call()` against host `name`; None when the host did not answer (marked failed) or answered
-        garbage (reported; its runs are judged again next round)."""
+        """`call()` against host `name` now, in the round's thread (a single call, outside a fan-out); None when
+        the host did not answer (marked failed) or answered garbage (reported)."""
         try:
             return call()
         except HostUnreachable as exc:
@@ -704,6 +779,17 @@ class SchedulingRound:
         except HostCommandFailed as exc:
             self.report.errors.append(str(exc))
         return None
+
+    def _answer(self, name: str, result: CallResult[T]) -> T | None:
+        """A call's value; None when the host did not answer (marked failed) or answered garbage (reported;
+        its runs are judged again next round)."""
+        if isinstance(result.error, HostUnreachable):
+            self._host_failed(name, result.error)
+            return None
+        if isinstance(result.error, HostCommandFailed):
+            self.report.errors.append(str(result.error))
+            return None
+        return _value(result)
 
     def give_up_lost_hosts(self) -> None:
         """With `host_lost_after_s` set: end the runs of hosts silent that long (fail or requeue their jobs),
@@ -733,28 +819,31 @@ class SchedulingRound:
                 select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
                 .where(RunRow.state == "running", RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
                        RunRow.profiling_until <= now, RunRow.stop_reason.is_(None), JobRow.profiled.is_(False))))
+        due = [run for run in due if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
+        batches: dict[str, list[Callable[[], str]]] = {}
         for run in due:
-            if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable:
-                self._collect_profile(run)
+            # the whole file: a watching agent's stays under this bound, its window at the front
+            whole = max(1 << 20, bounded_file_bytes(self._kept_window_s(run), self.settings.telemetry_interval_s,
+                                                    len(run.gpu_indices)))
+            address = host_address(self._hosts[run.host])
+            batches.setdefault(run.host, []).append(
+                lambda a=address, r=run, n=whole: self.executor.read(a, r.run_id, "telemetry.jsonl", n))
+        for run, result in _in_order(due, self._fan_out(batches)) if due else []:
+            if isinstance(result.error, HostUnreachable):
+                self._host_failed(run.host, result.error)
+                continue
+            if isinstance(result.error, HostCommandFailed):  # judged again next round; the others' are collected
+                self.report.errors.append(f"telemetry of run {run.run_id} (job {run.job_id}) on {run.host}: "
+                                          f"{result.error}")
+                continue
+            self._collect_profile(run, _value(result))
 
-    def _collect_profile(self, run: RunRow) -> None:
-        """Read the window's telemetry from the host and record the job's profile (once)."""
+    def _collect_profile(self, run: RunRow, text: str) -> None:
+        """Record the job's profile (once) from the window's telemetry read from the host."""
         with self.store.session() as s:
             job = s.get(JobRow, run.job_id)
             if job is None or job.profiled:
                 return
-        try:
-            # the whole file: a watching agent's stays under this bound, its window at the front
-            whole = bounded_file_bytes(self._kept_window_s(run), self.settings.telemetry_interval_s,
-                                       len(run.gpu_indices))
-            text = self.executor.read(host_address(self._hosts[run.host]), run.run_id, "telemetry.jsonl",
-                                      max(1 << 20, whole))
-        except HostUnreachable as exc:
-            self._host_failed(run.host, exc)
-            return
-        except HostCommandFailed as exc:  # judged again next round; the others' profiles are collected
-            self.report.errors.append(f"telemetry of run {run.run_id} (job {run.job_id}) on {run.host}: {exc}")
-            return
         # an agent that also watches the job's speed samples past the window: profile the window only
         samples = first_window(parse_samples(text), self._window_s(run) + self.settings.telemetry_margin_s)
         summary = summarize(samples)
@@ -998,16 +1087,18 @@ class SchedulingRound:
     def _observe_pairs(self, snapshot: Snapshot, now: float) -> None:
         """Read the telemetry of settled pairs and hand their observed speeds to the policy's view."""
         settings = PairSpeedSettings(self.settings.speed_settle_s, self.settings.speed_min_samples)
-
-        def read(run: RunRow) -> str | None:
-            host = self._hosts.get(run.host)
-            if host is None or not host.reachable:
-                return None
-            self.keep_lease()  # many pairs' reads can outlast the lease: renew as they go
-            return self._on_host(run.host, lambda: self.executor.read(host_address(host), run.run_id,
-                                                                      "telemetry.jsonl", TELEMETRY_TAIL_BYTES))
-
-        observed = observe_pair_speeds(snapshot, read, now, settings)
+        wanted = [run for run in runs_to_read(snapshot, now, settings)
+                  if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
+        self.keep_lease()  # reads write nothing: renew before (and after) they fan out
+        batches: dict[str, list[Callable[[], str]]] = {}
+        for run in wanted:
+            address = host_address(self._hosts[run.host])
+            batches.setdefault(run.host, []).append(
+                lambda a=address, r=run: self.executor.read(a, r.run_id, "telemetry.jsonl", TELEMETRY_TAIL_BYTES))
+        texts = {(run.run_id, run.host): self._answer(run.host, result)
+                 for run, result in (_in_order(wanted, self._fan_out(batches)) if wanted else [])}
+        self.keep_lease()
+        observed = observe_pair_speeds(snapshot, lambda run: texts.get((run.run_id, run.host)), now, settings)
         self._speeds = observed.estimates
         self.report.pair_speeds = {job_id: e.speed for job_id, e in observed.estimates.items()}
         snapshot.speed_reports = observed.reports
@@ -1104,6 +1195,24 @@ class SchedulingRound:
             row.status, row.executed_at = "done", now
         elif isinstance(decision, (SetSharingMode, SetProfilerParams)):
             row.status, row.executed_at = "done", now
+
+
+def _in_order(items: list[RunRow], results: dict[str, list[CallResult[T]]]) -> list[tuple[RunRow, CallResult[T]]]:
+    """Pair runs with their calls' results: each host's results come in the order its runs were batched."""
+    taken: dict[str, int] = {}
+    paired = []
+    for run in items:
+        index = taken.get(run.host, 0)
+        taken[run.host] = index + 1
+        paired.append((run, results[run.host][index]))
+    return paired
+
+
+def _value(result: CallResult[T]) -> T:
+    """The call's value; a host's error other than unreachable is raised here, in the round's thread."""
+    if result.error is not None:
+        raise result.error
+    return result.value  # type: ignore[return-value]
 
 
 def _update(model: Any) -> Any:

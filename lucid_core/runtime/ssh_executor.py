@@ -1,15 +1,19 @@
-"""SSH transport (paramiko): verified host keys, one connection per host per round, retries.
+"""SSH transport (paramiko): verified host keys, one connection per host kept across calls, retries.
 
 Host keys are checked against a known_hosts file and unknown hosts are refused
-(paramiko's RejectPolicy). A connection is opened on first use and reused until `close()`,
-which the round calls at its end. Connection failures are retried with a short backoff;
-a rejected host key is never retried.
+(paramiko's RejectPolicy). A connection is opened on first use and reused until `close()`
+(a round that owns its executor closes it at its end; a long-lived round loop keeps it across
+rounds). Each call has a deadline that covers connecting, retries and the script together, so a
+host that accepts TCP and never speaks costs one deadline; connection failures are retried with a
+short backoff while the deadline allows; a rejected host key is never retried. Calls to different
+hosts may run in different threads at once (one host's calls are made one at a time).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from lucid_core.runtime.executor import (
 from lucid_core.runtime.local_executor import LocalTransport
 
 _RETRYABLE = (OSError, EOFError, paramiko.SSHException, socket.timeout)
+IDLE_CHECK_S = 1.0  # how often a kept connection's reader thread wakes while nothing arrives
 
 
 def default_known_hosts() -> str:
@@ -40,9 +45,10 @@ class SshTransport:
         self.retries = retries
         self.backoff_s = backoff_s
         self._clients: dict[str, paramiko.SSHClient] = {}
+        self._lock = threading.Lock()
         self.connects = 0  # connections opened (for tests of reuse)
 
-    def _connect(self, host: HostAddress) -> paramiko.SSHClient:
+    def _connect(self, host: HostAddress, wait_s: float) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         if not Path(self.known_hosts).is_file():
             raise HostKeyRejected(f"host {host.name}: known_hosts file {self.known_hosts} does not exist")
@@ -51,8 +57,7 @@ class SshTransport:
         try:
             client.connect(
                 hostname=host.address, port=host.port, username=host.user or None,
-                key_filename=host.key_path, timeout=self.connect_timeout_s,
-                banner_timeout=self.connect_timeout_s, auth_timeout=self.connect_timeout_s,
+                key_filename=host.key_path, timeout=wait_s, banner_timeout=wait_s, auth_timeout=wait_s,
                 allow_agent=False, look_for_keys=host.key_path is None,
             )
         except paramiko.BadHostKeyException as exc:
@@ -69,49 +74,79 @@ class SshTransport:
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(15)
-        self.connects += 1
+            # paramiko's reader thread wakes every 0.1 s on an idle connection; with one kept per host
+            # (hundreds) that is thousands of wake-ups a second: once a second is enough to notice a close
+            transport.sock.settimeout(IDLE_CHECK_S)
+        with self._lock:
+            self.connects += 1
         return client
 
-    def _client(self, host: HostAddress) -> paramiko.SSHClient:
+    def _client(self, host: HostAddress, deadline: float) -> paramiko.SSHClient:
         client = self._clients.get(host.name)
         transport = client.get_transport() if client is not None else None
         if client is None or transport is None or not transport.is_active():
             if client is not None:
                 client.close()
-            client = self._connect(host)
+            wait_s = min(self.connect_timeout_s, deadline - time.monotonic())
+            if wait_s <= 0:
+                raise TimeoutError("deadline reached before connecting")
+            client = self._connect(host, wait_s)
             self._clients[host.name] = client
         return client
 
-    def _drop(self, host: HostAddress) -> None:
-        client = self._clients.pop(host.name, None)
+    def forget(self, name: str) -> None:
+        """Close the connection to host `name` (a call on it overran its deadline); the next call reconnects."""
+        client = self._clients.pop(name, None)
         if client is not None:
             client.close()
 
-    def _run_once(self, host: HostAddress, script: str, timeout_s: float) -> ScriptResult:
-        client = self._client(host)
+    def _drop(self, host: HostAddress) -> None:
+        self.forget(host.name)
+
+    def _run_once(self, host: HostAddress, script: str, deadline: float) -> ScriptResult:
+        client = self._client(host, deadline)
+        timeout_s = deadline - time.monotonic()
+        if timeout_s <= 0:
+            raise TimeoutError("deadline reached before the script started")
         stdin, stdout, stderr = client.exec_command("sh -s", timeout=timeout_s)
-        stdin.write(script)
-        stdin.flush()
-        stdin.channel.shutdown_write()
-        out = stdout.read().decode("utf-8", "replace")
-        err = stderr.read().decode("utf-8", "replace")
-        status = stdout.channel.recv_exit_status()
+        try:
+            stdin.write(script)
+            stdin.flush()
+            stdin.channel.shutdown_write()
+            out = stdout.read().decode("utf-8", "replace")
+            err = stderr.read().decode("utf-8", "replace")
+            status = stdout.channel.recv_exit_status()
+        except TimeoutError:
+            stdout.channel.close()  # this call is over; the connection itself may be fine
+            raise
         return ScriptResult(status, out, err)
 
+    def _connected(self, host: HostAddress) -> bool:
+        client = self._clients.get(host.name)
+        transport = client.get_transport() if client is not None else None
+        return transport is not None and transport.is_active()
+
     def run_script(self, host: HostAddress, script: str, timeout_s: float) -> ScriptResult:
+        """Run the script within `timeout_s` in all (connecting, retries, the script); HostUnreachable past it."""
+        deadline = time.monotonic() + timeout_s
         last: BaseException | None = None
+        tries = 0
         for attempt in range(self.retries + 1):
+            tries += 1
             try:
-                return self._run_once(host, script, timeout_s)
+                return self._run_once(host, script, deadline)
             except HostKeyRejected:
                 raise
             except _RETRYABLE as exc:
                 last = exc
-                self._drop(host)
-                if attempt < self.retries:
-                    time.sleep(self.backoff_s * (attempt + 1))
+                if not (isinstance(exc, TimeoutError) and self._connected(host)):
+                    self._drop(host)  # a slow script on a live connection keeps it: reconnecting costs more
+                pause = self.backoff_s * (attempt + 1)
+                if attempt == self.retries or time.monotonic() + pause >= deadline:
+                    break
+                time.sleep(pause)
         raise HostUnreachable(f"host {host.name} ({host.address}:{host.port}) unreachable after "
-                              f"{self.retries + 1} tries: {type(last).__name__}: {last}") from last
+                              f"{tries} tries within {timeout_s:g} s: {type(last).__name__}: {last}") from last
 
     def close(self) -> None:
         for name in list(self._clients):
@@ -120,7 +155,7 @@ class SshTransport:
 
 def ssh_executor(known_hosts: str | None = None, *, connect_timeout_s: float = 10.0, retries: int = 2,
                  timeout_s: float = 30.0) -> HostExecutor:
-    """An executor for both SSH hosts and local hosts."""
+    """An executor for both SSH hosts and local hosts; `timeout_s` is each call's deadline."""
     return HostExecutor({
         "ssh": SshTransport(known_hosts, connect_timeout_s=connect_timeout_s, retries=retries),
         "local": LocalTransport(),

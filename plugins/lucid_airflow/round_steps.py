@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -43,17 +44,22 @@ def _host_connection(name: str):
 class ConnectionTransport:
     """SSH transport whose address, user, key and host key come from the host's Airflow connection."""
 
-    def __init__(self, known_hosts_dir: Path) -> None:
+    def __init__(self, known_hosts_dir: Path, deadline_s: float = 20.0) -> None:
         from lucid_core.runtime.ssh_executor import SshTransport, default_known_hosts
 
         self.dir = known_hosts_dir
         self.known_hosts = known_hosts_dir / "known_hosts"
         base = Path(default_known_hosts())
         self.known_hosts.write_text(base.read_text() if base.is_file() else "", encoding="utf-8")
-        self.inner = SshTransport(str(self.known_hosts))
+        self.inner = SshTransport(str(self.known_hosts), connect_timeout_s=min(10.0, deadline_s))
         self._hosts: dict[str, Any] = {}
+        self._lock = threading.Lock()  # the round calls hosts from several threads at once
 
     def _address(self, host):
+        with self._lock:
+            return self._resolve(host)
+
+    def _resolve(self, host):
         if host.name in self._hosts:
             return self._hosts[host.name]
         conn = _host_connection(host.name)
@@ -72,8 +78,7 @@ class ConnectionTransport:
             where = conn.host or host.address
             entry = where if port == 22 else f"[{where}]:{port}"
             with self.known_hosts.open("a", encoding="utf-8") as handle:
-                handle.write(f"{entry} {extra['host_key'].strip()}\n")
-            self.inner = type(self.inner)(str(self.known_hosts))
+                handle.write(f"{entry} {extra['host_key'].strip()}\n")  # read again at each connect
         resolved = replace(host, address=conn.host or host.address, port=port, user=conn.login or host.user,
                            key_path=key_path)
         self._hosts[host.name] = resolved
@@ -81,6 +86,9 @@ class ConnectionTransport:
 
     def run_script(self, host, script: str, timeout_s: float):
         return self.inner.run_script(self._address(host), script, timeout_s)
+
+    def forget(self, name: str) -> None:
+        self.inner.forget(name)
 
     def close(self) -> None:
         self.inner.close()
@@ -94,8 +102,10 @@ def _round(url: str, workdir: Path):
     from lucid_core.runtime.store import Store
 
     config = load_live_config()
-    executor = HostExecutor({"ssh": ConnectionTransport(workdir), "local": LocalTransport()})
-    return SchedulingRound(Store(url), executor, config, RoundSettings.from_config(config, holder=_holder()))
+    settings = RoundSettings.from_config(config, holder=_holder())
+    executor = HostExecutor({"ssh": ConnectionTransport(workdir, settings.host_call_deadline_s),
+                             "local": LocalTransport()}, timeout_s=settings.host_call_deadline_s)
+    return SchedulingRound(Store(url), executor, config, settings)
 
 
 def _fenced(rnd, step: str, exc: BaseException) -> dict[str, Any]:
@@ -134,7 +144,7 @@ def reconcile(url: str) -> dict[str, Any]:
                 raise
             return _summary(rnd, "reconcile", acquired=True)
         finally:
-            rnd.executor.close()
+            rnd.close()
             rnd.store.dispose()
 
 
@@ -169,7 +179,7 @@ def profile_bind_and_place(url: str, reconciled: dict[str, Any]) -> dict[str, An
                     "decisions": [{"kind": type(d).__name__, "job": getattr(d, "job_id", None), "reason": d.reason}
                                   for d in decisions]}
         finally:
-            rnd.executor.close()
+            rnd.close()
             rnd.store.dispose()
 
 
@@ -193,5 +203,5 @@ def carry_out(url: str, decided: dict[str, Any]) -> dict[str, Any]:
             return _summary(rnd, "carry_out", acquired=True, decisions=len(decided.get("decisions", [])))
         finally:
             rnd.give_back_lease()
-            rnd.executor.close()
+            rnd.close()
             rnd.store.dispose()

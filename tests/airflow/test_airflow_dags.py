@@ -29,6 +29,13 @@ def test_every_dag_parses_without_errors_within_budget():
         assert stat.duration.total_seconds() < PARSE_BUDGET_S, stat
     round_dag = bag.dags["lucid_scheduling_round"]
     assert round_dag.max_active_runs == 1 and not round_dag.catchup
+    from lucid_core.config import load_config
+    from lucid_core.runtime.round_deadlines import RoundDeadlines
+
+    path = os.environ.get("LUCID_CONFIG")  # what the DAG file reads
+    deadlines = RoundDeadlines.from_runtime(load_config(path if path and os.path.isfile(path) else None).runtime)
+    for task_id, step in (("reconcile", "reconcile"), ("profile_bind_and_place", "decide"), ("carry_out", "carry_out")):
+        assert round_dag.get_task(task_id).execution_timeout.total_seconds() == deadlines.step_timeout_s(step)
     tuner = bag.dags["lucid_system_tuner"]
     assert {"tprof_s", "nprof_gpus", "cprof_nodes", "tiny_threshold", "medium_threshold", "sharing",
             "update_cadence", "objective", "apply", "trace_path", "window_start"} <= set(tuner.params)

@@ -3,9 +3,10 @@
     python round_child.py STORE_URL STEP
 
 Steps: the round's own boundaries (after_repair, after_reconcile, after_record, after_launch,
-after_execute) and two inside steps: during_decide (the policy has decided, nothing is written)
-and during_record (decisions are being written, the transaction is not committed). Exits 0 when
-the round never reached STEP.
+after_execute) and three inside steps: during_decide (the policy has decided, nothing is written),
+during_record (decisions are being written, the transaction is not committed) and during_calls (a
+host call has returned while another host's call is still in flight: the round dies mid fan-out,
+before it applies what the hosts answered). Exits 0 when the round never reached STEP.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 from runtime_helpers import fast_config
 
+from lucid_core.runtime.executor import HostExecutor
 from lucid_core.runtime.local_executor import local_executor
 from lucid_core.runtime.round import RoundSettings, SchedulingRound
 from lucid_core.runtime.store import Store
@@ -28,6 +32,32 @@ def die() -> None:
     sys.stderr.write("KILLED\n")
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DyingExecutor(HostExecutor):
+    """Dies (SIGKILL) when a host call has returned while another host's call is in flight: each call, once
+    answered, waits up to 0.5 s for a call to another host to be under way, then kills the process."""
+
+    def __init__(self, inner: HostExecutor) -> None:
+        super().__init__(inner.transports, timeout_s=inner.timeout_s)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    def _run(self, host, script, timeout_s=None):
+        with self._lock:
+            self._in_flight += 1
+        try:
+            result = super()._run(host, script, timeout_s)
+            until = time.monotonic() + 0.5
+            while time.monotonic() < until:
+                with self._lock:
+                    if self._in_flight > 1:
+                        die()
+                time.sleep(0.01)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        return result
 
 
 class KilledRound(SchedulingRound):
@@ -73,7 +103,8 @@ def main() -> int:
     settings = RoundSettings(stop_grace_s=1.0, telemetry_interval_s=0.25, launch_grace_s=30, lease_ttl_s=0.5,
                              holder="killed-child")
     KilledRound.kill_at = step
-    KilledRound(store, local_executor(), fast_config(), settings).run()
+    executor = DyingExecutor(local_executor()) if step == "during_calls" else local_executor()
+    KilledRound(store, executor, fast_config(), settings).run()
     return 0
 
 

@@ -35,12 +35,53 @@ def job_mix(i: int) -> tuple[str, int]:
     return [("sleep 0.3", 1), ("sleep 2.4", 1), ("sleep 0.2; exit 3", 1), ("sleep 2.2", 2)][i % 4]
 
 
+# jobs that outlive their profiling window, so they run on the main hosts beside each other
+LONG_MIX = [("sleep 5", 1), ("sleep 4", 1), ("sleep 0.2; exit 3", 1), ("sleep 4", 2)]
+
+
 def expected_state(i: int) -> str:
     return "FAILED" if i % 4 == 2 else "COMPLETED"
 
 
 def normal_round(store: Store) -> None:
     SchedulingRound(store, local_executor(), fast_config(), SETTINGS).run()
+
+
+def test_round_killed_while_host_calls_are_in_flight_is_repaired(tmp_path):
+    """SIGKILL while a fan-out of host calls is under way (one host answered, another's call still running):
+    launches may have started on hosts the store does not know of; the next round finishes them once."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_local_hosts(store, tmp_path / "hosts")
+    ledger = tmp_path / "ledger"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])}
+    jobs: list[tuple[str, int]] = []
+    killed, cycle = 0, 0
+    deadline = time.monotonic() + 180  # each cycle starts a child process: slow on a loaded machine
+    while True:
+        if cycle < 5:
+            for i in range(4 * cycle, 4 * cycle + 4):  # more than one main host holds, long enough to reach them:
+                body, gpus = LONG_MIX[i % len(LONG_MIX)]  # a round then has calls to several hosts at once
+                jobs.append((submit(store, JobRequest(ledger_command(ledger, body), gpus, "u", "vc-a")), i))
+        child = subprocess.run([sys.executable, str(CHILD), store.url, "during_calls"], env=env,
+                               capture_output=True, text=True, timeout=60)
+        if child.returncode == -9:
+            assert "KILLED" in child.stderr
+            killed += 1
+        else:
+            assert child.returncode == 0, child.stderr[-2000:]
+        time.sleep(0.6)  # the dead round's lease (0.5 s) lapses
+        normal_round(store)
+        cycle += 1
+        rows = jobs_by_id(store)
+        if cycle >= 5 and all(r.state in TERMINAL for r in rows.values()) and killed >= 2:
+            break
+        assert time.monotonic() < deadline, (killed, {j: (r.state, r.pending_reason) for j, r in rows.items()})
+        time.sleep(0.1)
+    states = check_invariants(store, [j for j, _ in jobs], ledger)
+    for job_id, i in jobs:
+        expected = "FAILED" if "exit 3" in LONG_MIX[i % len(LONG_MIX)][0] else "COMPLETED"
+        assert states[job_id] == expected, (job_id, i, jobs_by_id(store)[job_id].end_reason)
+    store.dispose()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
