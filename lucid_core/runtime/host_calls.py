@@ -59,10 +59,11 @@ class HostCallPool:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="lucid-host")
 
-    def run(self, batches: Mapping[str, Sequence[HostCall[T]]],
-            limit_s: float | None = None) -> dict[str, list[CallResult[T]]]:
+    def run(self, batches: Mapping[str, Sequence[HostCall[T]]], limit_s: float | None = None,
+            tick: Callable[[], None] | None = None) -> dict[str, list[CallResult[T]]]:
         """Each host's calls in order, hosts concurrently; one result per call, per host. A host's batch is
-        given up past the sum of its calls' deadlines, or past `limit_s` when that is shorter."""
+        given up past the sum of its calls' deadlines, or past `limit_s` when that is shorter. `tick` runs in
+        the caller's thread at least every half second while calls are in flight (the round keeps its lease)."""
         results: dict[str, list[CallResult[T]]] = {}
         started: dict[str, float] = {}
         futures: dict[Future[list[CallResult[T]]], str] = {}
@@ -81,6 +82,8 @@ class HostCallPool:
             ends = [started[futures[f]] + budgets[futures[f]] for f in pending if futures[f] in started]
             timeout = max(0.0, min(ends) - now) if ends else 0.5
             done, pending = wait(pending, timeout=min(timeout, 0.5), return_when=FIRST_COMPLETED)
+            if tick is not None and pending:
+                tick()
             for future in done:
                 results[futures[future]] = future.result()  # a BaseException in a worker (a crash) surfaces here
             now = time.monotonic()

@@ -248,7 +248,7 @@ class SchedulingRound:
         """Make each host's calls (in order) on all hosts at once; each call has the round's deadline (+ extra_s)."""
         deadline = self.settings.host_call_deadline_s + extra_s
         return self.calls.run({host: [HostCall(call, deadline) for call in calls] for host, calls in batches.items()},
-                              limit_s=deadline)
+                              limit_s=deadline, tick=self.keep_lease)  # calls in flight: renew as they go
 
     def take_lease(self) -> bool:
         """Take the store's round lease with a new fencing generation; from here on every write of this
