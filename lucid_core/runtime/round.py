@@ -243,12 +243,14 @@ class SchedulingRound:
         if self.close_executor:
             self.executor.close()
 
-    def _fan_out(self, batches: dict[str, list[Callable[[], T]]],
-                 extra_s: float = 0.0) -> dict[str, list[CallResult[T]]]:
-        """Make each host's calls (in order) on all hosts at once; each call has the round's deadline (+ extra_s)."""
+    def _fan_out(self, batches: dict[str, list[Callable[[], T]]], extra_s: float = 0.0,
+                 reads: bool = False) -> dict[str, list[CallResult[T]]]:
+        """Make each host's calls (in order) on all hosts at once; each call has the round's deadline (+ extra_s).
+        Reads (polls, telemetry) renew the lease while in flight; actions (launches, stops) do not, so a round
+        stalled in one loses its lease as before."""
         deadline = self.settings.host_call_deadline_s + extra_s
         return self.calls.run({host: [HostCall(call, deadline) for call in calls] for host, calls in batches.items()},
-                              limit_s=deadline, tick=self.keep_lease)  # calls in flight: renew as they go
+                              limit_s=deadline, tick=self.keep_lease if reads else None)
 
     def take_lease(self) -> bool:
         """Take the store's round lease with a new fencing generation; from here on every write of this
@@ -672,7 +674,8 @@ class SchedulingRound:
             by_host.setdefault(run.host, []).append(run)
         self.keep_lease()  # polls read only: renew first when a quarter of the TTL has passed
         polls = self._fan_out({name: [self._poll_call(host, by_host.get(name, []))]
-                               for name, host in self._hosts.items() if by_host.get(name) or not host.reachable})
+                               for name, host in self._hosts.items() if by_host.get(name) or not host.reachable},
+                              reads=True)
         seen: list[tuple[RunRow, RunStatus]] = []
         for name, (result,) in polls.items():
             if isinstance(result.error, HostUnreachable):
@@ -828,7 +831,7 @@ class SchedulingRound:
             address = host_address(self._hosts[run.host])
             batches.setdefault(run.host, []).append(
                 lambda a=address, r=run, n=whole: self.executor.read(a, r.run_id, "telemetry.jsonl", n))
-        for run, result in _in_order(due, self._fan_out(batches)) if due else []:
+        for run, result in _in_order(due, self._fan_out(batches, reads=True)) if due else []:
             if isinstance(result.error, HostUnreachable):
                 self._host_failed(run.host, result.error)
                 continue
@@ -1096,7 +1099,7 @@ class SchedulingRound:
             batches.setdefault(run.host, []).append(
                 lambda a=address, r=run: self.executor.read(a, r.run_id, "telemetry.jsonl", TELEMETRY_TAIL_BYTES))
         texts = {(run.run_id, run.host): self._answer(run.host, result)
-                 for run, result in (_in_order(wanted, self._fan_out(batches)) if wanted else [])}
+                 for run, result in (_in_order(wanted, self._fan_out(batches, reads=True)) if wanted else [])}
         self.keep_lease()
         observed = observe_pair_speeds(snapshot, lambda run: texts.get((run.run_id, run.host)), now, settings)
         self._speeds = observed.estimates
