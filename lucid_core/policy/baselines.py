@@ -236,15 +236,18 @@ class TiresiasPolicy(SchedulingPolicy):
                                                  f"need its GPUs; it loses {cost:g} s"))
         for queue, _, job_id in order:
             if job_id in admitted and job_id not in view.allocations:
-                job = view.jobs[job_id]
-                gpus = view.main.place_compact(job.gpus, view.placement_vc(job))
-                if gpus is None:
-                    continue  # admitted but fragmented: waits for the next round
-                view.start(job_id, Pool.MAIN, gpus)
-                decisions.append(Place(job_id, gpus, f"queue {int(queue) + 1} (attained "
-                                       f"{self.attained_[job_id] / 3600:.2f} GPU-h, threshold "
-                                       f"{self.threshold / 3600:g}), in arrival order; fits"))
+                decisions.extend(self._place_admitted(view, job_id, queue))
         return decisions
+
+    def _place_admitted(self, view: ClusterView, job_id: str, queue: float) -> list[Decision]:
+        """Start an admitted job compactly; one that does not fit compactly waits for the next round."""
+        job = view.jobs[job_id]
+        gpus = view.main.place_compact(job.gpus, view.placement_vc(job))
+        if gpus is None:
+            return []
+        view.start(job_id, Pool.MAIN, gpus)
+        return [Place(job_id, gpus, f"queue {int(queue) + 1} (attained {self.attained_[job_id] / 3600:.2f} GPU-h, "
+                                    f"threshold {self.threshold / 3600:g}), in arrival order; fits")]
 
     def _admit_behind_running(self, view: ClusterView) -> list[Decision]:
         """The common case, every running job ahead of every queued one: nobody is preempted and
@@ -266,14 +269,7 @@ class TiresiasPolicy(SchedulingPolicy):
                 heapq.heappush(heads, (items[i + 1][0], part, i + 1))
         decisions: list[Decision] = []
         for key, job_id in admitted:
-            job = view.jobs[job_id]
-            gpus = view.main.place_compact(job.gpus, view.placement_vc(job))
-            if gpus is None:
-                continue  # admitted but fragmented: waits for the next round
-            view.start(job_id, Pool.MAIN, gpus)
-            decisions.append(Place(job_id, gpus, f"queue {int(key[0]) + 1} (attained "
-                                   f"{self.attained_[job_id] / 3600:.2f} GPU-h, threshold "
-                                   f"{self.threshold / 3600:g}), in arrival order; fits"))
+            decisions.extend(self._place_admitted(view, job_id, key[0]))
         return decisions
 
     def next_wakeup(self, view: ClusterView) -> float | None:
