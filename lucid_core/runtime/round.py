@@ -9,6 +9,7 @@ A lease row keeps two rounds from deciding at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -518,14 +519,7 @@ class SchedulingRound:
         # main runs that may share are watched for their whole life: their speed beside a partner
         watched = run.pool == Pool.MAIN.value and not job.no_share and (job.profiled or windowed)
         if (windowed or watched) and run.node_rank == 0:
-            from pathlib import Path
-
-            from lucid_core.runtime import telemetry_agent as agent
-
-            source = Path(agent.__file__).read_text(encoding="utf-8")
-            import hashlib
-
-            digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+            source, digest = _agent_source()
             emulated = None
             if host.telemetry == "emulated":
                 emulated = self._emulated(job)
@@ -1216,6 +1210,18 @@ def _value(result: CallResult[T]) -> T:
     if result.error is not None:
         raise result.error
     return result.value  # type: ignore[return-value]
+
+
+@functools.cache
+def _agent_source() -> tuple[str, str]:
+    """The telemetry agent's source and its content digest, read once per process (every launch ships it)."""
+    import hashlib
+    from pathlib import Path
+
+    from lucid_core.runtime import telemetry_agent
+
+    source = Path(telemetry_agent.__file__).read_text(encoding="utf-8")
+    return source, hashlib.sha256(source.encode()).hexdigest()[:12]
 
 
 def _update(model: Any) -> Any:
