@@ -64,6 +64,8 @@ def _numbers(default: list, description: str, **items) -> Param:
                                          "(1: off)", minimum=0, maximum=1),
         "guard_tail": _numbers([0], "Tail guard: a job waiting this many times the recent P99 queueing goes "
                                     "first with a node reservation (0: off)", minimum=0),
+        "yield_margin": _numbers([4], "Yielding: a waiting job takes GPUs from preemptible jobs with more than this "
+                                      "many times its predicted GPU-time left (0: never stop a job)", minimum=0),
         "objective": Param("avg_jct", enum=OBJECTIVES,
                            description="What the ranking minimizes (utilization: maximizes)"),
         "max_configurations": Param(64, type="integer", minimum=1, maximum=4096),

@@ -67,6 +67,15 @@ class OrchestratorConfig:
     guard_tail: float = _knob(0.0, lo=0, doc=(
         "tail guard: a job waiting this many times the P99 queueing of recently finished jobs is overdue "
         "too (oldest first, with the guard's reservation); 0 turns it off"))
+    yield_margin: float = _knob(4.0, lo=0, doc=(
+        "yielding: a waiting job takes a node's GPUs from preemptible running jobs whose work left, in GPU-seconds, "
+        "is more than this many times its own predicted GPU-time (0: off, Lucid never stops a job)"))
+    yield_min_run: float = _knob(10.0, lo=0, doc=(
+        "yielding: a job runs at least this many times its checkpoint cost before it may be stopped"))
+    yield_max: int = _knob(1, lo=0, doc=(
+        "yielding: a job is stopped at most this many times (its queueing tail stays bounded)"))
+    yield_wide: bool = _knob(True, doc=(
+        "yielding: jobs wider than a node may be stopped too (False: only jobs within one node)"))
     long_quantile: float = _knob(1.0, lo=0, hi=1, doc=(
         "jobs whose predicted GPU-time is above this quantile of recent jobs' form one class served in "
         "arrival order (1: off, pure shortest-first)"))

@@ -93,6 +93,8 @@ class Job:
     end_time: float | None = None
     # set when the job may not share a GPU again (its pair turned unstable)
     no_share: bool = False
+    preemptible: bool = False  # the job resumes from its own checkpoints, so it may be stopped and restarted
+    yields: int = 0  # times it was stopped to let a shorter job run (Lucid's yielding)
 
     def __post_init__(self) -> None:
         if not self.job_id:

@@ -33,6 +33,7 @@ GRID_KNOBS: dict[str, str] = {
     "guard_slowdown": "orchestrator.guard_slowdown",
     "long_quantile": "orchestrator.long_quantile",
     "guard_tail": "orchestrator.guard_tail",
+    "yield_margin": "orchestrator.yield_margin",
 }
 
 #: objective -> (metric key, True when larger is better)

@@ -31,7 +31,7 @@ class SchedulingPolicy:
     """Base of every policy: the hooks a policy must implement, and the optional parts with defaults."""
 
     name: str = "policy"
-    #: True when the policy may stop running jobs (Tiresias); Lucid never does.
+    #: True when the policy may stop running jobs (Tiresias; Lucid only to yield, only jobs that resume).
     preemptive: bool = False
     #: True when new jobs go through a profiling window before the main queue.
     profiles: bool = False

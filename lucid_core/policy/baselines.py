@@ -16,7 +16,7 @@ import numpy as np
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
-from lucid_core.policy.decisions import Decision, Place, Preempt
+from lucid_core.policy.decisions import Decision, Place, Preempt, checkpoint_cost_s
 from lucid_core.policy.orchestrator import place_queue
 from lucid_core.policy.view import ClusterView, SortKey
 
@@ -131,13 +131,6 @@ class QssfPolicy(_QueueOnlyPolicy):
             self.precompute([job])
         job.predicted_duration = self.cache_.pop(job.job_id)
         view.enqueue_main(job, (job.priority, job.submit_time, job.job_id))
-
-
-def checkpoint_cost_s(config: LucidConfig, gpus: int) -> float:
-    """Run time a preemption costs a job (checkpoint + cold restart): the Lucid artifact charges
-    40 s for a job within one node and 60 s for a wider one (Tiresias measured 62 s on average)."""
-    tiresias = config.tiresias
-    return tiresias.checkpoint_cost_s if gpus <= config.cluster.gpus_per_node else tiresias.checkpoint_cost_wide_s
 
 
 class TiresiasPolicy(SchedulingPolicy):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import PolicyParts, SchedulingPolicy
 from lucid_core.policy.binder import AffinityBinder
-from lucid_core.policy.decisions import Decision
-from lucid_core.policy.orchestrator import Orchestrator, place_queue, reservation_nodes
+from lucid_core.policy.decisions import Decision, checkpoint_cost_s
+from lucid_core.policy.orchestrator import Orchestrator, exclusive_reason, place_queue, reservation_nodes
 from lucid_core.policy.predictors import (
     DurationPredictor,
     HistoryDurationPredictor,
@@ -17,11 +19,12 @@ from lucid_core.policy.predictors import (
 )
 from lucid_core.policy.profiler import SpaceAwareProfiler
 from lucid_core.policy.view import ClusterView
+from lucid_core.policy.yielding import YieldRule, yield_to_waiting
 
 
 class LucidPolicy(SchedulingPolicy):
     name = "lucid"
-    preemptive = False
+    preemptive = True  # only by yielding (policy/yielding.py), only jobs that resume from checkpoints
 
     def __init__(self, config: LucidConfig, duration_model: DurationPredictor | None = None,
                  packing_model: PackingClassifier | None = None,
@@ -37,6 +40,9 @@ class LucidPolicy(SchedulingPolicy):
                                          config.orchestrator.aging, config.orchestrator.guard_slowdown,
                                          config.profiler.tprof_s, config.orchestrator.long_quantile,
                                          guard_tail=config.orchestrator.guard_tail)
+        self.yield_rule = YieldRule(config.orchestrator.yield_margin, config.orchestrator.yield_min_run,
+                                    config.orchestrator.yield_max, wide=config.orchestrator.yield_wide)
+        self.last_yield_check_ = -math.inf
 
     def describe(self) -> PolicyParts:
         return PolicyParts(self.duration_model, self.binder.packing_model, self.forecaster, dict(self.model_sources))
@@ -95,7 +101,28 @@ class LucidPolicy(SchedulingPolicy):
             decisions.extend(self.profiler.start_windows(view))
         finally:
             view.main.release_holds()
+        if view.now - self.last_yield_check_ >= self.yield_rule.interval_s:
+            self.last_yield_check_ = view.now
+            decisions.extend(self._yield(view))
         return decisions
+
+    def _yield(self, view: ClusterView) -> list[Decision]:
+        return yield_to_waiting(
+            view, self.yield_rule, lambda job, left: self._requeue_stopped(view, job, left),
+            self._checkpoint_cost, self._guard_started, lambda job, key: exclusive_reason(view, job, key))
+
+    def _checkpoint_cost(self, job: Job) -> float:
+        return checkpoint_cost_s(self.config, job.gpus)
+
+    def _guard_started(self, job: Job) -> bool:
+        """The job started because the guard found it overdue: its allowed slowdown is spent."""
+        due = self.orchestrator.overdue_at(job)
+        return due is not None and job.start_time is not None and due <= job.start_time
+
+    def _requeue_stopped(self, view: ClusterView, job: Job, work_left_s: float) -> None:
+        """A job that yielded waits again, ordered by the work it has left."""
+        job.predicted_duration = max(work_left_s, 1.0)
+        self.orchestrator.requeue(view, job)
 
     def next_wakeup(self, view: ClusterView) -> float | None:
         times = [t for t in (view.window_heap[0][0] if view.window_heap else None,

@@ -1,9 +1,9 @@
 """Resource Orchestrator (paper section 9, algorithm 2): priority order and placement.
 
 priority = GPUs x predicted duration, ascending. A scan places every queued job that fits
-compactly (alone, or with an affine partner when the binder allows), skipping the rest: no
-preemption, ever. The scan visits only the head of each (GPU demand, share class) part of the
-queue, since jobs within a part fit or fail alike.
+compactly (alone, or with an affine partner when the binder allows), skipping the rest; the scan
+itself stops nothing (yielding, policy/yielding.py, runs after it). The scan visits only the
+head of each (GPU demand, share class) part of the queue, since jobs within a part fit or fail alike.
 
 Starvation guard (bounded slowdown): a job that has waited `guard_slowdown` times its own
 predicted run time (at least the profiling window) is *overdue*. Overdue jobs go ahead of every
@@ -129,7 +129,7 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 online = online_window_s is not None and job.profile is None
                 view.start(job_id, Pool.MAIN, gpus,
                            profiling_until=view.now + online_window_s if online else None)  # type: ignore[operator]
-                reason = _exclusive_reason(view, job, key)
+                reason = exclusive_reason(view, job, key)
                 if online:
                     reason += f"; profiled online during its first {online_window_s:g} s"
                 decisions.append(Place(job_id, gpus, reason, profile_in_place=online))
@@ -141,7 +141,7 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
             gpus = _fit_ignoring_holds(main, job.gpus, vc)
             if gpus is not None:
                 view.start(job_id, Pool.MAIN, gpus)
-                decisions.append(Place(job_id, gpus, _exclusive_reason(view, job, key)
+                decisions.append(Place(job_id, gpus, exclusive_reason(view, job, key)
                                        + "; backfilled: predicted to end before the reserved job starts"))
                 placed = True
         if not placed and find_partner is not None:
@@ -186,11 +186,25 @@ def _fit_ignoring_holds(main: GpuPool, gpus: int, vc: str) -> tuple[GpuRef, ...]
 def ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
                   place_reason: str | None = None, partner: str | None = None) -> tuple[str, str]:
     """Which rule put the job where it is, as (rule, words): "sharing" when it started on a partner's
-    GPUs, "guard" when the starvation guard moved it ahead, else "priority" (GPU-time order).
+    GPUs, "yielding" when it started on GPUs a longer job gave back, "guard" when the starvation guard
+    moved it ahead, else "priority" (GPU-time order); a job that yielded says so after its rule.
     A started job is judged by the reason of the decision that placed it; a waiting one by now."""
     if partner is not None:
         return "sharing", (f"sharing: it could not start alone, so it runs on the GPUs of {partner}, "
                            "an affine partner the binder allowed")
+    rule, words = _ordering_rule(job, now, guard_slowdown, floor_s, place_reason)
+    if job.yields:
+        words += (f"; it yielded its GPUs {job.yields} time(s) to much shorter jobs and is ordered by the work "
+                  "it has left")
+    return rule, words
+
+
+def _ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
+                   place_reason: str | None) -> tuple[str, str]:
+    if place_reason is not None and "took the GPUs of" in place_reason:
+        taken = place_reason.rsplit("took the GPUs of ", 1)[1]
+        return "yielding", (f"yielding: {taken} gave back its GPUs, having far more predicted work left than this "
+                            "job's whole predicted GPU-time")
     pred = job.predicted_duration
     if pred is None:
         return "priority", "not ordered yet: it waits for profiling or for its duration estimate"
@@ -209,7 +223,7 @@ def ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
     return "priority", words
 
 
-def _exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
+def exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
     if is_overdue_key(key) and job.predicted_duration is not None:
         waited = view.now - job.submit_time
         return (f"starvation guard: waited {waited / 3600:.2f} h, over its allowed slowdown of its predicted "
@@ -321,6 +335,14 @@ class Orchestrator:
                 heapq.heappush(view.guard_heap, (due, job.job_id))
             if self.guard_tail > 0 and not is_overdue_key(key):
                 heapq.heappush(view.arrival_heap, (job.submit_time, job.job_id))
+
+    def requeue(self, view: ClusterView, job: Job) -> None:
+        """Back into the main queue with the prediction it has (a stopped job: its work left)."""
+        key = self.sort_key(job, view.now)
+        view.enqueue_main(job, key)
+        due = self.overdue_at(job)
+        if due is not None and not is_overdue_key(key):
+            heapq.heappush(view.guard_heap, (due, job.job_id))
 
     def sort_key(self, job: Job, now: float | None = None) -> SortKey:
         if self.use_estimator:

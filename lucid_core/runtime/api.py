@@ -33,6 +33,7 @@ class SubmitBody(BaseModel):
     name: str = ""
     amp: bool = False
     long_cold_start: bool = False
+    preemptible: bool = False
     env: dict[str, str] = Field(default_factory=dict)
     workload: str | None = None
 

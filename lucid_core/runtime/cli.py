@@ -57,7 +57,8 @@ def _submit(args: argparse.Namespace) -> int:
             return 2
         env[key] = value
     request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc, name=args.name, amp=args.amp,
-                         long_cold_start=args.long_cold_start, env=env, workload=args.workload)
+                         long_cold_start=args.long_cold_start, preemptible=args.preemptible, env=env,
+                         workload=args.workload)
     try:
         job_id = submit(_store(args), request)
     except SubmissionError as exc:
@@ -477,6 +478,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--vc", required=True)
     p.add_argument("--amp", action="store_true", help="the job trains with mixed precision")
     p.add_argument("--long-cold-start", action="store_true", help="give it the longer profiling window")
+    p.add_argument("--preemptible", action="store_true",
+                   help="the job resumes from its own checkpoints, so Lucid may stop it for a much shorter job")
     p.add_argument("--env", action="append", metavar="NAME=VALUE")
     p.add_argument("--workload", default=None, help="catalog key for hosts with emulated telemetry")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")

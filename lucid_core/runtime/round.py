@@ -1035,6 +1035,7 @@ class SchedulingRound:
                 new = {"predicted_duration": job.predicted_duration,
                        "share_class": int(job.share_class) if job.share_class is not None else None,
                        "known_min_duration": job.known_min_duration, "no_share": job.no_share,
+                       "yields": job.yields,
                        "queue_position": position, "pending_reason": reason}
                 if job.state in (JobState.SUBMITTED, JobState.QUEUED):
                     new["state"] = job.state.value

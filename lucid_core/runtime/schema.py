@@ -51,6 +51,8 @@ class JobRow(Base):
     predicted_duration: Mapped[float | None] = mapped_column(Float, nullable=True)
     known_min_duration: Mapped[float] = mapped_column(Float, default=0.0)
     no_share: Mapped[bool] = mapped_column(Boolean, default=False)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False)  # it resumes from its own checkpoints
+    yields: Mapped[int] = mapped_column(Integer, default=0)  # times Lucid stopped it for a shorter job
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -52,6 +52,7 @@ class JobRequest:
     name: str = ""
     amp: bool = False
     long_cold_start: bool = False
+    preemptible: bool = False  # the job resumes from its own checkpoints: Lucid may stop and restart it
     env: Mapping[str, str] = field(default_factory=dict)
     workload: str | None = None  # catalog key for hosts with emulated telemetry
     # a client-chosen key: submitting again with the same key (same user) returns the first job
@@ -211,7 +212,7 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
                     job_id=job_id, seq=seq, name=request.name, user=request.user, vc=request.vc,
                     gpus=request.gpus, command=command_line(request.command), env=dict(request.env or {}),
                     workload=request.workload, idempotency_key=key, amp=request.amp,
-                    long_cold_start=request.long_cold_start,
+                    long_cold_start=request.long_cold_start, preemptible=request.preemptible,
                     state=JobState.SUBMITTED.value, submit_time=now))
                 s.flush()
                 s.add(JobEventRow(job_id=job_id, time=now, kind="submitted",

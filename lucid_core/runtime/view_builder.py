@@ -84,7 +84,8 @@ def job_of(row: JobRow) -> Job:
                name=row.name, amp=row.amp, long_cold_start=row.long_cold_start, state=JobState(row.state),
                profile=profile, share_class=ShareClass(row.share_class) if row.share_class is not None else None,
                predicted_duration=row.predicted_duration, known_min_duration=row.known_min_duration,
-               start_time=row.start_time, end_time=row.end_time, no_share=row.no_share)
+               start_time=row.start_time, end_time=row.end_time, no_share=row.no_share,
+               preemptible=row.preemptible, yields=row.yields)
 
 
 def profile_of_row(row: ProfileRow, amp: bool) -> Profile:

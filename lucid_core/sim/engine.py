@@ -22,8 +22,7 @@ from typing import Literal
 from lucid_core.config import LucidConfig
 from lucid_core.domain import JobState, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
-from lucid_core.policy.baselines import checkpoint_cost_s
-from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling
+from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling, checkpoint_cost_s
 from lucid_core.policy.view import ClusterView
 from lucid_core.sim.records import JobOutcome, TraceRecord, Workload
 from lucid_core.sim.start import StartState, Until

@@ -22,9 +22,11 @@ class TraceRecord:
     state: str = ""  # the trace's final state when it has one (COMPLETED, FAILED, ...)
 
     def to_job(self) -> Job:
-        """The job a policy sees: what a submission says (never the duration); a user-less trace's VC as user."""
+        """The job a policy sees: what a submission says (never the duration); a user-less trace's VC as user.
+        Trace jobs are taken to resume from checkpoints, as every preemptive simulator (Tiresias's, the
+        Lucid artifact's) takes them; a preemption costs them the configured checkpoint cost."""
         return Job(job_id=self.job_id, user=self.user or self.vc, vc=self.vc, gpus=self.gpus,
-                   submit_time=self.submit_time, name=self.name)
+                   submit_time=self.submit_time, name=self.name, preemptible=True)
 
 
 @dataclass(frozen=True, slots=True)

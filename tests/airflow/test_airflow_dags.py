@@ -70,11 +70,13 @@ def _ti_states(run) -> dict[str, list[str]]:
 
 def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home, tmp_path, monkeypatch):
     monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "live.toml"))
+    # the live configuration ages priorities and never lets a job yield: on 2 nodes the sample trace
+    # queues long enough that both cost average JCT, so the grid's settings beat it beyond the noise
+    (tmp_path / "live.toml").write_text("[orchestrator]\naging = 32.0\nyield_margin = 0.0\n")
     dag = _dagbag().dags["lucid_system_tuner"]
-    # on 2 nodes the sample trace queues long enough that priority aging changes the average JCT
     conf = {"trace_path": str(SAMPLE_TRACE), "trace_format": "generic", "main_nodes": 2,
             "tprof_s": [100, 300], "sharing": ["auto"], "aging": [0, 32], "update_cadence": ["daily"],
-            "objective": "avg_jct", "apply": True}
+            "yield_margin": [4], "objective": "avg_jct", "apply": True}
     run = dag.test(run_conf=conf)
     states = _ti_states(run)
     assert _state(run) == "success", states
@@ -93,6 +95,7 @@ def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home
     assert summary["keep_current"] is False, summary["verdict"]
     assert applied.profiler.tprof_s == best["profiler.tprof_s"]
     assert applied.orchestrator.aging == best["orchestrator.aging"] == 0
+    assert applied.orchestrator.yield_margin == 4
 
 
 def test_tuner_apply_step_is_skipped_unless_asked(airflow_db, lucid_home, tmp_path, monkeypatch):

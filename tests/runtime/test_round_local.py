@@ -145,3 +145,58 @@ def test_cli_submit_round_status_and_logs(tmp_path, capsys, monkeypatch):
     run("logs", "--store", url, job)
     assert capsys.readouterr().out == "hello world\n"
     assert run("queue", "--store", url) == 0 and job not in capsys.readouterr().out
+
+
+class _NamedPredictions:
+    """Predicts from the job's name (the test decides which job looks long and which short)."""
+
+    def __init__(self, by_name: dict[str, float]) -> None:
+        self.by_name = by_name
+
+    def predict_duration(self, jobs):
+        return [self.by_name[job.name] for job in jobs]
+
+    def observe(self, job, duration):
+        return None
+
+
+def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store, tmp_path):
+    """Yielding in the live round: a preemptible job predicted at 1 s runs on; a short job arrives and
+    takes its GPU (the long one's run is stopped with reason 'preempt', the job waits again and is
+    relaunched after); a job that did not say it resumes from checkpoints is never stopped."""
+    from runtime_helpers import runs_of
+
+    from lucid_core.policy.lucid import LucidPolicy
+
+    _local_cluster(store, tmp_path)
+    config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off", "tiresias.checkpoint_cost_s": 0.1,
+                            "orchestrator.yield_min_run": 1})
+    factory = lambda cfg, snapshot: LucidPolicy(  # noqa: E731
+        cfg, duration_model=_NamedPredictions({"long": 1.0, "pinned": 1.0, "short": 0.5}))
+    pinned = submit(store, JobRequest("sleep 60", 1, "ann", "vc-a", name="pinned"))
+    _until(store, lambda j: j[pinned].state == "RUNNING", config=config, policy_factory=factory)
+    time.sleep(3)
+    blocked = submit(store, JobRequest("sleep 1", 1, "ann", "vc-a", name="short"))
+    for _ in range(4):
+        _round(store, config, policy_factory=factory)
+        time.sleep(0.25)
+    jobs = jobs_by_id(store)
+    assert jobs[pinned].state == "RUNNING" and jobs[blocked].state == "QUEUED"  # not preemptible: never stopped
+    from lucid_core.runtime.submission import cancel
+
+    cancel(store, pinned)
+    _until(store, lambda j: j[pinned].state == "CANCELLED" and j[blocked].state == "COMPLETED",
+           config=config, policy_factory=factory)
+
+    long = submit(store, JobRequest("sleep 60", 1, "ann", "vc-a", name="long", preemptible=True))
+    _until(store, lambda j: j[long].state == "RUNNING", config=config, policy_factory=factory)
+    time.sleep(3)  # past 4 x the short job's 0.5 s: it has outlived its 1 s prediction by far
+    short = submit(store, JobRequest("sleep 1", 1, "ann", "vc-a", name="short"))
+    jobs = _until(store, lambda j: j[short].state == "COMPLETED" and j[long].state == "RUNNING",
+                  config=config, policy_factory=factory)
+    assert jobs[long].yields == 1
+    runs = runs_of(store, long)
+    assert len(runs) == 2 and runs[0].stop_reason == "preempt" and runs[0].state == "ended"
+    assert runs[1].state == "running" and runs_of(store, short)[0].planned_at >= runs[0].planned_at
+    cancel(store, long)
+    _until(store, lambda j: j[long].state == "CANCELLED", config=config, policy_factory=factory)

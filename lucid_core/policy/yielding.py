@@ -1,0 +1,198 @@
+"""Yielding: a running job whose remaining GPU-time dwarfs a waiting job's gives its GPUs back.
+
+Lucid orders the queue by predicted GPU-time and never stops a job in the usual case. Without
+any preemption, two kinds of job hold the cluster for everyone: a job the model underestimated
+(it runs on long past its prediction) and a job that is long by nature and started while the
+queue was short. Preemptive peers (Tiresias) bound both by attained service; the literature on
+size-based scheduling with estimates (SRPT on estimates, PSBS's "late" jobs) bounds them by an
+estimate of the work left, which is what this rule uses:
+
+- a running job's work left is its predicted end minus now, or, once it has outlived its
+  prediction, as long again as it has run (the doubling guess `predicted_release` makes);
+- a waiting job may take a node's GPUs from running jobs whose work left, in GPU-seconds, is more
+  than `yield_margin` times its own predicted GPU-time (a job the guard found overdue takes them
+  from any job whose work left is over that margin times the checkpoint cost's worth);
+- never from a shared pair, a job in a profiling window, a job the guard started (its slowdown is
+  already spent), one that has run less than `yield_min_run` times its checkpoint cost in this
+  run (so no job pays more than a small share of its run in restarts), or a job that did not
+  say it resumes from its checkpoints (live: the job's `preemptible` flag).
+
+A stopped job goes back to the queue keyed by its work left, so it returns when that is the least
+left; each stop raises the estimate of a late job, so churn is bounded by the margin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lucid_core.domain import GpuRef, Job, Pool
+from lucid_core.policy.decisions import Decision, Place, Preempt
+from lucid_core.policy.orchestrator import is_overdue_key, predicted_release
+from lucid_core.policy.view import ClusterView, SortKey
+
+#: a guard's overdue job competes as if its own GPU-time were this many checkpoint costs
+OVERDUE_AS_COSTS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class YieldRule:
+    """The knobs of yielding (`orchestrator.yield_margin`, `orchestrator.yield_min_run`)."""
+
+    margin: float
+    min_run: float
+    max_yields: int = 1
+    wide: bool = True
+    interval_s: float = 60.0  # checked at most this often (the first round after), like Tiresias's rounds
+    max_takers: int = 8  # waiting jobs that may claim GPUs in one round (bounds a round's work)
+
+    @property
+    def enabled(self) -> bool:
+        return self.margin > 0
+
+
+def work_left_gpu_s(view: ClusterView, job_id: str) -> float:
+    """GPU-seconds a running job is expected to still need (`predicted_release`'s estimate)."""
+    return max(0.0, predicted_release(view, job_id) - view.now) * view.jobs[job_id].gpus
+
+
+def _may_stop(view: ClusterView, job_id: str, rule: YieldRule, cost_s: Callable[[Job], float],
+              guard_started: Callable[[Job], bool]) -> bool:
+    """Whether a running job may be stopped at all (whatever the waiting job)."""
+    alloc = view.allocations[job_id]
+    job = view.jobs[job_id]
+    if alloc.pool is not Pool.MAIN or alloc.partner is not None or not job.preemptible or job.yields >= rule.max_yields:
+        return False
+    if alloc.profiling_until is not None and alloc.profiling_until > view.now:
+        return False
+    if not rule.wide and job.gpus > view.main.gpus_per_node:
+        return False
+    return view.now - alloc.start >= rule.min_run * cost_s(job) and not guard_started(job)
+
+
+def stoppable_jobs(view: ClusterView, rule: YieldRule, cost_s: Callable[[Job], float],
+                   guard_started: Callable[[Job], bool]) -> dict[str, float]:
+    """Running jobs that may yield, with their work left in GPU-seconds (one pass over the running set)."""
+    return {job_id: work_left_gpu_s(view, job_id) for job_id in view.allocations
+            if _may_stop(view, job_id, rule, cost_s, guard_started)}
+
+
+def _node_victims(view: ClusterView, name: str, need: int, whole: bool, left: dict[str, float],
+                  bound_gpu_s: float) -> list[str] | None:
+    """Running jobs to stop on one node so that `need` GPUs (every GPU when `whole`) are free;
+    None when that is not possible. Most work left first, so the fewest jobs are stopped.
+    `left`: stoppable jobs' work left; only those over `bound_gpu_s` may be stopped."""
+    node = view.main.nodes[name]
+    free = node.free
+    if whole:
+        need = node.gpus
+    if free >= need:
+        return []
+    occupants: dict[str, int] = {}
+    for slot in node.occupants:
+        for job_id in slot:
+            occupants[job_id] = occupants.get(job_id, 0) + 1
+    candidates = [j for j in occupants if left.get(j, 0.0) > bound_gpu_s]
+    if whole and len(candidates) < len(occupants):
+        return None
+    candidates.sort(key=lambda j: -left[j])
+    chosen: list[str] = []
+    for job_id in candidates:
+        if free >= need:
+            break
+        chosen.append(job_id)
+        free += occupants[job_id]
+    return chosen if free >= need else None
+
+
+def _claim(view: ClusterView, job: Job, left: dict[str, float], bound_gpu_s: float) -> list[str] | None:
+    """The running jobs whose GPUs let `job` start compactly (the fewest GPUs stopped), or None.
+    Only nodes where a stoppable job runs are looked at (a node with room would have taken the job).
+    A stopped job may span other nodes too: all of its GPUs come free."""
+    size = view.main.gpus_per_node
+    vc = view.placement_vc(job)
+    names = dict.fromkeys(ref.host for j, w in left.items() if w > bound_gpu_s for ref in view.allocations[j].gpus)
+    nodes = [n for n in view.main.nodes.values()  # pool order: ties go to the first node
+             if n.name in names and n.vc == vc and n.gpus >= min(job.gpus, size) and not n.held]
+    if job.gpus <= size:
+        best: tuple[int, list[str]] | None = None
+        for node in nodes:
+            victims = _node_victims(view, node.name, job.gpus, False, left, bound_gpu_s)
+            if victims:
+                stopped = sum(view.jobs[v].gpus for v in victims)
+                if best is None or stopped < best[0]:
+                    best = (stopped, victims)
+        return None if best is None else best[1]
+    count = -(-job.gpus // size)
+    options = []
+    for node in nodes:
+        victims = _node_victims(view, node.name, 0, True, left, bound_gpu_s)
+        if victims is not None:
+            options.append((sum(view.jobs[v].gpus for v in victims), node.name, victims))
+    empty = [n for n in view.main.nodes.values() if n.vc == vc and n.free == n.gpus and not n.held
+             and n.name not in names]
+    options.extend((0, n.name, []) for n in empty)  # whole free nodes count too
+    if len(options) < count:
+        return None
+    options.sort()
+    return list(dict.fromkeys(v for _, _, victims in options[:count] for v in victims)) or None
+
+
+def _own_gpu_s(job: Job, key: SortKey, cost_s: Callable[[Job], float]) -> float:
+    """What a waiting job competes with: its predicted GPU-time; an overdue job, a checkpoint's worth."""
+    return OVERDUE_AS_COSTS * cost_s(job) * job.gpus if is_overdue_key(key) else job.priority
+
+
+def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left: dict[str, float],
+               requeue: Callable[[Job, float], None], cost_s: Callable[[Job], float],
+               reason_of: Callable[[Job, SortKey], str]) -> list[Decision]:
+    bound = rule.margin * _own_gpu_s(job, key, cost_s)
+    victims = _claim(view, job, left, bound)
+    if not victims:
+        return []
+    decisions: list[Decision] = []
+    for victim_id in victims:
+        victim = view.jobs[victim_id]
+        left_s = left.pop(victim_id) / victim.gpus
+        view.stop(victim_id)
+        victim.yields += 1
+        requeue(victim, left_s)
+        decisions.append(Preempt(victim_id, (
+            f"yields its GPUs to {job.job_id}: about {left_s / 3600:.2f} h of its run left x {victim.gpus} GPU(s) "
+            f"is more than {rule.margin:g} x the waiting job's predicted GPU-time; it resumes from its "
+            "checkpoint when its work left is the least waiting")))
+    gpus: tuple[GpuRef, ...] | None = view.main.place_compact(job.gpus, view.placement_vc(job))
+    if gpus is not None:  # else the freed GPUs were taken by the rules of placement: next round
+        view.start(job.job_id, Pool.MAIN, gpus)
+        decisions.append(Place(job.job_id, gpus, reason_of(job, key) + f"; took the GPUs of {', '.join(victims)}"))
+    return decisions
+
+
+def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job, float], None],
+                     cost_s: Callable[[Job], float], guard_started: Callable[[Job], bool],
+                     reason_of: Callable[[Job, SortKey], str]) -> list[Decision]:
+    """After the placement scan (holds released): let the first waiting jobs in key order take GPUs
+    from running jobs with far more work left, stop those (Preempt) and start the takers (Place).
+    The guard's reserved nodes stay held for every job but the one they are reserved for.
+    `requeue(job, work_left_s)` puts a stopped job back in the queue."""
+    if not rule.enabled or len(view.queue) == 0:
+        return []
+    heads = sorted((items[0][0], items[0][1]) for items in view.queue.parts().values())[:rule.max_takers]
+    left = stoppable_jobs(view, rule, cost_s, guard_started)
+    most = max(left.values(), default=0.0)
+    heads = [(k, j) for k, j in heads if rule.margin * _own_gpu_s(view.jobs[j], k, cost_s) < most]
+    if not heads:
+        return []  # nothing running has that much work left: the usual case, one pass to find out
+    decisions: list[Decision] = []
+    reservation = view.reservation
+    for key, job_id in heads:
+        job = view.jobs[job_id]
+        if job_id not in view.queue or job.predicted_duration is None:
+            continue
+        if reservation is not None and reservation[0] != job_id:
+            view.main.hold([n for n in reservation[1] if n in view.main.nodes])
+        try:
+            decisions.extend(_take_gpus(view, job, key, rule, left, requeue, cost_s, reason_of))
+        finally:
+            view.main.release_holds()
+    return decisions

@@ -1,0 +1,102 @@
+"""Lucid's yielding rule (policy/yielding.py): exact JCTs on tiny traces."""
+
+from __future__ import annotations
+
+import pytest
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import Job, Pool
+from lucid_core.policy.lucid import LucidPolicy
+from lucid_core.policy.view import ClusterView
+from lucid_core.policy.yielding import YieldRule, yield_to_waiting
+from lucid_core.sim.engine import simulate
+from lucid_core.sim.records import TraceRecord
+
+
+class _Predicted:
+    """A duration model with fixed (possibly wrong) predictions."""
+
+    def __init__(self, predictions: dict[str, float]) -> None:
+        self.predictions = predictions
+
+    def predict_duration(self, jobs):
+        return [self.predictions[job.job_id] for job in jobs]
+
+    def observe(self, job, duration):
+        return None
+
+
+def _config(**knobs) -> LucidConfig:
+    return LucidConfig().with_overrides({"cluster.gpus_per_node": 1, "profiler.enabled": False,
+                                         "profiler.tprof_s": 1, "binder.sharing": "off",
+                                         "orchestrator.guard_slowdown": 0, "tiresias.checkpoint_cost_s": 5,
+                                         "orchestrator.yield_min_run": 10, **knobs})
+
+
+# one 1-GPU node; L is predicted to run 10 s but runs 1,000 s; S (20 s) arrives at 500, T (20 s) at 600
+TRACE = [TraceRecord("L", 0, 1000, 1), TraceRecord("S", 500, 20, 1), TraceRecord("T", 600, 20, 1)]
+PREDICTED = {"L": 10.0, "S": 20.0, "T": 20.0}
+
+
+@pytest.mark.parametrize(("knobs", "jcts", "preemptions"), [
+    # off: nobody is stopped; S and T wait for L's end at 1,000
+    ({"orchestrator.yield_margin": 0}, {"L": 1000, "S": 520, "T": 440}, 0),
+    # margin 4, at most one stop: at 500 L has outlived its 10 s prediction, so its work left is
+    # taken as 500 s (as long again), 500 GPU-s > 4 x 20: L yields to S (500..520) and resumes at 520
+    # with 500 s + the 5 s checkpoint cost (ends 1,025); at 600 T may not take it again (one stop): T waits
+    ({"orchestrator.yield_margin": 4, "orchestrator.yield_max": 1}, {"L": 1025, "S": 20, "T": 445}, 1),
+    # two stops allowed: at 600 L (work left 500 - 80 s) yields to T too and resumes at 620 with 425 + 5 s
+    ({"orchestrator.yield_margin": 4, "orchestrator.yield_max": 2}, {"L": 1050, "S": 20, "T": 20}, 2),
+    # a margin above 500 / 20: S's 20 GPU-s are not small enough next to L's work left
+    ({"orchestrator.yield_margin": 30}, {"L": 1000, "S": 520, "T": 440}, 0),
+    # L must run 200 x 5 s before it may be stopped: still protected at 500 and at 600 (the checks
+    # come at most once a minute, with the rounds that events bring)
+    ({"orchestrator.yield_margin": 4, "orchestrator.yield_min_run": 200}, {"L": 1000, "S": 520, "T": 440}, 0),
+])
+def test_a_late_job_yields_to_a_much_shorter_one(knobs, jcts, preemptions):
+    config = _config(**knobs)
+    policy = LucidPolicy(config, duration_model=_Predicted(PREDICTED))
+    result = simulate(TRACE, policy, config, main_nodes=1, check_invariants=True, keep_log=True)
+    assert {o.job_id: o.jct for o in result.outcomes} == jcts
+    assert sum(o.preemptions for o in result.outcomes) == preemptions
+    stops = [entry for entry in result.decision_log if entry[1] == "Preempt"]
+    assert len(stops) == preemptions and all(entry[2] == "L" and "yields its GPUs" in entry[3] for entry in stops)
+
+
+def test_a_job_that_does_not_resume_from_checkpoints_is_never_stopped():
+    config = _config(**{"orchestrator.yield_margin": 4})
+    view = ClusterView(config, now=0.0)
+    view.add_nodes(Pool.MAIN, 1)
+    running = Job("L", "u", "", 1, 0.0, predicted_duration=10.0, preemptible=False)
+    waiting = Job("S", "u", "", 1, 400.0, predicted_duration=20.0, preemptible=True)
+    policy = LucidPolicy(config, duration_model=_Predicted({"S": 20.0}))
+    for job in (running, waiting):
+        view.add_job(job)
+    gpus = view.main.place_compact(1, "")
+    view.start("L", Pool.MAIN, gpus)
+    view.now = 500.0
+    policy.orchestrator.requeue(view, waiting)
+    rule = YieldRule(margin=4, min_run=10)
+
+    def run_rule():
+        return yield_to_waiting(view, rule, lambda job, left: policy._requeue_stopped(view, job, left),
+                                policy._checkpoint_cost, policy._guard_started, lambda job, key: "placed")
+
+    assert run_rule() == []
+    running.preemptible = True  # the same job, saying it resumes: it yields
+    decisions = run_rule()
+    assert [type(d).__name__ for d in decisions] == ["Preempt", "Place"]
+    assert "L" in view.queue and view.allocations["S"].gpus == gpus
+    assert running.yields == 1 and running.predicted_duration == 500.0  # its work left, as long again as it ran
+
+
+def test_explain_names_yielding_for_a_job_started_on_given_back_gpus_and_for_the_job_that_yielded():
+    from lucid_core.policy.orchestrator import ordering_rule
+
+    taker = Job("S", "u", "", 1, 500.0, predicted_duration=20.0, start_time=500.0)
+    placed = "priority ...; compact exclusive fit; took the GPUs of L"
+    rule, words = ordering_rule(taker, 510.0, 8, 1, place_reason=placed)
+    assert rule == "yielding" and words.startswith("yielding: L gave back its GPUs")
+    stopped = Job("L", "u", "", 1, 0.0, predicted_duration=500.0, yields=1)
+    rule, words = ordering_rule(stopped, 510.0, 8, 1)
+    assert rule == "priority" and "yielded its GPUs 1 time(s)" in words
