@@ -74,6 +74,8 @@ class OrchestratorConfig:
         "yielding: a job runs at least this many times its checkpoint cost before it may be stopped"))
     yield_max: int = _knob(1, lo=0, doc=(
         "yielding: a job is stopped at most this many times (its queueing tail stays bounded)"))
+    yield_keep_place: bool = _knob(False, doc=(
+        "yielding: a stopped job keeps its place in the queue (its key before it yielded)"))
     yield_wide: bool = _knob(True, doc=(
         "yielding: jobs wider than a node may be stopped too (False: only jobs within one node)"))
     long_quantile: float = _knob(1.0, lo=0, hi=1, doc=(

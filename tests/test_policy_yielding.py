@@ -100,3 +100,19 @@ def test_explain_names_yielding_for_a_job_started_on_given_back_gpus_and_for_the
     stopped = Job("L", "u", "", 1, 0.0, predicted_duration=500.0, yields=1)
     rule, words = ordering_rule(stopped, 510.0, 8, 1)
     assert rule == "priority" and "yielded its GPUs 1 time(s)" in words
+
+
+@pytest.mark.parametrize(("keep_place", "jcts"), [
+    # ordered by its work left (default): at 520 L (500 s left) waits behind W (100 s), then T (20 s)
+    # goes before it at 620: L runs 640..1,145
+    (False, {"L": 1145, "S": 20, "W": 110, "T": 40}),
+    # keeping its place: L's key is its original 10 s prediction, so it resumes first at 520 and ends at
+    # 1,025 (it yielded once: T cannot take it at 600); T and W follow in key order
+    (True, {"L": 1025, "S": 20, "W": 635, "T": 445}),
+])
+def test_a_job_that_yielded_waits_by_its_work_left_or_keeps_its_place(keep_place, jcts):
+    config = _config(**{"orchestrator.yield_margin": 4, "orchestrator.yield_keep_place": keep_place})
+    trace = [*TRACE, TraceRecord("W", 510, 100, 1)]
+    policy = LucidPolicy(config, duration_model=_Predicted({**PREDICTED, "W": 100.0}))
+    result = simulate(trace, policy, config, main_nodes=1, check_invariants=True)
+    assert {o.job_id: o.jct for o in result.outcomes} == jcts

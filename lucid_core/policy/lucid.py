@@ -121,6 +121,11 @@ class LucidPolicy(SchedulingPolicy):
 
     def _requeue_stopped(self, view: ClusterView, job: Job, work_left_s: float) -> None:
         """A job that yielded waits again, ordered by the work it has left."""
+        if self.config.orchestrator.yield_keep_place:
+            key = self.orchestrator.sort_key(job, view.now)
+            job.predicted_duration = max(work_left_s, 1.0)
+            view.enqueue_main(job, key)
+            return
         job.predicted_duration = max(work_left_s, 1.0)
         self.orchestrator.requeue(view, job)
 
