@@ -133,10 +133,8 @@ def reconcile(url: str) -> dict[str, Any]:
                 return _summary(rnd, "reconcile", acquired=False)
             try:
                 rnd.load_hosts()
-                rnd.repair_unknown_hosts()
-                rnd.carry_out_pending()
-                rnd.reconcile()
-                rnd.give_up_lost_hosts()
+                rnd.repair()
+                rnd.observe()
             except Fenced as exc:
                 return _fenced(rnd, "reconcile", exc)
             except Exception:
@@ -196,8 +194,7 @@ def carry_out(url: str, decided: dict[str, Any]) -> dict[str, Any]:
                 return {"step": "carry_out", "acquired": False}
             try:
                 rnd.load_hosts()
-                rnd.carry_out_pending()
-                rnd.remove_drained_hosts()
+                rnd.execute()
             except Fenced as exc:
                 return _fenced(rnd, "carry_out", exc)
             return _summary(rnd, "carry_out", acquired=True, decisions=len(decided.get("decisions", [])))
