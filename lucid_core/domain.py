@@ -23,6 +23,18 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
 
 
+class RunState(StrEnum):
+    """A run (one job on one host, one attempt) as the store keeps it."""
+
+    PLANNED = "planned"  # decided and recorded, not launched yet
+    RUNNING = "running"  # launched: its wrapper runs on the host
+    LOST = "lost"  # its host went silent past the limit: reaped once the host answers again
+    ENDED = "ended"  # over (exit, stop, lost host reaped, or abandoned before launch)
+
+
+ACTIVE_RUN_STATES = (RunState.PLANNED, RunState.RUNNING)  # runs that hold GPUs
+
+
 class ShareClass(IntEnum):
     """Sharing score of a profiled job (paper section 8): the points it uses of a GPU's capacity."""
 

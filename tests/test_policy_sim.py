@@ -509,3 +509,19 @@ def test_long_job_class_is_served_in_arrival_order(quantile, expected):
     policy = LucidPolicy(config, duration_model=_KnownDurations({r.job_id: r.duration for r in records}))
     result = simulate(records, policy, config, main_nodes=1, check_invariants=True)
     assert _jcts(result) == expected
+
+
+def test_policy_state_round_trips_through_the_view():
+    """What a live round saves of the policy's state, a new view restores (the store keeps it as JSON)."""
+    import json
+
+    config = LucidConfig()
+    view = ClusterView(config, now=10.0)
+    view.sharing_mode, view.tprof_s, view.nprof_gpus, view.last_mode_check = SharingMode.APATHETIC, 123.0, 4, 7.0
+    view.borrowed_nodes = ["n1"]
+    saved = json.loads(json.dumps(view.policy_state()))
+    fresh = ClusterView(config, now=20.0)
+    assert fresh.restore_policy_state(saved) == {"n1"}
+    assert (fresh.sharing_mode, fresh.tprof_s, fresh.nprof_gpus, fresh.last_mode_check) == (
+        SharingMode.APATHETIC, 123.0, 4, 7.0)
+    assert ClusterView(config).restore_policy_state({}) == set()  # nothing saved yet: the config's defaults

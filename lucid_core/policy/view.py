@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import GpuRef, Job, JobState, Pool, Profile, SharingMode
@@ -77,7 +78,8 @@ class MainQueue:
 
 
 class ClusterView:
-    def __init__(self, config: LucidConfig, now: float = 0.0) -> None:
+    def __init__(self, config: LucidConfig, now: float = 0.0,
+                 profile_of: Callable[[str], Profile | None] | None = None) -> None:
         self.config = config
         self.now = now
         size, mem = config.cluster.gpus_per_node, config.cluster.gpu_memory_mb
@@ -110,7 +112,7 @@ class ClusterView:
         # (job id, node names) of the standing reservation, kept across rounds until the job starts
         self.reservation: tuple[str, list[str]] | None = None
         # the driver's way to read a job's measured profile (telemetry live, catalog in simulation)
-        self.profile_of: Callable[[str], Profile | None] = lambda job_id: None
+        self.profile_of: Callable[[str], Profile | None] = profile_of or (lambda job_id: None)
         self.last_mode_check: float | None = None
         # (job id, normalized speed) of running pairs, as the driver observes them; the binder
         # reads and clears them (the simulator knows co-located speeds; live telemetry may report)
@@ -213,6 +215,23 @@ class ClusterView:
             vc = self.placement_vc(job)
             for share_class in range(3):
                 self.share_candidates_by_class.get((vc, job.gpus, share_class), {}).pop(job_id, None)
+
+    # --- the policy's own state, kept between live rounds ----------------------------------
+    def policy_state(self) -> dict[str, Any]:
+        """What a later view must start from (the live store keeps it between rounds): sharing mode,
+        profiler parameters, the nodes borrowed into the profiling pool, the last mode check."""
+        return {"sharing_mode": self.sharing_mode.value, "tprof_s": self.tprof_s, "nprof_gpus": self.nprof_gpus,
+                "borrowed_nodes": list(self.borrowed_nodes), "last_mode_check": self.last_mode_check}
+
+    def restore_policy_state(self, state: Mapping[str, Any]) -> set[str]:
+        """Take back what `policy_state` saved; returns the borrowed nodes, which the caller places in the
+        profiling pool as it adds nodes (a node's pool is known only when it is added)."""
+        if "sharing_mode" in state:
+            self.sharing_mode = SharingMode(state["sharing_mode"])
+        self.tprof_s = float(state.get("tprof_s", self.tprof_s))
+        self.nprof_gpus = int(state.get("nprof_gpus", self.nprof_gpus))
+        self.last_mode_check = state.get("last_mode_check")
+        return set(state.get("borrowed_nodes", []))
 
     def borrow_node(self, name: str) -> None:
         """Move an idle main node into the profiling pool (a burst)."""

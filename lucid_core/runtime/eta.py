@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool
+from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool, RunState
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.view import ClusterView
 from lucid_core.runtime.store import Store
@@ -60,7 +60,7 @@ def measured_rates(snapshot: StoreSnapshot) -> dict[str, float]:
     of a job whose partner has ended is ignored by the engine (it only slows pairs).
     """
     return {r.job_id: max(MIN_MEASURED_RATE, min(1.0, r.observed_speed)) for r in snapshot.runs
-            if r.kind == "main" and r.node_rank == 0 and r.state == "running" and r.partner is not None
+            if r.kind == "main" and r.node_rank == 0 and r.state == RunState.RUNNING and r.partner is not None
             and r.observed_speed is not None}
 
 

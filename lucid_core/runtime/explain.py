@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import ShareClass
+from lucid_core.domain import ACTIVE_RUN_STATES, ShareClass
 from lucid_core.policy.orchestrator import ordering_rule
 from lucid_core.policy.predictors import HistoryDurationPredictor, UtilizationRuleClassifier
 from lucid_core.runtime.queries import shared_speeds
@@ -184,7 +184,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
     for d in decisions:
         if d.kind == "Place" and d.payload.get("partner"):
             partner, partner_reason = d.payload["partner"], d.reason
-    active = [r for r in runs if r.state in ("planned", "running")]
+    active = [r for r in runs if r.state in ACTIVE_RUN_STATES]
     if active and active[0].partner:
         partner = active[0].partner
         if partner_reason is None:  # it started alone and the partner joined it: the partner's decision says why

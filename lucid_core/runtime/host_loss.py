@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 
-from lucid_core.domain import TERMINAL_STATES, JobState
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
 from lucid_core.runtime.executor import HostCommandFailed, HostExecutor, HostUnreachable
 from lucid_core.runtime.inventory import host_address
 from lucid_core.runtime.schema import HostRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store import Store
 
-LOST_RUN_STATE = "lost"
+LOST_RUN_STATE = RunState.LOST
 UNREACHABLE_SINCE = "hosts_unreachable_since"
 
 
@@ -58,18 +58,18 @@ def mark_lost(store: Store, now: float, lost_after_s: float, *, requeue: bool = 
         return report
     with store.session() as s:
         runs = list(s.scalars(select(RunRow).where(RunRow.host.in_(list(gone)),
-                                                   RunRow.state.in_(("planned", "running")))))
+                                                   RunRow.state.in_(ACTIVE_RUN_STATES))))
         for run in runs:
-            planned = run.state == "planned"
+            planned = run.state == RunState.PLANNED
             why = f"host {run.host} unreachable for {gone[run.host]:.0f} s (lost after {lost_after_s:g} s)"
-            run.state = "ended" if planned else LOST_RUN_STATE  # a planned run never started: nothing to reap
+            run.state = RunState.ENDED if planned else LOST_RUN_STATE  # a planned run never started: nothing to reap
             run.ended_at, run.outcome = now, f"lost: {why}"[:1000]
             report.lost_runs.append(run.run_id)
             s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host.not_in(list(gone)),
-                                           RunRow.state == "running").values(stop_reason="peer_ended")
+                                           RunRow.state == RunState.RUNNING).values(stop_reason="peer_ended")
                       .execution_options(synchronize_session=False))
-            s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == "planned")
-                      .values(state="ended", ended_at=now, outcome="peer lost before launch")
+            s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == RunState.PLANNED)
+                      .values(state=RunState.ENDED, ended_at=now, outcome="peer lost before launch")
                       .execution_options(synchronize_session=False))
             job = s.get(JobRow, run.job_id)
             if job is None or JobState(job.state) in TERMINAL_STATES or job.job_id in report.requeued:
@@ -114,7 +114,7 @@ def reap_lost(store: Store, executor: HostExecutor, now: float, grace_s: float =
         with store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))
             if row is not None and row.state == LOST_RUN_STATE:
-                row.state = "ended"
+                row.state = RunState.ENDED
                 row.exit_code = status.exit_code
                 row.outcome = f"{row.outcome}; reaped when the host returned ({status.state})"[:1000]
                 s.execute(update(HostRow).where(HostRow.name == run.host).values(reachable=True, last_seen=now)

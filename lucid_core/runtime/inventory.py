@@ -7,14 +7,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from lucid_core.domain import Pool
+from lucid_core.domain import ACTIVE_RUN_STATES, Pool, RunState
 from lucid_core.runtime.executor import GpuInfo, HostAddress, HostExecutor
 from lucid_core.runtime.host_scripts import os_user_problem
 from lucid_core.runtime.lease import admin_lease
 from lucid_core.runtime.schema import GpuRow, HostRow, RunRow
 from lucid_core.runtime.store import Store
 
-ACTIVE_RUN_STATES = ("planned", "running")
 ADMIN_WAIT_S = 60.0  # how long an inventory change waits for a running round to give the lease back
 RUN_AS_MODES = ("account", "submitter")  # whom a host runs jobs as: its SSH account, or each job's user
 
@@ -151,7 +150,7 @@ def remove_host(store: Store, name: str, *, wait_s: float = ADMIN_WAIT_S) -> Non
         if row is None:
             raise InventoryError(f"no host {name!r}")
         active = s.scalars(select(RunRow.run_id).where(RunRow.host == name,
-                                                       RunRow.state.in_((*ACTIVE_RUN_STATES, "lost")))).all()
+                                                       RunRow.state.in_((*ACTIVE_RUN_STATES, RunState.LOST)))).all()
         if active:
             raise InventoryError(f"host {name} still runs {len(active)} job run(s) ({', '.join(active[:3])}); "
                                  "drain it and wait for them to end (lucid hosts drain --remove does both)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from lucid_core.domain import RunState
 from lucid_core.runtime.schema import RunRow
 from lucid_core.runtime.telemetry import SPEED_READ_BYTES, SpeedEstimate, estimate_shared_speed, parse_samples
 from lucid_core.runtime.view_builder import Snapshot
@@ -39,7 +40,7 @@ class PairObservation:
 def mutual_pairs(runs: Iterable[RunRow]) -> list[tuple[RunRow, RunRow]]:
     """Rank-0 main runs of two jobs sharing GPUs now: both running, each naming the other; each pair
     once (lower job id first)."""
-    main = {r.job_id: r for r in runs if r.kind == "main" and r.node_rank == 0 and r.state == "running"}
+    main = {r.job_id: r for r in runs if r.kind == "main" and r.node_rank == 0 and r.state == RunState.RUNNING}
     return [(run, main[run.partner]) for job_id, run in sorted(main.items())
             if run.partner in main and main[run.partner].partner == job_id and job_id < run.partner]
 

@@ -19,8 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
-from lucid_core.domain import JobState
-from lucid_core.runtime.inventory import ACTIVE_RUN_STATES
+from lucid_core.domain import ACTIVE_RUN_STATES, JobState
 from lucid_core.runtime.queries import shared_speeds
 from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, ModelVersionRow, RoundRow, RunRow
 from lucid_core.runtime.store import Store

@@ -1,5 +1,6 @@
 """The read side of the store: every view the CLI, the HTTP API and the plugin's pages show (queue, job
-status and history, logs, the GPU map, model versions) is a query here; the round and the store write."""
+status and history, logs, the GPU map, model versions), and what the Update Engine reads (the finished-job
+log, a promoted version's drift reference), is a query here; the round and the store write."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lucid_core.domain import TERMINAL_STATES, JobState
+from lucid_core.domain import TERMINAL_STATES, JobState, RunState
 from lucid_core.runtime.executor import HostExecutor
 from lucid_core.runtime.inventory import host_address
 from lucid_core.runtime.pair_speed import mutual_pairs
@@ -42,7 +43,7 @@ def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[st
     partner has ended is not listed, so what is shown is never a past pair's figure.
     """
     query = (select(RunRow, JobRow.vc).join(JobRow, JobRow.job_id == RunRow.job_id)
-             .where(RunRow.kind == "main", RunRow.node_rank == 0, RunRow.state == "running",
+             .where(RunRow.kind == "main", RunRow.node_rank == 0, RunRow.state == RunState.RUNNING,
                     RunRow.partner.is_not(None)))
     rows = session.execute(query).all()
     vc_of = {run.job_id: vc for run, vc in rows}
@@ -95,7 +96,7 @@ def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdou
         if s.get(JobRow, job_id) is None:
             raise UnknownJob(job_id)
         run = s.scalars(select(RunRow).where(RunRow.job_id == job_id, RunRow.node_rank == 0,
-                                             RunRow.state != "planned")
+                                             RunRow.state != RunState.PLANNED)
                         .order_by(RunRow.planned_at.desc()).limit(1)).first()
         host = s.get(HostRow, run.host) if run is not None else None
     if run is None or host is None:
@@ -219,3 +220,33 @@ def model_versions(store: Store) -> list[ModelVersionRow]:
     with store.session() as s:
         return list(s.scalars(select(ModelVersionRow).order_by(ModelVersionRow.kind,
                                                                ModelVersionRow.created_at.desc())))
+
+
+#: The columns of the finished-job log, in the order `finished_job_log` returns them.
+JOB_LOG_FIELDS = ("job_id", "user", "vc", "name", "gpus", "submit_time", "start_time", "end_time", "state",
+                  "gpu_util", "mem_util", "gpu_mem_mb", "amp")
+
+
+def finished_job_log(store: Store, since: float | None = None, until: float | None = None) -> list[tuple[Any, ...]]:
+    """Finished (completed, failed, cancelled) jobs submitted in [since, until) with their profile, one
+    `JOB_LOG_FIELDS` tuple per job, by submit time then job id: what the Update Engine trains on and the
+    tuner replays."""
+    where = [JobRow.state.in_(sorted(s.value for s in TERMINAL_STATES))]
+    if since is not None:
+        where.append(JobRow.submit_time >= since)
+    if until is not None:
+        where.append(JobRow.submit_time < until)
+    query = (select(*(getattr(JobRow, field) for field in JOB_LOG_FIELDS)).where(*where)
+             .order_by(JobRow.submit_time, JobRow.job_id))
+    with store.session() as s:
+        return [tuple(row) for row in s.execute(query)]
+
+
+def model_version_metrics(store: Store, kind: str, version: str) -> dict[str, Any]:
+    """The metrics of the newest `model_versions` row of `kind` at `version` ({} when there is none): the
+    drift reference (errors and inputs) the Update Engine stored when it promoted that version."""
+    with store.session() as s:
+        metrics = s.scalars(select(ModelVersionRow.metrics)
+                            .where(ModelVersionRow.kind == kind, ModelVersionRow.version == version)
+                            .order_by(ModelVersionRow.created_at.desc()).limit(1)).first()
+    return metrics if isinstance(metrics, dict) else {}

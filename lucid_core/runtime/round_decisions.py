@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, true, update
 
-from lucid_core.domain import JobState, Pool
+from lucid_core.domain import ACTIVE_RUN_STATES, JobState, Pool, RunState
 from lucid_core.policy.decisions import (
     Decision,
     Place,
@@ -80,7 +80,7 @@ class DecisionSteps(RoundBase):
         """Keep this round's pair speed estimates on the runs: eta, explain and the pages use what was measured."""
         for job_id, estimate in self._speeds.items():
             s.execute(update_unsynced(RunRow)
-                      .where(RunRow.job_id == job_id, RunRow.kind == "main", RunRow.state == "running")
+                      .where(RunRow.job_id == job_id, RunRow.kind == "main", RunRow.state == RunState.RUNNING)
                       .values(observed_speed=estimate.speed, observed_speed_at=now,
                               observed_speed_samples=estimate.samples, observed_speed_emulated=estimate.emulated))
 
@@ -108,7 +108,7 @@ class DecisionSteps(RoundBase):
             alloc = view.allocations.get(job_id)
             if alloc is not None and alloc.profiling_until is None and job_id in windowed:
                 s.execute(update_unsynced(RunRow)
-                          .where(RunRow.job_id == job_id, RunRow.state.in_(("planned", "running")),
+                          .where(RunRow.job_id == job_id, RunRow.state.in_(ACTIVE_RUN_STATES),
                                  RunRow.profiling_until.is_not(None)).values(profiling_until=None))
         return changes
 
@@ -124,9 +124,7 @@ class DecisionSteps(RoundBase):
         """The policy state the next round's view starts from (sharing mode, profiler knobs)."""
         from lucid_core.runtime.schema import SchedulerStateRow
 
-        state = {"sharing_mode": view.sharing_mode.value, "tprof_s": view.tprof_s,
-                 "nprof_gpus": view.nprof_gpus, "borrowed_nodes": list(view.borrowed_nodes),
-                 "last_mode_check": view.last_mode_check, "sharing_reason": sharing_reason}
+        state = {**view.policy_state(), "sharing_reason": sharing_reason}
         for key, value in state.items():
             row = s.get(SchedulerStateRow, key)
             if row is None:
@@ -227,10 +225,10 @@ class DecisionSteps(RoundBase):
             s.add(RunRow(run_id=run_id, host=host, job_id=job.job_id, kind="profiling" if profiling else "main",
                          pool=pool.value, gpu_indices=indices, node_rank=rank, partner=partner,
                          profile_in_place=isinstance(decision, Place) and decision.profile_in_place,
-                         profiling_until=until, state="planned", decision_id=row.id, planned_at=now))
+                         profiling_until=until, state=RunState.PLANNED, decision_id=row.id, planned_at=now))
         if partner is not None:
             s.execute(update_unsynced(RunRow)
-                      .where(RunRow.job_id == partner, RunRow.state.in_(("planned", "running")))
+                      .where(RunRow.job_id == partner, RunRow.state.in_(ACTIVE_RUN_STATES))
                       .values(partner=job.job_id, observed_speed=None, observed_speed_at=None,
                               observed_speed_samples=None, observed_speed_emulated=None))
         self._event(s, job.job_id, type(decision).__name__, f"{gpus_text(decision.gpus)}: {decision.reason}")
@@ -238,10 +236,10 @@ class DecisionSteps(RoundBase):
     def _mark_stops(self, s: Any, decision: StopProfiling | Preempt, now: float) -> None:
         """A stop: running runs get the reason (carried out on the host next), planned ones end unlaunched."""
         reason = "profiling_window" if isinstance(decision, StopProfiling) else "preempt"
-        s.execute(update_unsynced(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "running")
+        s.execute(update_unsynced(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == RunState.RUNNING)
                   .values(stop_reason=reason))
-        s.execute(update_unsynced(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == "planned")
-                  .values(state="ended", outcome=f"{reason} before launch", ended_at=now))
+        s.execute(update_unsynced(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == RunState.PLANNED)
+                  .values(state=RunState.ENDED, outcome=f"{reason} before launch", ended_at=now))
         self._event(s, decision.job_id, type(decision).__name__, decision.reason)
 
     def _unpair(self, s: Any, decision: Unpair) -> None:

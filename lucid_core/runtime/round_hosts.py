@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import delete, select
 
-from lucid_core.domain import TERMINAL_STATES, JobState
-from lucid_core.runtime.inventory import ACTIVE_RUN_STATES
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
 from lucid_core.runtime.round_base import (
     RoundBase,
     _log,
@@ -37,13 +36,13 @@ class HostInventorySteps(RoundBase):
             with self.store.session() as s:
                 ended = s.execute(update_unsynced(RunRow).where(
                     RunRow.run_id == run.run_id, RunRow.host == run.host, RunRow.state == run.state).values(
-                    state="ended", ended_at=self.clock(),
+                    state=RunState.ENDED, ended_at=self.clock(),
                     outcome=f"host {run.host} was removed from the inventory "
-                            + ("before launch" if run.state == "planned" else "while it ran"))).rowcount
+                            + ("before launch" if run.state == RunState.PLANNED else "while it ran"))).rowcount
                 job = s.get(JobRow, run.job_id)
                 if not ended or job is None or JobState(job.state) in TERMINAL_STATES:
                     continue
-                if run.state == "planned" and not job.cancel_requested:
+                if run.state == RunState.PLANNED and not job.cancel_requested:
                     back = JobState.SUBMITTED if run.kind == "profiling" and not job.profiled else JobState.QUEUED
                     if self._move_job(s, job, back, f"host {run.host} was removed before run {run.run_id} started"):
                         self.report.requeued.append(job.job_id)
@@ -58,7 +57,7 @@ class HostInventorySteps(RoundBase):
             waiting = list(s.scalars(select(HostRow).where(HostRow.remove_when_empty.is_(True))))
             for host in waiting:
                 busy = s.scalar(select(RunRow.run_id).where(
-                    RunRow.host == host.name, RunRow.state.in_((*ACTIVE_RUN_STATES, "lost"))).limit(1))
+                    RunRow.host == host.name, RunRow.state.in_((*ACTIVE_RUN_STATES, RunState.LOST))).limit(1))
                 if busy is not None:
                     continue
                 s.execute(delete(GpuRow).where(GpuRow.host == host.name))

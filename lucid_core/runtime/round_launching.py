@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import distinct, func, select
 
-from lucid_core.domain import TERMINAL_STATES, JobState, Pool
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, Pool, RunState
 from lucid_core.runtime import lease
 from lucid_core.runtime.executor import (
     HostCommandFailed,
@@ -50,9 +50,9 @@ class LaunchSteps(RoundBase):
     def carry_out_pending(self) -> None:
         """Launch planned runs and stop runs that have a stop reason; mark decisions done."""
         with self.store.session() as s:
-            planned = list(s.scalars(select(RunRow).where(RunRow.state == "planned")
+            planned = list(s.scalars(select(RunRow).where(RunRow.state == RunState.PLANNED)
                                      .order_by(RunRow.planned_at, RunRow.node_rank)))
-            stopping = list(s.scalars(select(RunRow).where(RunRow.state == "running",
+            stopping = list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING,
                                                            RunRow.stop_reason.is_not(None))))
         down = self._stop_runs(stopping, "stop")
         still_stopping = {r.job_id for r in stopping if r.host in down}
@@ -66,7 +66,7 @@ class LaunchSteps(RoundBase):
                 with self.store.session() as s:
                     job = s.get(JobRow, run.job_id)
                     still_planned = s.scalar(select(RunRow.state).where(
-                        RunRow.run_id == run.run_id, RunRow.host == run.host)) == "planned"
+                        RunRow.run_id == run.run_id, RunRow.host == run.host)) == RunState.PLANNED
                 if not still_planned:
                     continue  # another node's launch failed this round and ended this one: nothing of it may start
                 if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
@@ -97,7 +97,7 @@ class LaunchSteps(RoundBase):
         know; a run still planned is the new holder's to launch (the host answers already_launched)."""
         with self.raw_store.session() as s:
             state = s.scalar(select(RunRow.state).where(RunRow.run_id == run.run_id, RunRow.host == run.host))
-        if state in ("planned", "running"):
+        if state in ACTIVE_RUN_STATES:
             return
         _log.warning("round %s: run %s reached %s after the lease was lost (store: %s); stopping it",
                      self.report.round_id, run.run_id, run.host, state or "no row")
@@ -130,7 +130,7 @@ class LaunchSteps(RoundBase):
         result = outcome.value
         assert result is not None
         now = self.clock()
-        values: dict[str, Any] = {"state": "running", "pid": result.pid, "started_at": now}
+        values: dict[str, Any] = {"state": RunState.RUNNING, "pid": result.pid, "started_at": now}
         if run.profiling_until is not None and not result.already_launched:
             # the window is the job's: it counts from the launch, not from when it was planned
             values["profiling_until"] = now + (run.profiling_until - run.planned_at)
@@ -149,13 +149,13 @@ class LaunchSteps(RoundBase):
     def _close_decisions(self) -> None:
         with self.store.session() as s:
             open_ids = set(s.scalars(select(RunRow.decision_id).where(
-                RunRow.decision_id.is_not(None), RunRow.state == "planned")))
+                RunRow.decision_id.is_not(None), RunRow.state == RunState.PLANNED)))
             for decision in s.scalars(select(DecisionRow).where(DecisionRow.status == "pending")):
                 if decision.id not in open_ids and decision.kind in {"StartProfiling", "Place"}:
                     decision.status, decision.executed_at = "done", self.clock()
                 elif decision.kind in {"StopProfiling", "Preempt"}:
                     busy = s.scalar(select(RunRow.run_id).where(
-                        RunRow.job_id == decision.job_id, RunRow.state == "running",
+                        RunRow.job_id == decision.job_id, RunRow.state == RunState.RUNNING,
                         RunRow.stop_reason.is_not(None)).limit(1))
                     if busy is None:
                         decision.status, decision.executed_at = "done", self.clock()
@@ -233,7 +233,7 @@ class LaunchSteps(RoundBase):
     def _abandon(self, run: RunRow, why: str) -> None:
         with self.store.session() as s:
             s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
-                state="ended", ended_at=self.clock(), outcome=why))
+                state=RunState.ENDED, ended_at=self.clock(), outcome=why))
 
     def _launch_failed(self, run: RunRow, why: str, final: bool = False, conflict: bool = False) -> None:
         """The host refused the launch: end the run and put the job back where it waits (or fail it when
@@ -245,10 +245,10 @@ class LaunchSteps(RoundBase):
         """
         with self.store.session() as s:
             for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
-                if peer.state == "running" and peer.host != run.host:
+                if peer.state == RunState.RUNNING and peer.host != run.host:
                     peer.stop_reason = peer.stop_reason or "peer_ended"
-                elif peer.state in ("planned", "running"):
-                    peer.state, peer.ended_at = "ended", self.clock()
+                elif peer.state in ACTIVE_RUN_STATES:
+                    peer.state, peer.ended_at = RunState.ENDED, self.clock()
                     peer.outcome = f"{'conflict' if conflict else 'launch failed'}: {why}"[:1000]
             s.flush()
             failures = s.scalar(select(func.count(distinct(RunRow.run_id))).where(  # tries, not nodes
@@ -260,7 +260,7 @@ class LaunchSteps(RoundBase):
             if conflict:
                 failures = 0
                 other = s.scalar(select(RunRow.run_id).where(RunRow.job_id == run.job_id, RunRow.run_id != run.run_id,
-                                                             RunRow.state.in_(("planned", "running"))).limit(1))
+                                                             RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
                 if other is not None:
                     return  # the job runs (or is about to) as another run: that one decides its fate
             if final:
@@ -279,7 +279,7 @@ class LaunchSteps(RoundBase):
         """Stop now (TERM, grace, KILL) the nodes of `run_id` that a failed launch marked `peer_ended`; returns
         the hosts that did not answer (their nodes stay running with the stop reason: later rounds retry)."""
         with self.store.session() as s:
-            peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run_id, RunRow.state == "running",
+            peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run_id, RunRow.state == RunState.RUNNING,
                                                         RunRow.stop_reason.is_not(None))))
         return self._stop_runs(peers, "peer_ended")
 
@@ -317,7 +317,7 @@ class LaunchSteps(RoundBase):
 
     def carry_out_pending_stops(self) -> None:
         with self.store.session() as s:
-            stopping = list(s.scalars(select(RunRow).where(RunRow.state == "running",
+            stopping = list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING,
                                                            RunRow.stop_reason.is_not(None))))
         self._stop_runs(stopping, "stop")
 
@@ -327,13 +327,13 @@ class LaunchSteps(RoundBase):
             jobs = list(s.scalars(select(JobRow).where(JobRow.cancel_requested.is_(True), JobRow.state.in_(active))))
             for job in jobs:
                 runs = list(s.scalars(select(RunRow).where(RunRow.job_id == job.job_id,
-                                                           RunRow.state.in_(("planned", "running")))))
+                                                           RunRow.state.in_(ACTIVE_RUN_STATES))))
                 for run in runs:
-                    if run.state == "planned":
-                        run.state, run.ended_at, run.outcome = "ended", self.clock(), "cancelled before launch"
+                    if run.state == RunState.PLANNED:
+                        run.state, run.ended_at, run.outcome = RunState.ENDED, self.clock(), "cancelled before launch"
                     else:
                         run.stop_reason = "cancel"
-                if not any(r.state == "running" for r in runs):
+                if not any(r.state == RunState.RUNNING for r in runs):
                     ended = s.execute(update_unsynced(JobRow).where(
                         JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES)).values(
                         state=JobState.CANCELLED.value, end_time=self.clock(), end_reason="cancelled",

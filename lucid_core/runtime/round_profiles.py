@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 
+from lucid_core.domain import RunState
 from lucid_core.runtime.executor import (
     HostCommandFailed,
     HostUnreachable,
@@ -54,7 +55,7 @@ class ProfileSteps(RoundBase):
         with self.store.session() as s:
             due = list(s.scalars(
                 select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
-                .where(RunRow.state == "running", RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
+                .where(RunRow.state == RunState.RUNNING, RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
                        RunRow.profiling_until <= now, RunRow.stop_reason.is_(None), JobRow.profiled.is_(False))))
         due = [run for run in due if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
         batches: dict[str, list[Callable[[], str]]] = {}

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from lucid_core.domain import TERMINAL_STATES, JobState
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
 from lucid_core.runtime.executor import (
     HostCommandFailed,
     HostUnreachable,
@@ -39,7 +39,7 @@ class SettlingSteps(RoundBase):
         """Poll every host with active runs; end what ended; collect telemetry; honour cancels."""
         now = self.now
         with self.store.session() as s:
-            runs = list(s.scalars(select(RunRow).where(RunRow.state == "running")))
+            runs = list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING)))
         by_host: dict[str, list[RunRow]] = {}
         for run in runs:
             by_host.setdefault(run.host, []).append(run)
@@ -158,12 +158,12 @@ class SettlingSteps(RoundBase):
             outcome += f"; the stop also killed {status.escaped} of its processes that had left its process group"
         with self.store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))
-            if row is None or row.state == "ended":
+            if row is None or row.state == RunState.ENDED:
                 return
-            row.state, row.ended_at, row.exit_code, row.outcome = "ended", now, status.exit_code, outcome
+            row.state, row.ended_at, row.exit_code, row.outcome = RunState.ENDED, now, status.exit_code, outcome
             s.flush()
             still = s.scalar(select(RunRow.host).where(RunRow.run_id == run.run_id,
-                                                       RunRow.state.in_(("planned", "running"))).limit(1))
+                                                       RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
             job = s.get(JobRow, run.job_id)
             if job is None or JobState(job.state) in TERMINAL_STATES:
                 return
@@ -172,7 +172,7 @@ class SettlingSteps(RoundBase):
                 # job now and takes the other nodes down with it.
                 if status.state == "EXITED" and status.exit_code == 0:
                     return
-                s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == "running")
+                s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == RunState.RUNNING)
                           .values(stop_reason="peer_ended"))
                 self._end_job(s, job, JobState.FAILED, status.exit_code,
                               f"node {run.host} (rank {run.node_rank}): {outcome}", run)

@@ -16,7 +16,16 @@ from typing import Any
 from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import TERMINAL_STATES, GpuRef, Job, JobState, Pool, Profile, ShareClass, SharingMode
+from lucid_core.domain import (
+    ACTIVE_RUN_STATES,
+    TERMINAL_STATES,
+    GpuRef,
+    Job,
+    JobState,
+    Pool,
+    Profile,
+    ShareClass,
+)
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.predictors import Forecast, HistoryDurationPredictor, RecentSlotsForecaster
 from lucid_core.policy.view import ClusterView
@@ -24,7 +33,7 @@ from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, ProfileRow, RunRo
 from lucid_core.runtime.store import Store
 
 HOLD_PREFIX = "~hold:"
-ACTIVE_RUNS = ("planned", "running")
+ACTIVE_RUNS = ACTIVE_RUN_STATES
 HISTORY_LIMIT = 50000
 
 
@@ -210,14 +219,11 @@ def fleet_config(config: LucidConfig, gpu_counts: Iterable[int]) -> LucidConfig:
 def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_factory: PolicyFactory) -> BuiltView:
     config = fleet_config(config, snapshot.gpu_counts.values())
     policy = policy_factory(config, snapshot)
-    view = ClusterView(config, now=now)
-    state = snapshot.state
-    if "sharing_mode" in state:
-        view.sharing_mode = SharingMode(state["sharing_mode"])
-    view.tprof_s = float(state.get("tprof_s", view.tprof_s))
-    view.nprof_gpus = int(state.get("nprof_gpus", view.nprof_gpus))
-    view.last_mode_check = state.get("last_mode_check")
-    borrowed = set(state.get("borrowed_nodes", []))
+    jobs = {job_id: job_of(row) for job_id, row in snapshot.jobs.items()}
+    profiles = snapshot.profiles
+    view = ClusterView(config, now=now, profile_of=lambda job_id: (
+        profile_of_row(profiles[job_id], jobs[job_id].amp) if job_id in profiles and job_id in jobs else None))
+    borrowed = view.restore_policy_state(snapshot.state)
     available: set[str] = set()
     for host in snapshot.hosts:
         count = snapshot.gpu_counts.get(host.name, 0)
@@ -238,10 +244,6 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     placed_on = {name for pool in (view.main, view.profiling) for name in pool.nodes}
     # frozen: a stop is pending, or a run sits on a host the inventory no longer has (the round repairs it)
     frozen = {j for j, runs in runs_by_job.items() if any(r.stop_reason or r.host not in placed_on for r in runs)}
-    jobs = {job_id: job_of(row) for job_id, row in snapshot.jobs.items()}
-    profiles = snapshot.profiles
-    view.profile_of = lambda job_id: (profile_of_row(profiles[job_id], jobs[job_id].amp)
-                                      if job_id in profiles and job_id in jobs else None)
 
     held: dict[tuple[str, str], list[int]] = {}  # (pool, host) -> GPU indices held
     # running jobs become allocations: lone runs and pair founders first, then partners

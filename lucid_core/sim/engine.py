@@ -109,6 +109,8 @@ class Simulation:
         self.speeds = speeds or default_speeds
         self.check_invariants, self.keep_log, self.progress = check_invariants, keep_log, progress
         self.start, self.until = start, until
+        # profiles measured before the run (a live start state's); a trace job's come from its workload
+        self._measured_profile: Callable[[str], Profile | None] = lambda job_id: None
         self.view = self._initial_view(main_nodes, profiling_nodes)
         self.carried = start.jobs if start is not None else ()
         too_wide = [r.job_id for r in records if r.gpus > self.view.main.total_gpus]
@@ -120,8 +122,9 @@ class Simulation:
         self.seq = 0
         self._load(workloads)
         policy.precompute([r.to_job() for r in records])
-        self._measured_profile = self.view.profile_of  # what the view knew before: no profile in a fresh view
-        self.view.profile_of = self._profile_of
+        if self.start is not None:  # a live view caught mid-run: its measured profiles, then the trace's
+            self._measured_profile = self.view.profile_of
+            self.view.profile_of = self._profile_of
         self.outcomes: list[JobOutcome] = []
         first = (records[0].submit_time if records else 0.0, 0)
         self.timeline: list[tuple[float, int]] = [first] if start is None else [(start.now, self.view.main.busy_gpus)]
@@ -136,7 +139,7 @@ class Simulation:
     def _initial_view(self, main_nodes: int, profiling_nodes: int | None) -> ClusterView:
         """An empty cluster of the given size, or the start state's cluster caught mid-run."""
         if self.start is None:
-            view = ClusterView(self.config)
+            view = ClusterView(self.config, profile_of=self._profile_of)
             view.add_nodes(Pool.MAIN, main_nodes)
             if self.policy.profiles:
                 view.add_nodes(Pool.PROFILING,
