@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from lucid_core.config import load_live_config
+from lucid_core.runtime.history_table import STATE_ALIASES, history_columns, history_lines, local_time, parse_since
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -37,10 +38,6 @@ def _store(args: argparse.Namespace) -> Any:
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, indent=2, default=str) if args.as_json else text)
-
-
-def _when(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -115,78 +112,11 @@ def _duration(seconds: float | None) -> str:
     return "-" if seconds is None else duration_words(seconds)
 
 
-def _clock(seconds: float | None) -> str:
-    """Elapsed time as sacct prints it: [D-]HH:MM:SS."""
-    if seconds is None:
-        return "-"
-    whole = round(seconds)
-    days, rest = divmod(whole, 86400)
-    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
-
-
-#: `lucid history --format` names (sacct's where one exists) -> history field
-HISTORY_COLUMNS = {"jobid": "job_id", "job_id": "job_id", "jobname": "name", "name": "name", "user": "user",
-                   "vc": "vc", "account": "vc", "gpus": "gpus", "allocgpus": "gpus", "state": "state",
-                   "submit": "submit_time", "start": "start_time", "end": "end_time", "queued": "queued_s",
-                   "elapsed": "elapsed_s", "exitcode": "exit_code", "exit_code": "exit_code", "reason": "end_reason",
-                   "end_reason": "end_reason", "inprofiling": "ended_in_profiling"}
-_HISTORY_HEADERS = {"job_id": "JOBID", "name": "JOBNAME", "submit_time": "SUBMIT", "start_time": "START",
-                    "end_time": "END", "queued_s": "QUEUED", "elapsed_s": "ELAPSED", "exit_code": "EXITCODE",
-                    "end_reason": "REASON", "ended_in_profiling": "INPROFILING"}
-_STATE_ALIASES = {"CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "COMPLETE": "COMPLETED",
-                  "CANCELED": "CANCELLED"}
-
-
-def parse_since(text: str, now: float) -> float:
-    """A point in time from `2026-12-01`, `2026-12-01T10:00`, or an age like `90m`, `6h`, `3d`, `1w` ago."""
-    import re
-    from datetime import datetime
-
-    text = text.strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text)
-    if match:
-        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[match.group(2)]
-        return now - float(match.group(1)) * unit
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise ValueError(f"--since/--until {text!r}: give a date (2026-12-01), a date-time (2026-12-01T10:00) "
-                         "or an age (90m, 6h, 3d, 1w)") from None
-
-
-def history_columns(text: str | None) -> list[str]:
-    """`--format` as history fields (case-insensitive, sacct names accepted); an error naming the bad one."""
-    from lucid_core.runtime.queries import HISTORY_DEFAULT_FIELDS
-
-    if not text:
-        return list(HISTORY_DEFAULT_FIELDS)
-    fields = []
-    for name in (n.strip() for n in text.split(",") if n.strip()):
-        field = HISTORY_COLUMNS.get(name.lower().split("%")[0])
-        if field is None:
-            raise ValueError(f"--format: unknown field {name!r}; known: {', '.join(sorted(set(HISTORY_COLUMNS)))}")
-        fields.append(field)
-    return fields
-
-
-def _history_cell(field: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if field.endswith("_time"):
-        return _when(value)
-    if field.endswith("_s"):
-        return _clock(value)
-    if isinstance(value, bool):
-        return "yes" if value else ""
-    return str(value)
-
-
 def _history(args: argparse.Namespace) -> int:
     from lucid_core.runtime.queries import HistoryQuery, history
 
     now = time.time()
-    states = tuple(_STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
+    states = tuple(STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
                    for s in (args.state or "").split(",") if s.strip())
     query = HistoryQuery(user=args.user, vc=args.vc, states=states,
                          since=parse_since(args.since, now) if args.since else None,
@@ -203,10 +133,7 @@ def _history(args: argparse.Namespace) -> int:
         print("no finished job matches" + (" (the store has none yet)" if not page.total and not (
             args.user or args.vc or states or args.since or args.until) else ""))
         return 0
-    table = [[_HISTORY_HEADERS.get(f, f.upper()) for f in fields]]
-    table += [[_history_cell(f, row[f]) for f in fields] for row in page.rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(fields))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    lines = history_lines(fields, page.rows)
     shown = f"{query.offset + 1}-{query.offset + len(page.rows)} of {page.total}"
     more = f"; next page: --offset {query.offset + len(page.rows)}" if query.offset + len(page.rows) < page.total \
         else ""
@@ -222,8 +149,8 @@ def _status(args: argparse.Namespace) -> int:
     text = "\n".join([
         f"{data['job_id']} {data['state']}  {data['name'] or '(no name)'}  {data['gpus']} GPU(s)  user {data['user']}  "
         f"VC {data['vc']}",
-        f"submitted {_when(data['submit_time'])}  started {_when(data['start_time'])}  "
-        f"ended {_when(data['end_time'])}{exit_code}",
+        f"submitted {local_time(data['submit_time'])}  started {local_time(data['start_time'])}  "
+        f"ended {local_time(data['end_time'])}{exit_code}",
         *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {r['outcome'] or ''}"
           for r in data["runs"]),
         *([f"waiting: {data['pending_reason']}"] if data["pending_reason"] else []),
@@ -313,7 +240,7 @@ def _explain(args: argparse.Namespace) -> int:
         lines.append(f"ordered by {data['ordered_by']['why']}")
     recorded = prio.get("recorded")
     if recorded:
-        lines.append(f"  used when placed ({_when(recorded['time'])}): {recorded['note']}")
+        lines.append(f"  used when placed ({local_time(recorded['time'])}): {recorded['note']}")
     now_says = explain_terms(prio.get("duration") or {})
     if now_says and not (recorded and len(now_says) == 1 and now_says[0] in recorded["note"]):
         lines.append("  the duration model now says:" if recorded else "  the duration model says:")
@@ -333,7 +260,7 @@ def _explain(args: argparse.Namespace) -> int:
     if data["pending"]:
         lines.append(f"waiting (position {data['pending']['position']}): {data['pending']['reason']}")
     for d in data["decisions"]:
-        lines.append(f"  {_when(d['time'])} {d['kind']} [{d['status']}]: {d['reason']}")
+        lines.append(f"  {local_time(d['time'])} {d['kind']} [{d['status']}]: {d['reason']}")
     _print(args, data, "\n".join(lines))
     return 0
 
@@ -346,7 +273,8 @@ def _eta(args: argparse.Namespace) -> int:
         eta = estimate(_store(args), args.job, _config(args), time.time())
     except KeyError:
         raise UnknownJob(args.job) from None
-    _print(args, asdict(eta), f"{eta.job_id} {eta.state}: start {_when(eta.start)}, end {_when(eta.end)} ({eta.note})")
+    _print(args, asdict(eta),
+           f"{eta.job_id} {eta.state}: start {local_time(eta.start)}, end {local_time(eta.end)} ({eta.note})")
     return 0
 
 
