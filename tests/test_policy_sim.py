@@ -525,3 +525,35 @@ def test_policy_state_round_trips_through_the_view():
     assert (fresh.sharing_mode, fresh.tprof_s, fresh.nprof_gpus, fresh.last_mode_check) == (
         SharingMode.APATHETIC, 123.0, 4, 7.0)
     assert ClusterView(config).restore_policy_state({}) == set()  # nothing saved yet: the config's defaults
+
+
+def test_a_policy_declares_its_placement_once_and_every_scan_uses_it():
+    """Placement is one small protocol (policy/placement.py): a policy that swaps it places its jobs
+    through the one it declares; compact is the default."""
+    from lucid_core.policy.placement import COMPACT
+
+    class LastNodeFirst:
+        name = "last-node-first"
+
+        def place(self, pool, gpus, vc=""):
+            for node in reversed(list(pool.nodes.values())):
+                if node.vc == vc and node.free >= gpus and not node.held and gpus <= node.gpus:
+                    return tuple(GpuRef(node.name, i) for i in node.empty_gpus()[:gpus])
+            return None
+
+    config = LucidConfig().with_overrides({"cluster.gpus_per_node": 2, "profiler.enabled": False})
+    for placement, host in ((None, "node0000"), (LastNodeFirst(), "node0002")):
+        policy = FifoPolicy(config)
+        assert policy.placement is COMPACT
+        if placement is not None:
+            policy.placement = placement
+        view = ClusterView(config)
+        view.add_nodes(Pool.MAIN, 3)
+        job = Job("A", "u", "", 1, 0.0)
+        view.add_job(job)
+        policy.on_submit(view, job)
+        [decision] = policy.schedule(view)
+        assert isinstance(decision, Place) and {g.host for g in decision.gpus} == {host}
+        records = _records(("A", 0, 10), ("B", 1, 10))
+        result = simulate(records, policy, config, main_nodes=3, check_invariants=True)
+        assert _jcts(result) == {"A": 10, "B": 10}

@@ -13,6 +13,7 @@ from typing import Any
 
 from lucid_core.domain import Job, Profile
 from lucid_core.policy.decisions import Decision
+from lucid_core.policy.placement import COMPACT, Placement
 from lucid_core.policy.view import ClusterView
 
 
@@ -35,6 +36,8 @@ class SchedulingPolicy:
     preemptive: bool = False
     #: True when new jobs go through a profiling window before the main queue.
     profiles: bool = False
+    #: where the policy's main-cluster starts go (placement.py); compact unless a policy says otherwise
+    placement: Placement = COMPACT
 
     def on_submit(self, view: ClusterView, job: Job) -> None:
         """A job arrived: put it in the profiling queue or the main queue."""

@@ -48,7 +48,7 @@ class _QueueOnlyPolicy(SchedulingPolicy):
         return None
 
     def schedule(self, view: ClusterView) -> list[Decision]:
-        return place_queue(view, None, strict_order=self.strict_order)
+        return place_queue(view, None, strict_order=self.strict_order, placement=self.placement)
 
     def next_wakeup(self, view: ClusterView) -> float | None:
         return None
@@ -235,7 +235,7 @@ class TiresiasPolicy(SchedulingPolicy):
     def _place_admitted(self, view: ClusterView, job_id: str, queue: float) -> list[Decision]:
         """Start an admitted job compactly; one that does not fit compactly waits for the next round."""
         job = view.jobs[job_id]
-        gpus = view.main.place_compact(job.gpus, view.placement_vc(job))
+        gpus = self.placement.place(view.main, job.gpus, view.placement_vc(job))
         if gpus is None:
             return []
         view.start(job_id, Pool.MAIN, gpus)

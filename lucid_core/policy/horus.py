@@ -81,7 +81,7 @@ class HorusPolicy(SchedulingPolicy):
         self.duration_model.observe(job, run_time)
 
     def schedule(self, view: ClusterView) -> list[Decision]:
-        return place_queue(view, self._least_loaded_partner)
+        return place_queue(view, self._least_loaded_partner, placement=self.placement)
 
     def next_wakeup(self, view: ClusterView) -> float | None:
         return None

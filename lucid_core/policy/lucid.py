@@ -34,7 +34,7 @@ class LucidPolicy(SchedulingPolicy):
         self.model_sources: dict[str, str] = {}  # model kind -> where it came from (the live round fills it)
         self.duration_model = duration_model or HistoryDurationPredictor()
         self.forecaster = forecaster or RecentSlotsForecaster(config.forecast.slot_s)
-        self.profiler = SpaceAwareProfiler(config.profiler)
+        self.profiler = SpaceAwareProfiler(config.profiler, self.placement)
         self.binder = AffinityBinder(config.binder, packing_model)
         self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator,
                                          config.orchestrator.aging, config.orchestrator.guard_slowdown,
@@ -97,7 +97,8 @@ class LucidPolicy(SchedulingPolicy):
         view.reserved_for = None
         try:
             decisions.extend(place_queue(view, self._partner, online_window_s=online, reserve=reserve,
-                                         backfill_reserved=self.config.orchestrator.backfill_reserved))
+                                         backfill_reserved=self.config.orchestrator.backfill_reserved,
+                                         placement=self.placement))
             decisions.extend(self.profiler.start_windows(view))
         finally:
             view.main.release_holds()
@@ -109,7 +110,8 @@ class LucidPolicy(SchedulingPolicy):
     def _yield(self, view: ClusterView) -> list[Decision]:
         return yield_to_waiting(
             view, self.yield_rule, lambda job, left: self._requeue_stopped(view, job, left),
-            self._checkpoint_cost, self._guard_started, lambda job, key: exclusive_reason(view, job, key))
+            self._checkpoint_cost, self._guard_started, lambda job, key: exclusive_reason(view, job, key),
+            self.placement)
 
     def _checkpoint_cost(self, job: Job) -> float:
         return checkpoint_cost_s(self.config, job.gpus)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from lucid_core.domain import GpuRef, Job, Pool
 from lucid_core.policy.decisions import Decision, Place
-from lucid_core.policy.placement import GpuPool
+from lucid_core.policy.placement import COMPACT, GpuPool, Placement
 from lucid_core.policy.predictors import DurationPredictor
 from lucid_core.policy.view import ClusterView, SortKey
 
@@ -94,7 +94,8 @@ def reservation_start(view: ClusterView, job: Job, names: list[str]) -> float:
 
 def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 strict_order: bool = False, online_window_s: float | None = None,
-                reserve: Reserver | None = None, backfill_reserved: bool = False) -> list[Decision]:
+                reserve: Reserver | None = None, backfill_reserved: bool = False,
+                placement: Placement = COMPACT) -> list[Decision]:
     """Scan the main queue in key order and place what fits.
 
     `find_partner(view, job)` returns (partner id, reason) for a job with no exclusive fit.
@@ -104,7 +105,7 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
     `reserve(view, job)`: nodes to hold for the first overdue job that cannot start; they stay
     out of every fit test until the caller's `view.main.release_holds()`.
     `backfill_reserved` (EASY backfilling): a job predicted to end before the reserved job is
-    predicted to start may still use the reserved nodes.
+    predicted to start may still use the reserved nodes. `placement`: the policy's (compact by default).
     """
     decisions: list[Decision] = []
     parts = view.queue.parts()
@@ -124,7 +125,7 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
         vc = part[0]
         placed = False
         if job.gpus < smallest_unfit.get(vc, 1 << 30):
-            gpus = main.place_compact(job.gpus, vc)
+            gpus = placement.place(main, job.gpus, vc)
             if gpus is not None:
                 online = online_window_s is not None and job.profile is None
                 view.start(job_id, Pool.MAIN, gpus,
@@ -138,7 +139,7 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 smallest_unfit[vc] = job.gpus
         if (not placed and shadow is not None and job.predicted_duration is not None
                 and view.now + job.predicted_duration <= shadow):
-            gpus = _fit_ignoring_holds(main, job.gpus, vc)
+            gpus = _fit_ignoring_holds(main, job.gpus, vc, placement)
             if gpus is not None:
                 view.start(job_id, Pool.MAIN, gpus)
                 decisions.append(Place(job_id, gpus, exclusive_reason(view, job, key)
@@ -173,12 +174,12 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
     return decisions
 
 
-def _fit_ignoring_holds(main: GpuPool, gpus: int, vc: str) -> tuple[GpuRef, ...] | None:
-    """A compact fit that may use held nodes (the holds stay afterwards)."""
+def _fit_ignoring_holds(main: GpuPool, gpus: int, vc: str, placement: Placement) -> tuple[GpuRef, ...] | None:
+    """A fit that may use held nodes (the holds stay afterwards)."""
     held = list(main.held)
     main.release_holds()
     try:
-        return main.place_compact(gpus, vc)
+        return placement.place(main, gpus, vc)
     finally:
         main.hold(held)
 

@@ -10,6 +10,7 @@ best-fit node for the remainder. Fit tests are O(node size), not O(nodes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from lucid_core.domain import GpuRef
 
@@ -226,3 +227,25 @@ def fleet_could_hold(gpus: int, node_gpus: list[int], size: int) -> bool:
     if rest == 0:
         return full >= whole
     return full > whole or (full == whole and any(rest <= n < size for n in node_gpus))
+
+
+class Placement(Protocol):
+    """Where a job of `gpus` GPUs goes in a pool's nodes of one VC; None when it does not fit now.
+    A policy declares its placement once (`SchedulingPolicy.placement`); every scan of it uses that."""
+
+    name: str
+
+    def place(self, pool: GpuPool, gpus: int, vc: str = "") -> tuple[GpuRef, ...] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CompactPlacement:
+    """The default: best-fit node within a node, whole free nodes plus one best fit for wider jobs."""
+
+    name: str = "compact"
+
+    def place(self, pool: GpuPool, gpus: int, vc: str = "") -> tuple[GpuRef, ...] | None:
+        return pool.place_compact(gpus, vc)
+
+
+COMPACT = CompactPlacement()

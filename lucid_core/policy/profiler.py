@@ -13,13 +13,15 @@ import heapq
 from lucid_core.config import ProfilerConfig
 from lucid_core.domain import Job, Pool
 from lucid_core.policy.decisions import Decision, Place, SetProfilerParams, StartProfiling, StopProfiling
+from lucid_core.policy.placement import COMPACT, Placement
 from lucid_core.policy.predictors import Forecast
 from lucid_core.policy.view import ClusterView
 
 
 class SpaceAwareProfiler:
-    def __init__(self, config: ProfilerConfig) -> None:
+    def __init__(self, config: ProfilerConfig, placement: Placement = COMPACT) -> None:
         self.config = config
+        self.placement = placement  # the policy's, for jobs profiled in place on the main cluster
 
     def window_for(self, view: ClusterView, job: Job) -> float:
         return self.config.long_cold_start_tprof_s if job.long_cold_start else view.tprof_s
@@ -107,7 +109,7 @@ class SpaceAwareProfiler:
             window = self.window_for(view, job)
             until = view.now + window
             if self.config.in_place:
-                gpus = view.main.place_compact(job.gpus, view.placement_vc(job))
+                gpus = self.placement.place(view.main, job.gpus, view.placement_vc(job))
                 if gpus is not None:
                     view.start(job_id, Pool.MAIN, gpus, profiling_until=until)
                     decisions.append(Place(job_id, gpus, (

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from lucid_core.domain import GpuRef, Job, Pool
 from lucid_core.policy.decisions import Decision, Place, Preempt
 from lucid_core.policy.orchestrator import is_overdue_key, predicted_release
+from lucid_core.policy.placement import COMPACT, Placement
 from lucid_core.policy.view import ClusterView, SortKey
 
 #: a guard's overdue job competes as if its own GPU-time were this many checkpoint costs
@@ -145,7 +146,7 @@ def _own_gpu_s(job: Job, key: SortKey, cost_s: Callable[[Job], float]) -> float:
 
 def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left: dict[str, float],
                requeue: Callable[[Job, float], None], cost_s: Callable[[Job], float],
-               reason_of: Callable[[Job, SortKey], str]) -> list[Decision]:
+               reason_of: Callable[[Job, SortKey], str], placement: Placement) -> list[Decision]:
     bound = rule.margin * _own_gpu_s(job, key, cost_s)
     victims = _claim(view, job, left, bound)
     if not victims:
@@ -161,7 +162,7 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
             f"yields its GPUs to {job.job_id}: about {left_s / 3600:.2f} h of its run left x {victim.gpus} GPU(s) "
             f"is more than {rule.margin:g} x the waiting job's predicted GPU-time; it resumes from its "
             "checkpoint when its work left is the least waiting")))
-    gpus: tuple[GpuRef, ...] | None = view.main.place_compact(job.gpus, view.placement_vc(job))
+    gpus: tuple[GpuRef, ...] | None = placement.place(view.main, job.gpus, view.placement_vc(job))
     if gpus is not None:  # else the freed GPUs were taken by the rules of placement: next round
         view.start(job.job_id, Pool.MAIN, gpus)
         decisions.append(Place(job.job_id, gpus, reason_of(job, key) + f"; took the GPUs of {', '.join(victims)}"))
@@ -170,7 +171,7 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
 
 def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job, float], None],
                      cost_s: Callable[[Job], float], guard_started: Callable[[Job], bool],
-                     reason_of: Callable[[Job, SortKey], str]) -> list[Decision]:
+                     reason_of: Callable[[Job, SortKey], str], placement: Placement = COMPACT) -> list[Decision]:
     """After the placement scan (holds released): let the first waiting jobs in key order take GPUs
     from running jobs with far more work left, stop those (Preempt) and start the takers (Place).
     The guard's reserved nodes stay held for every job but the one they are reserved for.
@@ -192,7 +193,7 @@ def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job,
         if reservation is not None and reservation[0] != job_id:
             view.main.hold([n for n in reservation[1] if n in view.main.nodes])
         try:
-            decisions.extend(_take_gpus(view, job, key, rule, left, requeue, cost_s, reason_of))
+            decisions.extend(_take_gpus(view, job, key, rule, left, requeue, cost_s, reason_of, placement))
         finally:
             view.main.release_holds()
     return decisions
