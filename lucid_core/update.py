@@ -12,22 +12,39 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from lucid_core.alerts import check_drift
 
+if TYPE_CHECKING:
+    from lucid_core.runtime.store import Store
+
 JOB_COLUMNS = ["job_id", "user", "vc", "name", "gpus", "submit_time", "start_time", "end_time", "duration", "state",
                "gpu_util", "mem_util", "gpu_mem_mb", "amp"]
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
 SLOT_S = 600.0
 REFERENCE_SAMPLE = 512  # input values kept per feature to compute PSI later
 DURATION_INPUTS = ("gpus", "submit_hour", "gpu_util")
 THROUGHPUT_INPUTS = ("submit_gpu_job",)
+
+
+@contextmanager
+def _opened(store_url: str) -> Iterator[Store]:
+    """The store at `store_url` as it is, disposed after use: the Update Engine reads it through
+    `runtime.queries` and writes it through the store's functions, and never migrates it."""
+    from lucid_core.runtime.store import Store
+
+    store = Store(store_url, migrate=False)
+    try:
+        yield store
+    finally:
+        store.dispose()
 
 
 @dataclass(frozen=True)
@@ -48,24 +65,11 @@ class Batch:
 
 def extract_job_log(store_url: str, since: float | None = None, until: float | None = None) -> pd.DataFrame:
     """Finished jobs submitted in [since, until) with their profile, one row per job (duration = end - start)."""
-    import sqlalchemy as sa
+    from lucid_core.runtime.queries import JOB_LOG_FIELDS, finished_job_log
 
-    query = ("SELECT job_id, user, vc, name, gpus, submit_time, start_time, end_time, state, gpu_util, mem_util, "
-             "gpu_mem_mb, amp FROM jobs WHERE state IN ('COMPLETED', 'FAILED', 'CANCELLED')")
-    bind: dict[str, float] = {}
-    if since is not None:
-        query += " AND submit_time >= :since"
-        bind["since"] = since
-    if until is not None:
-        query += " AND submit_time < :until"
-        bind["until"] = until
-    query = query.replace(" user,", ' "user",')  # `user` is reserved in PostgreSQL
-    engine = sa.create_engine(store_url)
-    try:
-        with engine.connect() as connection:
-            frame = pd.read_sql(sa.text(query + " ORDER BY submit_time, job_id"), connection, params=bind)
-    finally:
-        engine.dispose()
+    with _opened(store_url) as store:
+        rows = finished_job_log(store, since, until)
+    frame = pd.DataFrame.from_records(rows, columns=list(JOB_LOG_FIELDS), coerce_float=True)
     frame["duration"] = frame["end_time"] - frame["start_time"]
     frame["amp"] = frame["amp"].astype(bool)
     return frame[JOB_COLUMNS]
@@ -296,19 +300,10 @@ def _artifact(name: str, version: int) -> Path:
 
 def _reference(store_url: str, kind: str, version: int) -> dict[str, Any]:
     """Drift reference (errors and inputs at promotion) kept in the store's model_versions row."""
-    import sqlalchemy as sa
+    from lucid_core.runtime.queries import model_version_metrics
 
-    engine = sa.create_engine(store_url)
-    try:
-        with engine.connect() as connection:
-            row = connection.execute(sa.text(
-                "SELECT metrics FROM model_versions WHERE kind = :kind AND version = :version "
-                "ORDER BY created_at DESC LIMIT 1"), {"kind": kind, "version": str(version)}).first()
-    finally:
-        engine.dispose()
-    if row is None:
-        return {}
-    return row.metrics if isinstance(row.metrics, dict) else json.loads(row.metrics or "{}")
+    with _opened(store_url) as store:
+        return model_version_metrics(store, kind, str(version))
 
 
 def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: float, run_id: str | None) -> dict:
@@ -362,50 +357,40 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
 
     The registry's PROMOTED pointer moves; the store's model_versions gets the version with its drift
     reference (the candidate's recent errors and training inputs) and becomes the active row."""
-    import sqlalchemy as sa
-
     from lucid_core.models.registry import ModelRegistry
+    from lucid_core.runtime.store import record_promotion
 
     registry = ModelRegistry(registry_root())
-    engine = sa.create_engine(store_url)
     decisions: dict[str, Any] = {}
-    try:
-        with engine.begin() as connection:
-            for kind, entry in evaluation["models"].items():
-                if "skipped" in entry:
-                    decisions[kind] = {"action": "keep", "why": entry["skipped"]}
-                    continue
-                promoted_mae = entry.get("promoted_mae")
-                better = promoted_mae is None or entry["candidate_mae"] <= tolerance * promoted_mae
-                version = entry["candidate_version"]
-                check = entry.get("sim_check")
-                if better and check is not None and not check["candidate_wins"]:
-                    decisions[kind] = {"action": "keep", "version": version, "why": (
-                        f"candidate loses in the simulator ({check['jobs']} recent jobs, {check['nodes']} nodes): "
-                        f"avg JCT {check['candidate_avg_jct_s'] / 3600:.3f} h vs history fallback "
-                        f"{check['fallback_avg_jct_s'] / 3600:.3f} h: kept")}
-                    continue
-                if better:
-                    registry.promote(kind, version)
-                    connection.execute(sa.text("UPDATE model_versions SET active = :no WHERE kind = :kind"),
-                                       {"no": False, "kind": STORE_KINDS[kind]})
-                    metrics = {"reference_mae": entry["candidate_mae"], "reference_errors": entry["candidate_errors"],
-                               "reference_inputs": entry["reference_inputs"], "train_rows": entry["train_rows"],
-                               "recent_rows": entry["recent_rows"], "fit_seconds": entry["fit_seconds"],
-                               "training_window": entry["training_window"]}
-                    connection.execute(sa.text(
-                        "INSERT INTO model_versions (kind, version, path, created_at, metrics, active, note) "
-                        "VALUES (:kind, :version, :path, :created, :metrics, :yes, :note)"),
-                        {"kind": STORE_KINDS[kind], "version": str(version), "path": str(_artifact(kind, version)),
-                         "created": time.time(), "metrics": json.dumps(metrics), "yes": True,
-                         "note": f"promoted by the Update Engine ({evaluation.get('run_id') or 'manual'})"})
-                    why = ("no promoted model yet" if promoted_mae is None else
-                           f"candidate MAE {entry['candidate_mae']:.4g} <= promoted {promoted_mae:.4g}")
-                else:
-                    why = f"candidate MAE {entry['candidate_mae']:.4g} > promoted {promoted_mae:.4g}: kept"
-                decisions[kind] = {"action": "promote" if better else "keep", "version": version, "why": why}
-    finally:
-        engine.dispose()
+    with _opened(store_url) as store, store.session() as session:
+        for kind, entry in evaluation["models"].items():
+            if "skipped" in entry:
+                decisions[kind] = {"action": "keep", "why": entry["skipped"]}
+                continue
+            promoted_mae = entry.get("promoted_mae")
+            better = promoted_mae is None or entry["candidate_mae"] <= tolerance * promoted_mae
+            version = entry["candidate_version"]
+            check = entry.get("sim_check")
+            if better and check is not None and not check["candidate_wins"]:
+                decisions[kind] = {"action": "keep", "version": version, "why": (
+                    f"candidate loses in the simulator ({check['jobs']} recent jobs, {check['nodes']} nodes): "
+                    f"avg JCT {check['candidate_avg_jct_s'] / 3600:.3f} h vs history fallback "
+                    f"{check['fallback_avg_jct_s'] / 3600:.3f} h: kept")}
+                continue
+            if better:
+                registry.promote(kind, version)
+                metrics = {"reference_mae": entry["candidate_mae"], "reference_errors": entry["candidate_errors"],
+                           "reference_inputs": entry["reference_inputs"], "train_rows": entry["train_rows"],
+                           "recent_rows": entry["recent_rows"], "fit_seconds": entry["fit_seconds"],
+                           "training_window": entry["training_window"]}
+                record_promotion(session, STORE_KINDS[kind], str(version), str(_artifact(kind, version)), metrics,
+                                 f"promoted by the Update Engine ({evaluation.get('run_id') or 'manual'})",
+                                 time.time())
+                why = ("no promoted model yet" if promoted_mae is None else
+                       f"candidate MAE {entry['candidate_mae']:.4g} <= promoted {promoted_mae:.4g}")
+            else:
+                why = f"candidate MAE {entry['candidate_mae']:.4g} > promoted {promoted_mae:.4g}: kept"
+            decisions[kind] = {"action": "promote" if better else "keep", "version": version, "why": why}
     return {"decisions": decisions, "evaluation": evaluation}
 
 

@@ -21,7 +21,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.orm import Session, sessionmaker
 
 from lucid_core.config import lucid_home
-from lucid_core.runtime.schema import SchedulerStateRow
+from lucid_core.runtime.schema import ModelVersionRow, SchedulerStateRow
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
@@ -167,6 +167,17 @@ def _install_fence(factory: sessionmaker, lease: Any, clock: Callable[[], float]
     sa.event.listen(factory, "before_flush", on_flush)
     sa.event.listen(factory, "after_commit", on_end)
     sa.event.listen(factory, "after_rollback", on_end)
+
+
+def record_promotion(session: Session, kind: str, version: str, path: str, metrics: dict[str, Any], note: str,
+                     created_at: float) -> None:
+    """Make a promoted model version the one active `model_versions` row of its kind (what the live round
+    loads; the kind's older rows stay, inactive, as its history). Written in the caller's session, so the
+    Update Engine's promotions of one run commit together or not at all."""
+    session.execute(sa.update(ModelVersionRow).where(ModelVersionRow.kind == kind).values(active=False))
+    session.add(ModelVersionRow(kind=kind, version=version, path=path, created_at=created_at, metrics=metrics,
+                                active=True, note=note))
+    session.flush()  # inserted now, in promotion order, not at the commit
 
 
 def open_store(url: str | None = None) -> Store:
