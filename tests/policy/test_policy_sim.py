@@ -21,7 +21,7 @@ from lucid_core.sim.engine import simulate
 from lucid_core.sim.experiment import POLICIES, load_experiment, run_policy
 from lucid_core.sim.records import TraceRecord, Workload
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ONE_GPU_NODES = {"cluster.gpus_per_node": 1}
 
 

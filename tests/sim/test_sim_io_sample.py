@@ -12,7 +12,7 @@ from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.sample import generate_sample_trace, main, write_sample
 from lucid_core.sim.traces import read_trace
 
-SAMPLE_DIR = Path(__file__).resolve().parents[1] / "include" / "sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "include" / "sample"
 
 
 def test_trace_is_deterministic_sized_and_shaped_like_a_gpu_cluster():

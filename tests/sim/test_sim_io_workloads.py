@@ -12,7 +12,7 @@ import pytest
 from lucid_core.sim.catalog import WorkloadCatalog, stratum_of, workload_key
 from lucid_core.sim.records import TraceRecord
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = Path(os.environ.get("LUCID_SHARED_DATA", REPO.parent / "shared" / "data"))
 ARTIFACT = SHARED_DATA / "lucid_artifact"
 

@@ -22,7 +22,7 @@ from lucid_core.models.datasets import shared_data_dir
 from lucid_core.runtime.executor import HostAddress
 from lucid_core.runtime.ssh_executor import ssh_executor
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACT = shared_data_dir() / "lucid_artifact" / "single_data.csv"
 FAKE = "calibration_fake_workload"
 FOUR = "ppo:32,neumf:64,resnet18:128,dcgan:128"
@@ -46,7 +46,7 @@ def _calibrator(cluster, tmp_path: Path, out: Path, settings: CalibrationSetting
                        python=__import__("sys").executable, executor="ssh")
     (tmp_path / "gpu").mkdir(exist_ok=True)
     env = {"LUCID_FAKE_GPU_DIR": str(tmp_path / "gpu"), "LUCID_FAKE_PROFILES": str(ARTIFACT), **(extra_env or {})}
-    target = CalibrationTarget(host, gpu=0, pythonpath=f"{REPO}:{REPO / 'tests'}", env=env)
+    target = CalibrationTarget(host, gpu=0, pythonpath=f"{REPO}:{REPO / 'tests' / 'calibration'}", env=env)
     executor = ssh_executor(str(cluster.known_hosts), connect_timeout_s=5, retries=1, timeout_s=30)
     return Calibrator(executor, target, out, settings, EmulatedProfiles.from_single_data(ARTIFACT), progress=None)
 

@@ -16,7 +16,7 @@ from lucid_core.calibration.workloads import WORKLOADS, get_workload
 from lucid_core.calibration.workloads.protocol import parse_events, parse_result
 from lucid_core.calibration.workloads.timing import LoopTiming, run_timed
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _torch():
@@ -143,7 +143,7 @@ def test_calibrate_command_line_validates_and_explains_a_host_without_gpu(tmp_pa
     code = main(["--host", "local", "--workloads", "ppo:32", "--out", str(tmp_path / "cat"), "--emulate",
                  str(tmp_path / "missing.csv"), "--workdir", str(tmp_path / "runs"), "--no-progress"])
     assert code == 2 and "cannot read emulated profiles" in capsys.readouterr().err  # a clear error, no traceback
-    sample = Path(__file__).resolve().parents[1] / "include" / "sample" / "single_data.csv"
+    sample = Path(__file__).resolve().parents[2] / "include" / "sample" / "single_data.csv"
     code = main(["--host", "local", "--workloads", "ppo:32", "--out", str(tmp_path / "cat"), "--emulate",
                  str(sample), "--workdir", str(tmp_path / "runs"), "--no-progress"])
     assert code == 1

@@ -11,7 +11,7 @@ import pytest
 
 from lucid_core.sim.traces import TraceFormatError, detect_format, read_trace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = Path(os.environ.get("LUCID_SHARED_DATA", REPO.parent / "shared" / "data"))
 PHILLY = SHARED_DATA / "philly" / "philly_jobs_2017-09_2017-11.csv"
 

@@ -24,7 +24,7 @@ from lucid_core.sim.elastic_apps import load_application
 from lucid_core.sim.pollux_trace import ElasticJobSpec, read_pollux_trace
 from lucid_core.sim.traces import TraceFormatError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A toy application: seconds per step by placement and local batch size.
 STEP = {("1", 32): 0.5, ("1", 64): 0.9, ("2", 32): 0.6, ("2", 64): 1.0, ("11", 32): 0.8, ("11", 64): 1.2,
