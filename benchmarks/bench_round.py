@@ -185,8 +185,11 @@ def round_overhead(n_pending: int, duration: object, packing: object, repeats: i
         def factory(cfg: LucidConfig, snapshot: object) -> LucidPolicy:
             from lucid_core.policy.predictors import RecentSlotsForecaster
 
-            return LucidPolicy(cfg, duration_model=duration, packing_model=packing,
-                               forecaster=ReplayForecaster(RecentSlotsForecaster()))
+            policy = LucidPolicy(cfg, duration_model=duration, packing_model=packing,
+                                 forecaster=ReplayForecaster(RecentSlotsForecaster()))
+            # named models, as the live default names its own: a steady round restores what it predicted
+            policy.model_sources = {"duration": "bench duration model", "packing": "bench packing model"}
+            return policy
 
         totals, decides, counts = [], [], []
         for r in range(repeats):

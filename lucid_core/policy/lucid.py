@@ -70,6 +70,13 @@ class LucidPolicy(SchedulingPolicy):
         else:
             self.orchestrator.enqueue(view, job)
 
+    def on_restored(self, view: ClusterView, job: Job) -> None:
+        """Class and prediction as stored: straight back into the main queue, nothing re-predicted."""
+        if job.share_class is None or job.predicted_duration is None or job.profile is None:
+            super().on_restored(view, job)
+            return
+        self.orchestrator.requeue(view, job)
+
     def on_finish(self, view: ClusterView, job: Job, run_time: float) -> None:
         self.duration_model.observe(job, run_time)
         if job.start_time is not None:

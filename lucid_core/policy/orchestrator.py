@@ -329,21 +329,18 @@ class Orchestrator:
             job.predicted_duration = max(float(pred), job.known_min_duration, 1.0)
         self._update_long_cap(jobs)
         for job in jobs:
-            key = self.sort_key(job, view.now)
-            view.enqueue_main(job, key)
-            due = self.overdue_at(job)
-            if due is not None and not is_overdue_key(key):
-                heapq.heappush(view.guard_heap, (due, job.job_id))
-            if self.guard_tail > 0 and not is_overdue_key(key):
-                heapq.heappush(view.arrival_heap, (job.submit_time, job.job_id))
+            self.requeue(view, job)
 
     def requeue(self, view: ClusterView, job: Job) -> None:
-        """Back into the main queue with the prediction it has (a stopped job: its work left)."""
+        """Into the main queue with the prediction it has (just predicted, restored from the store, or a
+        stopped job's work left), with its guard deadlines."""
         key = self.sort_key(job, view.now)
         view.enqueue_main(job, key)
         due = self.overdue_at(job)
         if due is not None and not is_overdue_key(key):
             heapq.heappush(view.guard_heap, (due, job.job_id))
+        if self.guard_tail > 0 and not is_overdue_key(key):
+            heapq.heappush(view.arrival_heap, (job.submit_time, job.job_id))
 
     def sort_key(self, job: Job, now: float | None = None) -> SortKey:
         if self.use_estimator:

@@ -27,17 +27,19 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
         out[job_id] = (i + 1, why)
     order = view.queue.ordered()
     mode = view.sharing_mode
+    no_fit: dict[tuple[str, int], str | None] = {}  # (VC, GPUs) -> why it does not fit: the same for all such jobs
     for i, job_id in enumerate(order):
         job = view.jobs[job_id]
         vc = view.placement_vc(job)
         parts = []
         if i:
             parts.append(f"behind {i} job(s) with a lower priority value")
-        if not view.main.can_fit(job.gpus, vc):
-            where = f"main node of VC {vc}" if vc else "main node"
-            parts.append(f"no compact fit for {job.gpus} GPU(s): the largest free block on one {where} is "
-                         f"{view.main.max_free_on_a_node(vc)} ({view.main.free_gpus(vc)} of "
-                         f"{view.main.total_gpus_of(vc)} GPUs free)")
+        key = (vc, job.gpus)
+        if key not in no_fit:
+            no_fit[key] = None if view.main.can_fit(job.gpus, vc) else _no_fit_text(view, job.gpus, vc)
+        why_not = no_fit[key]
+        if why_not is not None:
+            parts.append(why_not)
         if mode is SharingMode.OFF:
             parts.append(f"sharing is off ({sharing_reason or 'the load forecast says GPUs stay available'})")
         elif job.share_class is None:
@@ -56,3 +58,10 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
                          f"{job.predicted_duration:.0f} s)")
         out[job_id] = (i + 1, "; ".join(parts) or "waiting for the next round")
     return out
+
+
+def _no_fit_text(view: ClusterView, gpus: int, vc: str) -> str:
+    where = f"main node of VC {vc}" if vc else "main node"
+    return (f"no compact fit for {gpus} GPU(s): the largest free block on one {where} is "
+            f"{view.main.max_free_on_a_node(vc)} ({view.main.free_gpus(vc)} of "
+            f"{view.main.total_gpus_of(vc)} GPUs free)")

@@ -100,7 +100,9 @@ class DecisionSteps(RoundBase):
             new = {"predicted_duration": job.predicted_duration,
                    "share_class": int(job.share_class) if job.share_class is not None else None,
                    "known_min_duration": job.known_min_duration, "no_share": job.no_share, "yields": job.yields,
-                   "queue_position": position, "pending_reason": reason}
+                   "queue_position": position, "pending_reason": reason,
+                   "predicted_by": built.prediction_key if job.state is JobState.QUEUED and job.profile is not None
+                   and job.share_class is not None and job.predicted_duration is not None else None}
             if job.state in (JobState.SUBMITTED, JobState.QUEUED):
                 new["state"] = job.state.value
             if any(getattr(old, k) != v for k, v in new.items()):

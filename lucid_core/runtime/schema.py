@@ -49,6 +49,9 @@ class JobRow(Base):
     profile_emulated: Mapped[bool] = mapped_column(Boolean, default=False)
     share_class: Mapped[int | None] = mapped_column(Integer, nullable=True)
     predicted_duration: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the models (and history) behind share_class and predicted_duration: a round that has the same ones
+    # restores a queued job from them instead of classifying and predicting it again
+    predicted_by: Mapped[str | None] = mapped_column(String(300), nullable=True)
     known_min_duration: Mapped[float] = mapped_column(Float, default=0.0)
     no_share: Mapped[bool] = mapped_column(Boolean, default=False)
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False)  # it resumes from its own checkpoints

@@ -43,7 +43,9 @@ class Snapshot:
 
     hosts: list[HostRow]
     gpu_counts: dict[str, int]
-    jobs: dict[str, JobRow]  # non-terminal jobs
+    # non-terminal jobs, and finished ones in history: read-only rows with JobRow's columns as attributes
+    # (plain result rows, not ORM objects: a round reads tens of thousands and changes them by UPDATEs)
+    jobs: dict[str, JobRow]
     runs: list[RunRow]  # active runs
     profiles: dict[str, ProfileRow]  # latest profile per job
     state: dict[str, Any]
@@ -63,15 +65,17 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
         counts: dict[str, int] = {}
         for host, _ in s.execute(select(GpuRow.host, GpuRow.index)):
             counts[host] = counts.get(host, 0) + 1
-        jobs = {j.job_id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(active)).order_by(JobRow.seq))}
+        # every column a decision reads; not the command and its environment (the launch reads those itself)
+        columns = [c for c in JobRow.__table__.columns if c.name not in ("command", "env")]
+        jobs = {j.job_id: j for j in s.execute(select(*columns).where(JobRow.state.in_(active)).order_by(JobRow.seq))}
         runs = list(s.scalars(select(RunRow).where(RunRow.state.in_(ACTIVE_RUNS)).order_by(RunRow.planned_at)))
         profiles: dict[str, ProfileRow] = {}
         if jobs:
             for p in s.scalars(select(ProfileRow).where(ProfileRow.job_id.in_(list(jobs))).order_by(ProfileRow.id)):
                 profiles[p.job_id] = p
         state = {row.key: row.value for row in s.scalars(select(SchedulerStateRow))}
-        finished = s.scalars(
-            select(JobRow).where(JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None),
+        finished = s.execute(
+            select(*columns).where(JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None),
                                  JobRow.end_time.is_not(None))
             .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT)).all()
         history = [(j, max(0.0, (j.end_time or 0.0) - (j.start_time or 0.0))) for j in reversed(finished)]
@@ -198,6 +202,20 @@ class BuiltView:
     available_hosts: set[str]
     # jobs left out of the view this round (a stop is still pending for them)
     frozen: set[str]
+    # the models and history this round classifies and predicts with (None: the policy does not say)
+    prediction_key: str | None = None
+
+
+def prediction_key(policy: SchedulingPolicy, snapshot: Snapshot) -> str | None:
+    """Names the models and the history behind a round's classes and predictions. A queued job stored
+    with the same key keeps them (nothing re-predicted); a promotion or a newly finished job changes it.
+    None when the policy does not name its duration model (then every round predicts afresh)."""
+    sources = policy.describe().model_sources
+    if "duration" not in sources:
+        return None
+    last_end = max(((row.end_time or 0.0) for row, _ in snapshot.history[-1:]), default=0.0)
+    return (f"duration: {sources['duration']}; packing: {sources.get('packing', 'rules')}; "
+            f"history to {last_end:.3f}")[:300]
 
 
 def fleet_node_size(gpu_counts: Iterable[int]) -> int | None:
@@ -291,7 +309,9 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     # observed speeds go to the binder, whose rule judges them (pairs only, each split once)
     view.speed_reports.extend(snapshot.speed_reports)
 
-    # waiting jobs re-enter their queues through the policy's own hooks
+    # waiting jobs re-enter their queues through the policy's own hooks; a queued job classified and
+    # predicted by an earlier round with the same models keeps what it was given
+    key = prediction_key(policy, snapshot)
     for job_id, job in jobs.items():
         if job_id in view.jobs or job_id in frozen:
             continue
@@ -299,7 +319,9 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         if job.state is JobState.SUBMITTED:
             policy.on_submit(view, job)
         elif job.state is JobState.QUEUED:
-            if job.profile is not None:
+            if key is not None and job.profile is not None and snapshot.jobs[job_id].predicted_by == key:
+                policy.on_restored(view, job)
+            elif job.profile is not None:
                 policy.on_profiled(view, job, job.profile)
             else:
                 requeue(policy, view, job)
@@ -314,7 +336,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     forecaster = policy.describe().forecaster
     if isinstance(forecaster, ReplayForecaster):
         forecaster.muted = False
-    return BuiltView(view, policy, available, frozen)
+    return BuiltView(view, policy, available, frozen, key)
 
 
 def _start(view: ClusterView, job: Job, runs: Sequence[RunRow], partner: str | None, now: float) -> None:

@@ -200,3 +200,59 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
     assert runs[1].state == "running" and runs_of(store, short)[0].planned_at >= runs[0].planned_at
     cancel(store, long)
     _until(store, lambda j: j[long].state == "CANCELLED", config=config, policy_factory=factory)
+
+
+class _CountingPredictions:
+    """A named duration model that counts the jobs it is asked to predict."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def predict_duration(self, jobs):
+        self.asked.append(len(jobs))
+        return [600.0 + 10 * i for i, _ in enumerate(jobs)]
+
+    def observe(self, job, duration):
+        return None
+
+
+def test_queued_jobs_keep_their_class_and_prediction_until_the_models_or_history_change(store, tmp_path):
+    """Issue 14: a steady round predicts only what is new. Queued jobs come back with the class and
+    prediction stored by the round before (jobs.predicted_by names the models and history); a newly
+    finished job (the history moved) has them predicted again."""
+    from sqlalchemy import update
+
+    from lucid_core.policy.lucid import LucidPolicy
+    from lucid_core.runtime.schema import JobRow
+
+    add_host(store, HostSpec("m0", executor="local", vc="vc-b", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))  # another VC's host: vc-a's jobs stay queued
+    now = time.time()
+    with store.session() as s:
+        for i in range(5):
+            s.add(JobRow(job_id=f"q{i}", seq=i + 1, name=f"n{i}", user="ann", vc="vc-a", gpus=1, command="true",
+                         env={}, state="QUEUED", submit_time=now - 100 + i, profiled=True, gpu_util=50.0,
+                         mem_util=20.0, gpu_mem_mb=2000.0, known_min_duration=200.0))
+    model = _CountingPredictions()
+
+    def factory(cfg, snapshot):
+        policy = LucidPolicy(cfg, duration_model=model)
+        policy.model_sources = {"duration": "counting model"}
+        return policy
+
+    config = fast_config(**{"profiler.enabled": False})
+    _round(store, config, policy_factory=factory)
+    assert model.asked == [5]
+    first = jobs_by_id(store)
+    assert all(first[f"q{i}"].predicted_by and first[f"q{i}"].predicted_duration for i in range(5))
+    _round(store, config, policy_factory=factory)
+    _round(store, config, policy_factory=factory)
+    assert model.asked == [5]  # nothing changed: nothing predicted again
+    again = jobs_by_id(store)
+    assert [again[f"q{i}"].queue_position for i in range(5)] == [first[f"q{i}"].queue_position for i in range(5)]
+    assert all(again[f"q{i}"].predicted_duration == first[f"q{i}"].predicted_duration for i in range(5))
+    with store.session() as s:  # a job finishes: the history the model learns from moved on
+        s.execute(update(JobRow).where(JobRow.job_id == "q4").values(state="COMPLETED", start_time=now - 50,
+                                                                        end_time=now - 10))
+    _round(store, config, policy_factory=factory)
+    assert model.asked == [5, 4]
