@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from duration_stubs import FixedDurations
 
 from lucid_core.config import ConfigError, LucidConfig, load_config
 from lucid_core.domain import GpuRef, Job, JobState, Pool, Profile, ShareClass, SharingMode
@@ -348,17 +349,7 @@ def test_per_vc_replay_keeps_the_duration_model_and_counts_progress_over_every_v
     assert seen[-1] == (8, 8) and all(total == 8 for _, total in seen)  # one count over both VCs
 
 
-class _KnownDurations:
-    """A duration model that knows each job's run time: isolates the ordering rules under test."""
-
-    def __init__(self, durations: dict[str, float]) -> None:
-        self.durations = durations
-
-    def predict_duration(self, jobs):
-        return [self.durations[job.job_id] for job in jobs]
-
-    def observe(self, job, duration):
-        return None
+_KnownDurations = FixedDurations  # a model that knows each job's run time: isolates the ordering rules
 
 
 def _guard_trace() -> list[TraceRecord]:

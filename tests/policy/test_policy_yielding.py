@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from duration_stubs import FixedDurations
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool
@@ -12,18 +13,7 @@ from lucid_core.policy.yielding import YieldRule, yield_to_waiting
 from lucid_core.sim.engine import simulate
 from lucid_core.sim.records import TraceRecord
 
-
-class _Predicted:
-    """A duration model with fixed (possibly wrong) predictions."""
-
-    def __init__(self, predictions: dict[str, float]) -> None:
-        self.predictions = predictions
-
-    def predict_duration(self, jobs):
-        return [self.predictions[job.job_id] for job in jobs]
-
-    def observe(self, job, duration):
-        return None
+_Predicted = FixedDurations  # fixed, possibly wrong, predictions
 
 
 def _config(**knobs) -> LucidConfig:

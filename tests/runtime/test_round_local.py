@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from duration_stubs import FixedDurations
 from fastapi import HTTPException, Request
 from fastapi.testclient import TestClient
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id
@@ -147,17 +148,9 @@ def test_cli_submit_round_status_and_logs(tmp_path, capsys, monkeypatch):
     assert run("queue", "--store", url) == 0 and job not in capsys.readouterr().out
 
 
-class _NamedPredictions:
+def _NamedPredictions(by_name: dict[str, float]) -> FixedDurations:
     """Predicts from the job's name (the test decides which job looks long and which short)."""
-
-    def __init__(self, by_name: dict[str, float]) -> None:
-        self.by_name = by_name
-
-    def predict_duration(self, jobs):
-        return [self.by_name[job.name] for job in jobs]
-
-    def observe(self, job, duration):
-        return None
+    return FixedDurations(by_name, key=lambda job: job.name)
 
 
 def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store, tmp_path):
@@ -202,20 +195,6 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
     _until(store, lambda j: j[long].state == "CANCELLED", config=config, policy_factory=factory)
 
 
-class _CountingPredictions:
-    """A named duration model that counts the jobs it is asked to predict."""
-
-    def __init__(self) -> None:
-        self.asked: list[int] = []
-
-    def predict_duration(self, jobs):
-        self.asked.append(len(jobs))
-        return [600.0 + 10 * i for i, _ in enumerate(jobs)]
-
-    def observe(self, job, duration):
-        return None
-
-
 def test_queued_jobs_keep_their_class_and_prediction_until_the_models_or_history_change(store, tmp_path):
     """Issue 14: a steady round predicts only what is new. Queued jobs come back with the class and
     prediction stored by the round before (jobs.predicted_by names the models and history); a newly
@@ -233,7 +212,7 @@ def test_queued_jobs_keep_their_class_and_prediction_until_the_models_or_history
             s.add(JobRow(job_id=f"q{i}", seq=i + 1, name=f"n{i}", user="ann", vc="vc-a", gpus=1, command="true",
                          env={}, state="QUEUED", submit_time=now - 100 + i, profiled=True, gpu_util=50.0,
                          mem_util=20.0, gpu_mem_mb=2000.0, known_min_duration=200.0))
-    model = _CountingPredictions()
+    model = FixedDurations({f"q{i}": 600.0 + 10 * i for i in range(5)})
 
     def factory(cfg, snapshot):
         policy = LucidPolicy(cfg, duration_model=model)
