@@ -9,7 +9,7 @@ from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import PolicyParts, SchedulingPolicy
 from lucid_core.policy.binder import AffinityBinder
 from lucid_core.policy.decisions import Decision, checkpoint_cost_s
-from lucid_core.policy.orchestrator import Orchestrator, exclusive_reason, place_queue, reservation_nodes
+from lucid_core.policy.orchestrator import Orchestrator, Reserver, exclusive_reason, place_queue, reservation_nodes
 from lucid_core.policy.predictors import (
     DurationPredictor,
     HistoryDurationPredictor,
@@ -102,23 +102,28 @@ class LucidPolicy(SchedulingPolicy):
         guarded = self.orchestrator.guard_slowdown > 0 or self.orchestrator.guard_tail > 0
         reserve = reservation_nodes if guarded else None
         view.reserved_for = None
-        try:
-            decisions.extend(place_queue(view, self._partner, online_window_s=online, reserve=reserve,
-                                         backfill_reserved=self.config.orchestrator.backfill_reserved,
-                                         placement=self.placement))
-            decisions.extend(self.profiler.start_windows(view))
-        finally:
-            view.main.release_holds()
+        decisions.extend(self._scan(view, online, reserve))
         if view.now - self.last_yield_check_ >= self.yield_rule.interval_s:
             self.last_yield_check_ = view.now
-            decisions.extend(self._yield(view))
+            yielded = self._yield(view, online)
+            decisions.extend(yielded)
         return decisions
 
-    def _yield(self, view: ClusterView) -> list[Decision]:
+    def _scan(self, view: ClusterView, online: float | None, reserve: Reserver | None) -> list[Decision]:
+        """The orchestrator's placement scan of the main queue, then the profiler's windows."""
+        try:
+            placed = place_queue(view, self._partner, online_window_s=online, reserve=reserve,
+                                 backfill_reserved=self.config.orchestrator.backfill_reserved,
+                                 placement=self.placement)
+            return [*placed, *self.profiler.start_windows(view)]
+        finally:
+            view.main.release_holds()
+
+    def _yield(self, view: ClusterView, online: float | None) -> list[Decision]:
         return yield_to_waiting(
             view, self.yield_rule, lambda job, left: self._requeue_stopped(view, job, left),
             self._checkpoint_cost, self._guard_started, lambda job, key: exclusive_reason(view, job, key),
-            self.placement)
+            self.placement, online)
 
     def _checkpoint_cost(self, job: Job) -> float:
         return checkpoint_cost_s(self.config, job.gpus)
@@ -129,14 +134,12 @@ class LucidPolicy(SchedulingPolicy):
         return due is not None and job.start_time is not None and due <= job.start_time
 
     def _requeue_stopped(self, view: ClusterView, job: Job, work_left_s: float) -> None:
-        """A job that yielded waits again, ordered by the work it has left."""
-        if self.config.orchestrator.yield_keep_place:
-            key = self.orchestrator.sort_key(job, view.now)
-            job.predicted_duration = max(work_left_s, 1.0)
-            view.enqueue_main(job, key)
-            return
+        """A job that yielded waits again, ordered by the work it has left. The guard's clock still runs
+        from its submission (a slowdown bound over its whole stay: measured, BENCHMARKS, it keeps the
+        queueing tail that a clock restarted at the stop loses)."""
+        kept = self.orchestrator.sort_key(job, view.now) if self.config.orchestrator.yield_keep_place else None
         job.predicted_duration = max(work_left_s, 1.0)
-        self.orchestrator.requeue(view, job)
+        self.orchestrator.requeue(view, job, key=kept)
 
     def next_wakeup(self, view: ClusterView) -> float | None:
         times = [t for t in (view.window_heap[0][0] if view.window_heap else None,

@@ -331,10 +331,10 @@ class Orchestrator:
         for job in jobs:
             self.requeue(view, job)
 
-    def requeue(self, view: ClusterView, job: Job) -> None:
+    def requeue(self, view: ClusterView, job: Job, key: SortKey | None = None) -> None:
         """Into the main queue with the prediction it has (just predicted, restored from the store, or a
-        stopped job's work left), with its guard deadlines."""
-        key = self.sort_key(job, view.now)
+        stopped job's work left), with its guard deadlines; `key` keeps a key it had before."""
+        key = key if key is not None else self.sort_key(job, view.now)
         view.enqueue_main(job, key)
         due = self.overdue_at(job)
         if due is not None and not is_overdue_key(key):

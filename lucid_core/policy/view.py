@@ -109,6 +109,9 @@ class ClusterView:
         self.arrival_heap: list[tuple[float, str]] = []
         # the overdue job the current round holds nodes for, if any (for explanations)
         self.reserved_for: str | None = None
+        # nodes that take no new work now (live: draining, unreachable or cooling-down hosts): nothing is
+        # stopped on them for a waiting job, since it could not start there
+        self.closed_nodes: set[str] = set()
         # (job id, node names) of the standing reservation, kept across rounds until the job starts
         self.reservation: tuple[str, list[str]] | None = None
         # the driver's way to read a job's measured profile (telemetry live, catalog in simulation)

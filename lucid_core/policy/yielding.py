@@ -30,7 +30,7 @@ from lucid_core.domain import GpuRef, Job, Pool
 from lucid_core.policy.decisions import Decision, Place, Preempt
 from lucid_core.policy.orchestrator import is_overdue_key, predicted_release
 from lucid_core.policy.placement import COMPACT, Placement
-from lucid_core.policy.view import ClusterView, SortKey
+from lucid_core.policy.view import Allocation, ClusterView, SortKey
 
 #: a guard's overdue job competes as if its own GPU-time were this many checkpoint costs
 OVERDUE_AS_COSTS = 1.0
@@ -113,8 +113,10 @@ def _claim(view: ClusterView, job: Job, left: dict[str, float], bound_gpu_s: flo
     size = view.main.gpus_per_node
     vc = view.placement_vc(job)
     names = dict.fromkeys(ref.host for j, w in left.items() if w > bound_gpu_s for ref in view.allocations[j].gpus)
+    closed = view.closed_nodes
     nodes = [n for n in view.main.nodes.values()  # pool order: ties go to the first node
-             if n.name in names and n.vc == vc and n.gpus >= min(job.gpus, size) and not n.held]
+             if n.name in names and n.vc == vc and n.gpus >= min(job.gpus, size) and not n.held
+             and n.name not in closed]
     if job.gpus <= size:
         best: tuple[int, list[str]] | None = None
         for node in nodes:
@@ -130,8 +132,8 @@ def _claim(view: ClusterView, job: Job, left: dict[str, float], bound_gpu_s: flo
         victims = _node_victims(view, node.name, 0, True, left, bound_gpu_s)
         if victims is not None:
             options.append((sum(view.jobs[v].gpus for v in victims), node.name, victims))
-    empty = [n for n in view.main.nodes.values() if n.vc == vc and n.free == n.gpus and not n.held
-             and n.name not in names]
+    empty = [n for n in view.main.nodes.values() if n.vc == vc and n.free == n.gpus == size and not n.held
+             and n.name not in names and n.name not in closed]
     options.extend((0, n.name, []) for n in empty)  # whole free nodes count too
     if len(options) < count:
         return None
@@ -146,36 +148,58 @@ def _own_gpu_s(job: Job, key: SortKey, cost_s: Callable[[Job], float]) -> float:
 
 def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left: dict[str, float],
                requeue: Callable[[Job, float], None], cost_s: Callable[[Job], float],
-               reason_of: Callable[[Job, SortKey], str], placement: Placement) -> list[Decision]:
+               reason_of: Callable[[Job, SortKey], str], placement: Placement,
+               online_window_s: float | None) -> list[Decision]:
     bound = rule.margin * _own_gpu_s(job, key, cost_s)
     victims = _claim(view, job, left, bound)
     if not victims:
         return []
+    stopped = {victim_id: view.stop(victim_id) for victim_id in victims}
+    gpus: tuple[GpuRef, ...] | None = placement.place(view.main, job.gpus, view.placement_vc(job))
+    if gpus is None:  # the freed GPUs do not make a fit after all: nobody is stopped
+        _restore(view, stopped)
+        return []
     decisions: list[Decision] = []
-    for victim_id in victims:
+    for victim_id in stopped:
         victim = view.jobs[victim_id]
         left_s = left.pop(victim_id) / victim.gpus
-        view.stop(victim_id)
         victim.yields += 1
         requeue(victim, left_s)
         decisions.append(Preempt(victim_id, (
             f"yields its GPUs to {job.job_id}: about {left_s / 3600:.2f} h of its run left x {victim.gpus} GPU(s) "
             f"is more than {rule.margin:g} x the waiting job's predicted GPU-time; it resumes from its "
             "checkpoint when its work left is the least waiting")))
-    gpus: tuple[GpuRef, ...] | None = placement.place(view.main, job.gpus, view.placement_vc(job))
-    if gpus is not None:  # else the freed GPUs were taken by the rules of placement: next round
-        view.start(job.job_id, Pool.MAIN, gpus)
-        decisions.append(Place(job.job_id, gpus, reason_of(job, key) + f"; took the GPUs of {', '.join(victims)}"))
+    online = online_window_s is not None and job.profile is None
+    view.start(job.job_id, Pool.MAIN, gpus, profiling_until=view.now + online_window_s if online else None)  # type: ignore[operator]
+    reason = reason_of(job, key) + f"; took the GPUs of {', '.join(victims)}"
+    if online:
+        reason += f"; profiled online during its first {online_window_s:g} s"
+    decisions.append(Place(job.job_id, gpus, reason, profile_in_place=online))
     return decisions
+
+
+def _restore(view: ClusterView, stopped: dict[str, Allocation]) -> None:
+    """Put stopped runs back exactly as they were (start time, GPUs, window)."""
+    now = view.now
+    try:
+        for job_id, alloc in stopped.items():
+            view.now = alloc.start
+            view.start(job_id, alloc.pool, alloc.gpus, profiling_until=alloc.profiling_until)
+            if alloc.mem_mb:
+                view.set_profile_mem(job_id, alloc.mem_mb)
+    finally:
+        view.now = now
 
 
 def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job, float], None],
                      cost_s: Callable[[Job], float], guard_started: Callable[[Job], bool],
-                     reason_of: Callable[[Job, SortKey], str], placement: Placement = COMPACT) -> list[Decision]:
+                     reason_of: Callable[[Job, SortKey], str], placement: Placement = COMPACT,
+                     online_window_s: float | None = None) -> list[Decision]:
     """After the placement scan (holds released): let the first waiting jobs in key order take GPUs
     from running jobs with far more work left, stop those (Preempt) and start the takers (Place).
-    The guard's reserved nodes stay held for every job but the one they are reserved for.
-    `requeue(job, work_left_s)` puts a stopped job back in the queue."""
+    The guard's reserved nodes stay held for every job but the one they are reserved for; nodes the
+    driver closed (draining, unreachable hosts) give nothing. `requeue(job, work_left_s)` puts a
+    stopped job back in the queue; `online_window_s`: a taker without a profile is profiled in its run."""
     if not rule.enabled or len(view.queue) == 0:
         return []
     heads = sorted((items[0][0], items[0][1]) for items in view.queue.parts().values())[:rule.max_takers]
@@ -190,10 +214,11 @@ def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job,
         job = view.jobs[job_id]
         if job_id not in view.queue or job.predicted_duration is None:
             continue
-        if reservation is not None and reservation[0] != job_id:
+        if reservation is not None and reservation[0] != job_id and reservation[0] in view.queue:
             view.main.hold([n for n in reservation[1] if n in view.main.nodes])
         try:
-            decisions.extend(_take_gpus(view, job, key, rule, left, requeue, cost_s, reason_of, placement))
+            decisions.extend(_take_gpus(view, job, key, rule, left, requeue, cost_s, reason_of, placement,
+                                        online_window_s))
         finally:
             view.main.release_holds()
     return decisions

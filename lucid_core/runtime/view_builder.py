@@ -255,6 +255,8 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
             view.borrowed_nodes.append(host.name)
         if host.reachable and not host.draining and (host.cooldown_until is None or host.cooldown_until <= now):
             available.add(host.name)
+        else:
+            view.closed_nodes.add(host.name)
 
     runs_by_job: dict[str, list[RunRow]] = {}
     for run in snapshot.runs:

@@ -106,3 +106,39 @@ def test_a_job_that_yielded_waits_by_its_work_left_or_keeps_its_place(keep_place
     policy = LucidPolicy(config, duration_model=_Predicted({**PREDICTED, "W": 100.0}))
     result = simulate(trace, policy, config, main_nodes=1, check_invariants=True)
     assert {o.job_id: o.jct for o in result.outcomes} == jcts
+
+
+def _two_hosts_view(config, policy, sizes=(8, 8, 4)):
+    """Hosts of the given sizes; V (preemptible, predicted 10 s) on the first, B (not) on the second."""
+    from lucid_core.domain import GpuRef
+
+    view = ClusterView(config, now=0.0)
+    for i, size in enumerate(sizes):
+        view.main.add_node(f"h{i}", size)
+    for job in (Job("V", "u", "", 8, 0.0, predicted_duration=10.0, preemptible=True),
+                Job("B", "u", "", 8, 0.0, predicted_duration=1e7)):
+        view.add_job(job)
+    view.start("V", Pool.MAIN, tuple(GpuRef("h0", i) for i in range(8)))
+    view.start("B", Pool.MAIN, tuple(GpuRef("h1", i) for i in range(8)))
+    view.now = 5000.0
+    return view
+
+
+@pytest.mark.parametrize(("gpus", "closed", "stopped"), [
+    (8, set(), ["V"]),  # V has outlived its 10 s prediction by far: it yields its host to T
+    (16, set(), []),  # 16 GPUs need two whole 8-GPU hosts; the free 4-GPU host is not one: nobody is stopped
+    (8, {"h0"}, []),  # V's host takes no new work (draining, unreachable): T could not start there
+])
+def test_a_job_yields_only_when_its_taker_can_start_on_what_it_frees(gpus, closed, stopped):
+    config = LucidConfig().with_overrides({"profiler.enabled": False, "binder.sharing": "off",
+                                           "orchestrator.guard_slowdown": 0})
+    policy = LucidPolicy(config, duration_model=_Predicted({"T": 20.0}))
+    view = _two_hosts_view(config, policy)
+    view.closed_nodes = closed
+    taker = Job("T", "u", "", gpus, 4990.0)
+    view.add_job(taker)
+    policy.on_submit(view, taker)
+    decisions = policy.schedule(view)
+    assert [d.job_id for d in decisions if type(d).__name__ == "Preempt"] == stopped
+    assert ("T" in view.allocations) == bool(stopped) and ("V" in view.allocations) != bool(stopped)
+    view.check_invariants()

@@ -190,7 +190,15 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
     assert jobs[long].yields == 1
     runs = runs_of(store, long)
     assert len(runs) == 2 and runs[0].stop_reason == "preempt" and runs[0].state == "ended"
-    assert runs[1].state == "running" and runs_of(store, short)[0].planned_at >= runs[0].planned_at
+    taker = runs_of(store, short)[0]
+    assert runs[1].state == "running" and taker.started_at >= runs[0].ended_at  # it ran once the GPU was free
+    from sqlalchemy import select
+
+    from lucid_core.runtime.schema import DecisionRow
+    with store.session() as s:
+        placed = s.scalars(select(DecisionRow.reason).where(DecisionRow.job_id == short,
+                                                            DecisionRow.kind == "Place")).all()
+    assert placed and "took the GPUs of " + long in placed[0]
     cancel(store, long)
     _until(store, lambda j: j[long].state == "CANCELLED", config=config, policy_factory=factory)
 
