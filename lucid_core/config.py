@@ -74,6 +74,8 @@ class OrchestratorConfig:
         "yielding: a job runs at least this many times its checkpoint cost before it may be stopped"))
     yield_max: int = _knob(1, lo=0, doc=(
         "yielding: a job is stopped at most this many times (its queueing tail stays bounded)"))
+    yield_interval_s: float = _knob(60.0, lo=0, doc=(
+        "yielding: how often running jobs are looked at for stopping (like Tiresias's 60 s rounds)"))
     yield_keep_place: bool = _knob(False, doc=(
         "yielding: a stopped job keeps its place in the queue (its key before it yielded)"))
     yield_wide: bool = _knob(True, doc=(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import PolicyParts, SchedulingPolicy
@@ -41,8 +39,8 @@ class LucidPolicy(SchedulingPolicy):
                                          config.profiler.tprof_s, config.orchestrator.long_quantile,
                                          guard_tail=config.orchestrator.guard_tail)
         self.yield_rule = YieldRule(config.orchestrator.yield_margin, config.orchestrator.yield_min_run,
-                                    config.orchestrator.yield_max, wide=config.orchestrator.yield_wide)
-        self.last_yield_check_ = -math.inf
+                                    config.orchestrator.yield_max, wide=config.orchestrator.yield_wide,
+                                    interval_s=config.orchestrator.yield_interval_s)
 
     def describe(self) -> PolicyParts:
         return PolicyParts(self.duration_model, self.binder.packing_model, self.forecaster, dict(self.model_sources))
@@ -103,10 +101,10 @@ class LucidPolicy(SchedulingPolicy):
         reserve = reservation_nodes if guarded else None
         view.reserved_for = None
         decisions.extend(self._scan(view, online, reserve))
-        if view.now - self.last_yield_check_ >= self.yield_rule.interval_s:
-            self.last_yield_check_ = view.now
-            yielded = self._yield(view, online)
-            decisions.extend(yielded)
+        last = view.last_yield_check  # in the view's saved state: live rounds keep the simulator's rhythm
+        if last is None or view.now - last >= self.yield_rule.interval_s:
+            view.last_yield_check = view.now
+            decisions.extend(self._yield(view, online))
         return decisions
 
     def _scan(self, view: ClusterView, online: float | None, reserve: Reserver | None) -> list[Decision]:

@@ -117,6 +117,7 @@ class ClusterView:
         # the driver's way to read a job's measured profile (telemetry live, catalog in simulation)
         self.profile_of: Callable[[str], Profile | None] = profile_of or (lambda job_id: None)
         self.last_mode_check: float | None = None
+        self.last_yield_check: float | None = None  # when Lucid last looked for jobs to yield
         # (job id, normalized speed) of running pairs, as the driver observes them; the binder
         # reads and clears them (the simulator knows co-located speeds; live telemetry may report)
         self.speed_reports: list[tuple[str, float]] = []
@@ -159,18 +160,20 @@ class ClusterView:
 
     # --- running set ----------------------------------------------------------------------
     def start(self, job_id: str, pool: Pool, gpus: tuple[GpuRef, ...], *, partner: str | None = None,
-              profiling_until: float | None = None) -> Allocation:
+              profiling_until: float | None = None, at: float | None = None) -> Allocation:
+        """Start a job now, or re-create a run that started `at` (a live run rebuilt, a stop undone)."""
         job = self.jobs[job_id]
+        started = self.now if at is None else at
         mem = job.profile.gpu_mem_mb if job.profile else 0.0
         self.dequeue(job_id)
         self.pool(pool).occupy(job_id, gpus, mem)
-        alloc = Allocation(job_id, pool, gpus, self.now, mem, partner, profiling_until)
+        alloc = Allocation(job_id, pool, gpus, started, mem, partner, profiling_until)
         self.allocations[job_id] = alloc
         if profiling_until is not None:
             heapq.heappush(self.window_heap, (profiling_until, job_id))
         if pool is Pool.MAIN:
             job.state = JobState.RUNNING
-            job.start_time = self.now
+            job.start_time = started
             if partner is not None:
                 self.allocations[partner].partner = job_id
                 self.drop_share_candidate(partner)
@@ -224,7 +227,8 @@ class ClusterView:
         """What a later view must start from (the live store keeps it between rounds): sharing mode,
         profiler parameters, the nodes borrowed into the profiling pool, the last mode check."""
         return {"sharing_mode": self.sharing_mode.value, "tprof_s": self.tprof_s, "nprof_gpus": self.nprof_gpus,
-                "borrowed_nodes": list(self.borrowed_nodes), "last_mode_check": self.last_mode_check}
+                "borrowed_nodes": list(self.borrowed_nodes), "last_mode_check": self.last_mode_check,
+                "last_yield_check": self.last_yield_check}
 
     def restore_policy_state(self, state: Mapping[str, Any]) -> set[str]:
         """Take back what `policy_state` saved; returns the borrowed nodes, which the caller places in the
@@ -234,6 +238,7 @@ class ClusterView:
         self.tprof_s = float(state.get("tprof_s", self.tprof_s))
         self.nprof_gpus = int(state.get("nprof_gpus", self.nprof_gpus))
         self.last_mode_check = state.get("last_mode_check")
+        self.last_yield_check = state.get("last_yield_check")
         return set(state.get("borrowed_nodes", []))
 
     def borrow_node(self, name: str) -> None:

@@ -180,15 +180,10 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
 
 def _restore(view: ClusterView, stopped: dict[str, Allocation]) -> None:
     """Put stopped runs back exactly as they were (start time, GPUs, window)."""
-    now = view.now
-    try:
-        for job_id, alloc in stopped.items():
-            view.now = alloc.start
-            view.start(job_id, alloc.pool, alloc.gpus, profiling_until=alloc.profiling_until)
-            if alloc.mem_mb:
-                view.set_profile_mem(job_id, alloc.mem_mb)
-    finally:
-        view.now = now
+    for job_id, alloc in stopped.items():
+        view.start(job_id, alloc.pool, alloc.gpus, profiling_until=alloc.profiling_until, at=alloc.start)
+        if alloc.mem_mb:
+            view.set_profile_mem(job_id, alloc.mem_mb)
 
 
 def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job, float], None],

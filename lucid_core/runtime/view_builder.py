@@ -281,11 +281,11 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         if partner is not None and partner in started:
             pending_partners.append((job_id, runs))
             continue
-        _start(view, jobs[job_id], runs, None, now)
+        _start(view, jobs[job_id], runs, None)
         started.add(job_id)
     for job_id, runs in pending_partners:
         partner = runs[0].partner
-        _start(view, jobs[job_id], runs, partner if partner in view.allocations else None, now)
+        _start(view, jobs[job_id], runs, partner if partner in view.allocations else None)
 
     # free GPUs of hosts that take no new work are held, so the policy places nothing there
     for pool_name, pool in (("main", view.main), ("profiling", view.profiling)):
@@ -341,7 +341,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     return BuiltView(view, policy, available, frozen, key)
 
 
-def _start(view: ClusterView, job: Job, runs: Sequence[RunRow], partner: str | None, now: float) -> None:
+def _start(view: ClusterView, job: Job, runs: Sequence[RunRow], partner: str | None) -> None:
     """Re-create a running job's allocation as it was (start time, window, partner)."""
     first = runs[0]
     pool = Pool(first.pool)
@@ -349,11 +349,7 @@ def _start(view: ClusterView, job: Job, runs: Sequence[RunRow], partner: str | N
     view.add_job(job)
     started = first.started_at if first.started_at is not None else first.planned_at
     until = first.profiling_until
-    view.now = started
-    try:
-        view.start(job.job_id, pool, gpus, partner=partner, profiling_until=until)
-    finally:
-        view.now = now
+    view.start(job.job_id, pool, gpus, partner=partner, profiling_until=until, at=started)
     if job.profile is not None and pool is Pool.MAIN:
         view.set_profile_mem(job.job_id, job.profile.gpu_mem_mb)
         view.refresh_share_candidate(job.job_id)

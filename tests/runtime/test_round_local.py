@@ -163,6 +163,7 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
 
     _local_cluster(store, tmp_path)
     config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off", "tiresias.checkpoint_cost_s": 0.1,
+                            "orchestrator.yield_interval_s": 0,
                             "orchestrator.yield_min_run": 1})
     factory = lambda cfg, snapshot: LucidPolicy(  # noqa: E731
         cfg, duration_model=_NamedPredictions({"long": 1.0, "pinned": 1.0, "short": 0.5}))
