@@ -1,20 +1,17 @@
 """Telemetry agent run on a GPU host next to a job: samples NVML for the job's GPUs.
 
-Standalone on purpose (standard library + optional pynvml, no lucid_core imports), so the
-scheduler can ship this file over SSH and run it with the host's python; the controller's side
-(reading, summarizing, estimating speed) is `lucid_core.runtime.telemetry`, which imports this
-module's record format, never the other way round:
+Standalone on purpose (standard library + optional pynvml, no lucid_core imports), so the scheduler
+can ship this one file over SSH and run it with the host's python; the controller's side (reading,
+summarizing, estimating speed) is `lucid_core.runtime.telemetry`, which imports this module's record
+format, never the other way round:
 
     python3 telemetry_agent.py sample --pid-file pid --gpus 0,1 --interval 1 --duration 200 --out t.jsonl
 
-Each sample is one JSON line per GPU: time, gpu index, GPU utilization %, memory (bandwidth)
-utilization %, memory used MB on the GPU, memory of the job's own processes (those in the job's
-process group; this attributes memory between two co-located jobs), the SM utilization of the
-job's own processes (`job_sm_util`, None when the GPU does not report it per process), how many
-other jobs' process groups use the GPU (`others`) and `emulated`.
-Hosts without NVIDIA GPUs use `--emulate UTIL,MEMUTIL,MEM_MB` (a workload catalog's profile):
-its samples are the catalog values with small seeded noise, slowed down while other jobs share
-the GPU (see `EmulatedBackend`), and every record says emulated: true.
+Each sample is one JSON line per GPU: time, gpu index, GPU utilization %, memory (bandwidth) utilization %,
+memory used MB on the GPU, memory of the job's own processes (those in the job's process group; this
+attributes memory between two co-located jobs), their SM utilization (`job_sm_util`, None when the GPU
+does not report it per process), how many other jobs' process groups use the GPU (`others`) and
+`emulated`. Hosts without NVIDIA GPUs use `--emulate UTIL,MEMUTIL,MEM_MB` (see `EmulatedBackend`).
 An agent that watches a job for its whole life (`--keep-all-s`) keeps its file bounded: see `TelemetryLog`.
 """
 
@@ -41,14 +38,19 @@ KEPT_WATCH_BYTES = 2 * SPEED_READ_BYTES
 RECORD_BYTES_BOUND = 360
 
 
-def process_group_of(pid: int) -> int | None:
-    """The process group of `pid` from /proc (None when it is gone or /proc is absent)."""
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the process's name (state, ppid, pgrp, ...); None when unreadable."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
             text = fh.read()
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2:].split()
+
+
+def process_group_of(pid: int) -> int | None:
+    """The process group of `pid` from /proc (None when it is gone or /proc is absent)."""
+    fields = proc_stat(pid) or []
     return int(fields[2]) if len(fields) > 2 else None
 
 
@@ -60,12 +62,8 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            text = fh.read()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return text[text.rfind(")") + 2:][:1] != "Z"
+    fields = proc_stat(pid)
+    return fields is None or fields[:1] != ["Z"]  # None: no /proc, trust kill(0)
 
 
 class NvmlBackend:
@@ -75,8 +73,6 @@ class NvmlBackend:
     own PID namespace (run it on the host, or in the jobs' container). Under MPS the driver may
     attribute work to the MPS server instead of the job's processes: not supported here.
     """
-
-    emulated = False
 
     def __init__(self, gpu_indices: Sequence[int]) -> None:
         with warnings.catch_warnings():
@@ -90,12 +86,10 @@ class NvmlBackend:
         self.last_seen_us = {i: start_us for i in gpu_indices}
 
     def process_sm_util(self, index: int, handle: Any) -> dict[int, float] | None:
-        """pid -> SM utilization % since the previous call (mean of the driver's samples), or None
-        when the GPU does not report per-process utilization.
-
-        The driver returns one sample per process that had non-zero utilization in a sample
-        period, newer than `lastSeenTimeStamp`; NVML_ERROR_NOT_FOUND means no process had any.
-        """
+        """pid -> SM utilization % since the previous call (mean of the driver's samples), or None when the
+        GPU does not report per-process utilization. The driver returns one sample per process that had
+        non-zero utilization in a sample period, newer than `lastSeenTimeStamp`; NVML_ERROR_NOT_FOUND
+        means no process had any."""
         nvml = self.nvml
         try:
             rows = nvml.nvmlDeviceGetProcessUtilization(handle, self.last_seen_us[index])
@@ -168,13 +162,11 @@ class EmulatedDeviceTable:
     def peers(self, pgid: int | None, gpu: int) -> list[dict[str, Any]]:
         """Entries of the other live jobs registered on `gpu` (dead ones are removed)."""
         try:
-            names = os.listdir(self.root)
+            names = [name for name in os.listdir(self.root) if name.endswith(".json")]
         except OSError:
             return []
         out = []
         for name in names:
-            if not name.endswith(".json"):
-                continue
             path = os.path.join(self.root, name)
             try:
                 with open(path, encoding="utf-8") as fh:
@@ -214,8 +206,6 @@ class EmulatedBackend:
     time-sliced GPU would show it, and the GPU-wide figures add up every job on it.
     """
 
-    emulated = True
-
     def __init__(self, gpu_indices: Sequence[int], gpu_util: float, mem_util: float, mem_mb: float,
                  seed: int = 0, noise: float = 0.03, device_table: EmulatedDeviceTable | None = None) -> None:
         self.gpu_indices = list(gpu_indices) or [0]
@@ -251,15 +241,13 @@ class EmulatedBackend:
 
 
 def read_pid(path: str, wait_s: float = 5.0) -> int | None:
+    """The pid in `path` once the launch has written it (None after `wait_s` seconds without one)."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        try:
-            with open(path, encoding="ascii") as fh:
-                text = fh.read().strip()
+        with contextlib.suppress(OSError), open(path, encoding="ascii") as fh:
+            text = fh.read().strip()
             if text.isdigit():
                 return int(text)
-        except OSError:
-            pass
         time.sleep(0.05)
     return None
 
@@ -272,12 +260,10 @@ def sample_loop(backend: Any, write: Callable[[Sample], None], *, pid: int | Non
 
     With `watch_interval_s`, sampling slows to that interval once `watch_after_s` have passed: a job
     profiled in place needs a dense profiling window, but only the speed watch's rate after it."""
-    start: float | None = None
     written = 0
     pgid = pid  # the wrapper leads its own process group (setsid)
+    start = now = clock()
     while True:
-        now = clock()
-        start = now if start is None else start
         for record in backend.sample(pgid):
             record["t"] = now
             write(record)
@@ -286,6 +272,7 @@ def sample_loop(backend: Any, write: Callable[[Sample], None], *, pid: int | Non
             return written
         slow = watch_interval_s is not None and now - start >= watch_after_s
         sleep(watch_interval_s if slow else interval_s)  # type: ignore[arg-type]
+        now = clock()
 
 
 def counts_for_speed(record: Sample) -> bool:
@@ -297,17 +284,15 @@ def counts_for_speed(record: Sample) -> bool:
 class TelemetryLog:
     """A watching agent's JSON-lines file: the whole profiling window, then a bounded tail of speed samples.
 
-    The scheduler reads two things from the file: the profile, from every sample of the first
-    `keep_all_s` seconds (`first_window`, which cuts at the same instant, start + keep_all_s), and
-    the speed estimate, from the latest samples that `counts_for_speed` (`estimate_shared_speed`,
-    reading the last SPEED_READ_BYTES). So the window is kept whole, and after it only speed
-    samples are written: a job alone writes nothing more. Once they fill 2 x `watch_bytes` the file
-    is rewritten, atomically, as the window plus the last `watch_bytes` of them; the tail the round
-    reads then holds the same newest samples as the whole record, so both figures come out exact,
-    and the file stays under window + 2 x `watch_bytes` + one line, however long the job runs.
-    Filtering alone would still grow without bound while a pair runs for days; a cap alone would
-    keep rewriting the file of every job; aggregates (a mean every N samples) would change the
-    estimate's sample counts (its min_samples and max_samples).
+    The scheduler reads the profile from every sample of the first `keep_all_s` seconds (`first_window`
+    cuts at the same instant) and the speed estimate from the latest samples that `counts_for_speed` in
+    the last SPEED_READ_BYTES (`estimate_shared_speed`). So the window is kept whole, and after it only
+    speed samples are written (a job alone writes nothing more); once they fill 2 x `watch_bytes` the file
+    is rewritten, atomically, as the window plus the last `watch_bytes` of them: the tail the round reads
+    holds the newest samples of the whole record, so both figures come out exact, and the file stays under
+    window + 2 x `watch_bytes` + one line however long the job runs. Filtering alone would grow without
+    bound while a pair runs for days, a cap alone would keep rewriting every job's file, and aggregates
+    (a mean every N samples) would change the estimate's sample counts (min_samples, max_samples).
     """
 
     def __init__(self, path: str, keep_all_s: float | None, watch_bytes: int = KEPT_WATCH_BYTES) -> None:
@@ -379,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--emulate", default=None, help="GPU_UTIL,MEM_UTIL,MEM_MB: emulated backend")
     s.add_argument("--device-table", default=None,
                    help="emulated backend: directory where the host's agents list their jobs' GPUs "
-                        "(default: .emulated-gpus next to this script, i.e. in the host's work directory)")
+                        "(default: .emulated-gpus next to this script; a launch names its work directory's)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--keep-all-s", type=float, default=None,
                    help="watching agent: keep every sample of the first S seconds (the profiling window), "
@@ -400,13 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pid = read_pid(args.pid_file) if args.pid_file else None
     log = None if args.out == "-" else TelemetryLog(args.out, args.keep_all_s, args.watch_bytes)
     try:
-        def to_stdout(record: Sample) -> None:
-            sys.stdout.write(json.dumps(record) + "\n")
-            sys.stdout.flush()
-
-        sample_loop(backend, to_stdout if log is None else log.write, pid=pid, interval_s=args.interval,
-                    duration_s=args.duration, watch_interval_s=args.watch_interval,
-                    watch_after_s=args.keep_all_s or 0.0)
+        sample_loop(backend, (lambda record: print(json.dumps(record), flush=True)) if log is None else log.write,
+                    pid=pid, interval_s=args.interval, duration_s=args.duration,
+                    watch_interval_s=args.watch_interval, watch_after_s=args.keep_all_s or 0.0)
     finally:
         backend.close()
         if log is not None:
