@@ -1,7 +1,7 @@
 """Executors: launch, poll, stop and read jobs on hosts through one interface.
 
-`HostExecutor` speaks the host scripts of `host_scripts` over a `Transport` (a local `sh`
-subprocess or an SSH channel), so local and SSH hosts behave the same way.
+`HostExecutor` speaks the host scripts (`host_launch`, `host_reads`, `host_stop`) over a `Transport` (a local
+`sh` subprocess or an SSH channel), so local and SSH hosts behave the same way.
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from lucid_core.runtime import host_scripts
-from lucid_core.runtime.host_scripts import TelemetryLaunch
+from lucid_core.runtime import host_launch, host_reads, host_stop
+from lucid_core.runtime.host_claims import CONFLICT, LaunchClaim
+from lucid_core.runtime.host_inputs import os_user_problem
+from lucid_core.runtime.host_launch import REFUSED_USER, TelemetryLaunch
 
 
 class HostUnreachable(RuntimeError):
@@ -159,16 +161,16 @@ class HostExecutor:
         host's ledger of live runs refuses it (see LaunchSpec.job_id).
         """
         run_as = self._run_as(host, spec)
-        claim = (host_scripts.LaunchClaim(spec.job_id, tuple(spec.gpu_indices), spec.partner)
+        claim = (LaunchClaim(spec.job_id, tuple(spec.gpu_indices), spec.partner)
                  if spec.job_id is not None else None)
-        script = host_scripts.launch_script(host.workdir, spec.run_id, spec.command, spec.env, spec.telemetry,
-                                            run_as, claim)
+        script = host_launch.launch_script(host.workdir, spec.run_id, spec.command, spec.env, spec.telemetry,
+                                           run_as, claim)
         result = self._run(host, script)
         last = (result.stdout.strip().splitlines() or [""])[-1].split()
-        if run_as is not None and last[:1] == [host_scripts.REFUSED_USER]:
+        if run_as is not None and last[:1] == [REFUSED_USER]:
             said = " ".join(last[1:])[-500:] or f"exit status {result.exit_status}"
             raise RunAsRefused(f"host {host.name} cannot run the job as user {run_as!r}: {said}")
-        if last[:1] == [host_scripts.CONFLICT]:
+        if last[:1] == [CONFLICT]:
             raise LaunchConflict(f"host {host.name} refused run {spec.run_id}: {' '.join(last[1:])[:500]}")
         if result.exit_status != 0 or not last or last[0] not in {"LAUNCHED", "EXISTS"}:
             raise HostCommandFailed(
@@ -184,7 +186,7 @@ class HostExecutor:
             return None
         if host.run_as != "submitter":
             raise HostCommandFailed(f"host {host.name}: run_as {host.run_as!r} is not account or submitter")
-        problem = host_scripts.os_user_problem(spec.user)
+        problem = os_user_problem(spec.user)
         if problem is not None:
             raise RunAsRefused(f"host {host.name} cannot run the job as user {spec.user!r}: {problem}")
         return spec.user
@@ -199,7 +201,7 @@ class HostExecutor:
         """Each run's status; a run whose line does not parse is UNREADABLE, the others stand."""
         if not run_ids:
             return {}
-        result = self._run(host, host_scripts.poll_script(host.workdir, run_ids))
+        result = self._run(host, host_reads.poll_script(host.workdir, run_ids))
         lines = result.stdout.strip().splitlines()
         if not lines or lines[-1] != "END":
             raise HostCommandFailed(f"host {host.name}: poll output cut short: {result.stdout[-300:]!r}")
@@ -211,7 +213,7 @@ class HostExecutor:
         return out
 
     def stop(self, host: HostAddress, run_id: str, reason: str, grace_s: float) -> RunStatus:
-        script = host_scripts.stop_script(host.workdir, run_id, reason, grace_s)
+        script = host_stop.stop_script(host.workdir, run_id, reason, grace_s)
         result = self._run(host, script, timeout_s=self.timeout_s + grace_s)
         lines = result.stdout.strip().splitlines()
         if not lines:  # the script did not get to its answer: nothing is known of the run
@@ -220,11 +222,11 @@ class HostExecutor:
         return parse_status(lines[-1].split())
 
     def read(self, host: HostAddress, run_id: str, name: str, max_bytes: int = 1 << 20) -> str:
-        return self._run(host, host_scripts.read_script(host.workdir, run_id, name, max_bytes)).stdout
+        return self._run(host, host_reads.read_script(host.workdir, run_id, name, max_bytes)).stdout
 
     def discover_gpus(self, host: HostAddress) -> list[GpuInfo]:
         """GPUs reported by nvidia-smi on the host (empty when it has none)."""
-        result = self._run(host, host_scripts.discover_gpus_script())
+        result = self._run(host, host_reads.discover_gpus_script())
         gpus = []
         for line in result.stdout.strip().splitlines():
             parts = [p.strip() for p in line.split(",")]

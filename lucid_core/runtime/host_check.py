@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select
 
 from lucid_core.runtime.executor import HostCommandFailed, HostExecutor, HostUnreachable
-from lucid_core.runtime.host_scripts import os_user_problem
+from lucid_core.runtime.host_inputs import os_user_problem
 from lucid_core.runtime.inventory import InventoryError, host_address
 from lucid_core.runtime.schema import GpuRow, HostRow
 from lucid_core.runtime.store import Store

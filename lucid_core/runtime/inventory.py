@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, Pool, RunState
 from lucid_core.runtime.executor import GpuInfo, HostAddress, HostExecutor
-from lucid_core.runtime.host_scripts import os_user_problem
+from lucid_core.runtime.host_inputs import os_user_problem
 from lucid_core.runtime.lease import admin_lease
 from lucid_core.runtime.schema import GpuRow, HostRow, RunRow
 from lucid_core.runtime.store import Store

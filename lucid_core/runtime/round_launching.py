@@ -21,7 +21,7 @@ from lucid_core.runtime.executor import (
     RunStatus,
 )
 from lucid_core.runtime.host_calls import CallResult
-from lucid_core.runtime.host_scripts import TelemetryLaunch
+from lucid_core.runtime.host_launch import TelemetryLaunch
 from lucid_core.runtime.inventory import host_address
 from lucid_core.runtime.round_base import (
     TERMINAL_VALUES,

@@ -11,7 +11,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 
 from lucid_core.domain import TERMINAL_STATES, JobState
-from lucid_core.runtime.host_scripts import ENV_NAME_PATTERN
+from lucid_core.runtime.host_inputs import ENV_NAME_PATTERN
 from lucid_core.runtime.inventory import submitter_user_problem
 from lucid_core.runtime.schema import HostRow, JobEventRow, JobRow
 from lucid_core.runtime.store import Store

@@ -18,7 +18,8 @@ from sqlalchemy import func, select
 
 from lucid_core.runtime.api import create_app
 from lucid_core.runtime.executor import HostAddress, LaunchSpec
-from lucid_core.runtime.host_scripts import check_run_id, read_script
+from lucid_core.runtime.host_inputs import check_run_id
+from lucid_core.runtime.host_reads import read_script
 from lucid_core.runtime.inventory import HostSpec, add_host
 from lucid_core.runtime.local_executor import local_executor
 from lucid_core.runtime.schema import JobEventRow, JobRow, RunRow

@@ -20,10 +20,10 @@ from runtime_helpers import SETTINGS, fast_config, jobs_by_id, marked_processes,
 from sqlalchemy import select
 
 from lucid_core.runtime.executor import HostAddress, HostExecutor, LaunchConflict, LaunchSpec, ScriptResult
-from lucid_core.runtime.host_scripts import RUN_MARKER
 from lucid_core.runtime.inventory import HostSpec, add_host
 from lucid_core.runtime.local_executor import LocalTransport, local_executor
 from lucid_core.runtime.round import RoundReport, SchedulingRound
+from lucid_core.runtime.run_records import RUN_MARKER
 from lucid_core.runtime.schema import HostRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.ssh_executor import ssh_executor
 from lucid_core.runtime.store import Store

@@ -18,7 +18,7 @@ from runtime_helpers import fast_config, jobs_by_id, one_round, register, runs_o
 from sqlalchemy import func, select
 
 from lucid_core.runtime.executor import HostAddress, HostKeyRejected, LaunchSpec
-from lucid_core.runtime.host_scripts import launch_script
+from lucid_core.runtime.host_launch import launch_script
 from lucid_core.runtime.local_executor import local_executor
 from lucid_core.runtime.schema import HostRow, JobRow
 from lucid_core.runtime.ssh_executor import SshTransport

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from lucid_core.runtime.executor import HostAddress, LaunchSpec
-from lucid_core.runtime.host_scripts import check_run_id, launch_script
+from lucid_core.runtime.host_inputs import check_run_id
+from lucid_core.runtime.host_launch import launch_script
 from lucid_core.runtime.local_executor import local_executor
 from lucid_core.runtime.ssh_executor import SshTransport, ssh_executor
 

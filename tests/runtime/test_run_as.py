@@ -23,10 +23,10 @@ from runtime_helpers import fast_config, jobs_by_id, marked_processes, runs_of
 from sqlalchemy import select
 
 from lucid_core.domain import JobState
-from lucid_core.runtime.host_scripts import RUN_MARKER
 from lucid_core.runtime.inventory import HostSpec, add_host
 from lucid_core.runtime.queries import logs
 from lucid_core.runtime.round import RoundReport, RoundSettings, SchedulingRound
+from lucid_core.runtime.run_records import RUN_MARKER
 from lucid_core.runtime.schema import HostRow, JobEventRow
 from lucid_core.runtime.ssh_executor import ssh_executor
 from lucid_core.runtime.store import Store

@@ -17,7 +17,7 @@ import pytest
 from runtime_helpers import marked_processes
 
 from lucid_core.runtime.executor import HostAddress, HostExecutor, LaunchSpec, RunStatus
-from lucid_core.runtime.host_scripts import RUN_MARKER
+from lucid_core.runtime.run_records import RUN_MARKER
 from lucid_core.runtime.ssh_executor import ssh_executor
 
 pytestmark = pytest.mark.ssh
