@@ -265,7 +265,7 @@ def test_the_tuners_apply_changes_what_the_next_round_reads(tmp_path, monkeypatc
     from lucid_airflow import round_steps, tuning
 
     from lucid_core.config import live_config_path, load_live_config
-    from lucid_core.runtime import cli as runtime_cli
+    from lucid_core.runtime.cli_context import config_of
     from lucid_core.tuner import write_config_toml
 
     monkeypatch.delenv("LUCID_CONFIG", raising=False)
@@ -276,7 +276,7 @@ def test_the_tuners_apply_changes_what_the_next_round_reads(tmp_path, monkeypatc
     rnd = round_steps._round(f"sqlite:///{tmp_path / 'lucid.db'}", tmp_path)
     assert (rnd.config.profiler.tprof_s, rnd.config.binder.sharing) == (100, "off")
     args = argparse.Namespace(config=None, set=["binder.sharing=on"])
-    assert runtime_cli._config(args).profiler.tprof_s == 100 and runtime_cli._config(args).binder.sharing == "on"
+    assert config_of(args).profiler.tprof_s == 100 and config_of(args).binder.sharing == "on"
     assert tuning.current_config().profiler.tprof_s == 100
     monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "other.toml"))  # set: it wins, for every reader alike
     assert live_config_path() == tmp_path / "other.toml"
