@@ -68,7 +68,7 @@ def bench_packing(figures: Path | None) -> None:
 
 
 def bench_throughput(figures: Path | None) -> None:
-    from lucid_core.models.explain import plot_shape_functions
+    from lucid_core.models.contributions import plot_shape_functions
     from lucid_core.models.throughput import ThroughputForecast, ThroughputModel, evaluate_throughput
 
     series = load_throughput_series(VENUS)
@@ -125,8 +125,8 @@ def _philly_split():
 
 
 def bench_duration(figures: Path | None) -> None:
+    from lucid_core.models.contributions import plot_shape_functions
     from lucid_core.models.duration import DurationModel, hgb_baseline, score_log
-    from lucid_core.models.explain import plot_shape_functions
 
     frame, test = _philly_split()
     y = np.log1p(frame["duration"].to_numpy())

@@ -396,7 +396,7 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
 
 def publish_model_pages(directory: str | Path) -> list[str]:
     """Shape-function plots of the promoted EBMs and the packing tree as text, for the plugin's model page."""
-    from lucid_core.models.explain import plot_shape_functions
+    from lucid_core.models.contributions import plot_shape_functions
     from lucid_core.models.registry import ModelRegistry
 
     out = Path(directory)

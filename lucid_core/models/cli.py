@@ -157,7 +157,7 @@ def _train_throughput(args: argparse.Namespace) -> int:
         print(f"| {target} | {s.slots} | {s.model_mae:.3f} | {s.naive_mae:.3f} | {b['hgb_squared']:.3f} | "
               f"{b['hgb_log_target']:.3f} | {b['hgb_absolute']:.3f} | {model.fit_seconds_:.1f} |")
         if args.shapes:
-            from lucid_core.models.explain import plot_shape_functions
+            from lucid_core.models.contributions import plot_shape_functions
 
             plot_shape_functions(model.ebm_, args.shapes, prefix=target)
         _register(args, target, model, kind="throughput_ebm", training_window=model.train_window_,
@@ -217,7 +217,7 @@ def _train_duration(args: argparse.Namespace) -> int:
     for name, s, seconds in rows:
         print(f"| {name} | {s.r2:.3f} | {s.spearman:.3f} | {s.mae_log:.3f} | {seconds:.1f} |")
     if args.shapes:
-        from lucid_core.models.explain import plot_shape_functions
+        from lucid_core.models.contributions import plot_shape_functions
 
         plot_shape_functions(model.ebm_, args.shapes, prefix="duration")
     best = rows[len(rows) - 3]

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from lucid_core.domain import Job
-from lucid_core.models.explain import Explanation, explain_ebm
+from lucid_core.models.contributions import Explanation, explain_ebm
 from lucid_core.models.monotone import monotonize_term
 from lucid_core.models.names import NO_NAME, JobNameBucketer
 from lucid_core.policy.predictors import HistoryDurationPredictor

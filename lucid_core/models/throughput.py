@@ -104,7 +104,7 @@ class ThroughputModel:
 
     def explain(self, X: pd.DataFrame) -> list:
         """Contributions in log1p space: expm1(intercept + sum) is the forecast."""
-        from lucid_core.models.explain import explain_ebm
+        from lucid_core.models.contributions import explain_ebm
 
         return explain_ebm(self.ebm_, X[self.feature_names_])
 
