@@ -5,24 +5,28 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lucid_core.config import load_live_config
+from lucid_core.config import LucidConfig, load_live_config
+
+if TYPE_CHECKING:
+    from lucid_core.runtime.executor import HostExecutor
+    from lucid_core.runtime.store import Store
 
 
-def store_of(args: argparse.Namespace) -> Any:
+def store_of(args: argparse.Namespace) -> Store:
     """The store of --store (default: LUCID_STORE_URL, else SQLite in LUCID_HOME)."""
     from lucid_core.runtime.store import open_store
 
     return open_store(args.store_url)
 
 
-def config_of(args: argparse.Namespace) -> Any:
+def config_of(args: argparse.Namespace) -> LucidConfig:
     """The live config of --config (default: LUCID_CONFIG, else LUCID_HOME/lucid.toml) with the --set knobs."""
     return load_live_config(args.config, args.set)
 
 
-def executor_of(args: argparse.Namespace, deadline_s: float | None = None) -> Any:
+def executor_of(args: argparse.Namespace, deadline_s: float | None = None) -> HostExecutor:
     """The SSH (and local) executor; `deadline_s` bounds each host call (the round's host_call_deadline_s)."""
     from lucid_core.runtime.ssh_executor import ssh_executor
 

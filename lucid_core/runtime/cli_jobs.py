@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any, TypeVar
 
 from lucid_core.runtime.cli_context import config_of, emit, executor_of, store_of
 from lucid_core.runtime.history_table import STATE_ALIASES, history_columns, history_lines, local_time, parse_since
+
+T = TypeVar("T")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -186,12 +190,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from lucid_core.runtime.explain import explain, explain_terms, shared_speed_line
-    from lucid_core.runtime.submission import UnknownJob
 
-    try:
-        data = explain(store_of(args), args.job, config_of(args), time.time())
-    except KeyError:
-        raise UnknownJob(args.job) from None
+    data = _about_job(args, explain)
     prio = data["priority"]
     lines = [f"{data['job_id']} {data['state']}: {data['gpus']} GPU(s), user {data['user']}, VC {data['vc']}"]
     if prio["predicted_duration_s"] is not None:
@@ -228,12 +228,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_eta(args: argparse.Namespace) -> int:
     from lucid_core.runtime.eta import estimate
-    from lucid_core.runtime.submission import UnknownJob
 
-    try:
-        eta = estimate(store_of(args), args.job, config_of(args), time.time())
-    except KeyError:
-        raise UnknownJob(args.job) from None
+    eta = _about_job(args, estimate)
     emit(args, asdict(eta),
            f"{eta.job_id} {eta.state}: start {local_time(eta.start)}, end {local_time(eta.end)} ({eta.note})")
     return 0
+
+
+def _about_job(args: argparse.Namespace, answer: Callable[[Any, str, Any, float], T]) -> T:
+    """`answer(store, job, config, now)` for --job; an unknown job is the CLI's UnknownJob error."""
+    from lucid_core.runtime.submission import UnknownJob
+
+    try:
+        return answer(store_of(args), args.job, config_of(args), time.time())
+    except KeyError:
+        raise UnknownJob(args.job) from None
