@@ -9,6 +9,7 @@ job that misbehaved ends in one terminal state with its own exit code or a reaso
 from __future__ import annotations
 
 import itertools
+import math
 import shlex
 import time
 from collections import defaultdict
@@ -381,3 +382,47 @@ def test_pid_exit_code_and_agent_tampering_through_a_real_sshd_host(sshd_hosts, 
     assert_no_gpu_double_booking(ledger, workdir, "main0")
     store.dispose()
 
+
+
+# ---------------------------------------------------------------------------------- poisoned profile
+# through its profiling window the job appends to its own run's telemetry file what JSON parsers let
+# through (NaN, Infinity, 1e999, negative memory), wrong types, invalid UTF-8 and 1 MB lines
+TELEMETRY_POISON = r'''R="$LUCID_WORKDIR/../../$LUCID_RUN_ID/telemetry.jsonl"
+end=$(( $(date +%s) + 5 ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  printf '{"t": NaN, "gpu": 0, "gpu_util": NaN, "mem_util": Infinity, "mem_mb": 1e999, "job_mem_mb": -1e308}\n' >> "$R"
+  printf '{"t": 1, "gpu": 0, "gpu_util": "97", "mem_util": [1], "mem_mb": {"a": 1}}\n\377\376junk\n' >> "$R"
+  head -c 1048576 /dev/zero | tr '\0' x >> "$R"; echo >> "$R"
+  sleep 0.2
+done
+sleep 3'''
+
+
+def test_a_job_that_poisons_its_profiling_telemetry_gets_a_finite_profile_and_harms_no_one(tmp_path):
+    """The profile the round stores comes only from well-formed, finite samples (here the agent's own),
+    so a job cannot give itself a NaN memory footprint that would let any partner share its GPU."""
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    add_host(store, HostSpec("p0", executor="local", pool="profiling", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "p0")))
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=2,
+                             workdir=str(tmp_path / "m0")))
+    config = fast_config(**{"profiler.tprof_s": 3})
+    poisoner = submit(store, JobRequest(TELEMETRY_POISON, 1, "mallory", "vc-a", name="poison"))
+    plain = submit(store, JobRequest("sleep 2", 1, "ann", "vc-a", name="plain"))
+    reports, deadline = [], time.monotonic() + 90
+    while time.monotonic() < deadline:
+        reports.append(SchedulingRound(store, local_executor(), config, SETTINGS).run())
+        if all(j.state in TERMINAL for j in jobs_by_id(store).values()):
+            break
+        time.sleep(0.3)
+    profiled_run = runs_of(store, poisoner)[0]
+    poisoned = (tmp_path / "p0" / profiled_run.run_id / "telemetry.jsonl").read_bytes()
+    assert poisoned.count(b"NaN") >= 3 and len(poisoned) > 3 << 20  # the poison reached the file the round reads
+    jobs = jobs_by_id(store)
+    assert jobs[poisoner].state == jobs[plain].state == "COMPLETED"
+    assert not [e for r in reports for e in r.errors]
+    row = jobs[poisoner]
+    assert row.profiled and row.gpu_mem_mb is not None
+    for value in (row.gpu_util, row.mem_util, row.gpu_mem_mb):
+        assert value is not None and math.isfinite(value) and value >= 0
+    store.dispose()
