@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(openssh-server chromium sudo)
+# the servers the tests use (scripts/services.sh starts them) are packages too: a fresh machine may lack them
+APT_PACKAGES=(openssh-server chromium sudo postgresql redis-server rabbitmq-server)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
