@@ -10,7 +10,7 @@ from lucid_core.runtime.executor import HostAddress, HostExecutor, HostUnreachab
 class LocalTransport:
     def run_script(self, host: HostAddress, script: str, timeout_s: float) -> ScriptResult:
         try:
-            done = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True,
+            done = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, errors="replace",
                                   timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired as exc:
             raise HostUnreachable(f"host {host.name}: local script timed out after {timeout_s:g} s") from exc
