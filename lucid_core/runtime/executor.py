@@ -224,6 +224,12 @@ class HostExecutor:
     def read(self, host: HostAddress, run_id: str, name: str, max_bytes: int = 1 << 20) -> str:
         return self._run(host, host_reads.read_script(host.workdir, run_id, name, max_bytes)).stdout
 
+    def read_front_lines(self, host: HostAddress, run_id: str, name: str, max_bytes: int, line_bytes: int,
+                         scan_bytes: int) -> str:
+        """The front of a run's file, lines longer than `line_bytes` dropped (host_reads.read_front_lines_script)."""
+        script = host_reads.read_front_lines_script(host.workdir, run_id, name, max_bytes, line_bytes, scan_bytes)
+        return self._run(host, script).stdout
+
     def discover_gpus(self, host: HostAddress) -> list[GpuInfo]:
         """GPUs reported by nvidia-smi on the host (empty when it has none)."""
         result = self._run(host, host_reads.discover_gpus_script())

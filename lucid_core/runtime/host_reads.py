@@ -1,4 +1,4 @@
-"""Scripts that only read a host: each run's status (poll), the tail of a run's file, the host's GPUs."""
+"""Scripts that only read a host: each run's status (poll), the tail or front of a run's file, the host's GPUs."""
 
 from __future__ import annotations
 
@@ -45,6 +45,24 @@ echo END
 
 def read_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
     """The last `max_bytes` of a file in the run directory (empty when absent)."""
+    return _run_file_script(workdir, run_id, name, f'tail -c {int(max_bytes)} -- "$f"')
+
+
+def read_front_lines_script(workdir: str, run_id: str, name: str, max_bytes: int, line_bytes: int,
+                            scan_bytes: int) -> str:
+    """The first `max_bytes` of the lines no longer than `line_bytes` among a file's first `scan_bytes`.
+
+    For a telemetry window, which sits at the front of its file: the job can append to its own run's
+    file, and neither what it appends after the window nor long lines it slips in can push the agent's
+    samples out of the read (a job that floods past `scan_bytes` only loses its own profile).
+    """
+    keep = f"LC_ALL=C awk 'length($0) <= {int(line_bytes)}'"
+    return _run_file_script(workdir, run_id, name,
+                            f'head -c {int(scan_bytes)} -- "$f" | {keep} | head -c {int(max_bytes)}')
+
+
+def _run_file_script(workdir: str, run_id: str, name: str, reader: str) -> str:
+    """Run `reader` on "$f", a file of the run directory (nothing when absent or when it resolves outside)."""
     if name not in {"stdout.log", "stderr.log", "telemetry.jsonl", "telemetry.err", "command.sh"}:
         raise ValueError(f"not a run file: {name!r}")
     run = shlex.quote(check_run_id(run_id))
@@ -53,7 +71,7 @@ def read_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
     return (f"W={quote_path(workdir)}\n"
             'd=$(cd "$W" 2>/dev/null && pwd -P) || exit 0\n'
             f'f=$(readlink -f -- "$d"/{run}/{shlex.quote(name)} 2>/dev/null) || exit 0\n'
-            f'case "$f" in "$d"/{run}/*) [ -f "$f" ] && tail -c {int(max_bytes)} -- "$f" ;; esac\n'
+            f'case "$f" in "$d"/{run}/*) [ -f "$f" ] && {reader} ;; esac\n'
             "exit 0\n")
 
 

@@ -33,6 +33,7 @@ from lucid_core.runtime.schema import (
     RunRow,
 )
 from lucid_core.runtime.telemetry import (
+    RECORD_BYTES_BOUND,
     bounded_file_bytes,
     first_window,
     parse_samples,
@@ -41,6 +42,10 @@ from lucid_core.runtime.telemetry import (
 from lucid_core.runtime.view_builder import (
     Snapshot,
 )
+
+# most bytes of a run's telemetry file scanned for its window: a job that writes more than this into its own
+# file before the window ends loses its profile (and so may not share), at a bounded cost to the round
+PROFILE_SCAN_BYTES = 64 << 20
 
 
 class ProfileSteps(RoundBase):
@@ -60,12 +65,14 @@ class ProfileSteps(RoundBase):
         due = [run for run in due if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
         batches: dict[str, list[Callable[[], str]]] = {}
         for run in due:
-            # the whole file: a watching agent's stays under this bound, its window at the front
+            # the window sits at the file's front (a watching agent's file stays under this bound): read it
+            # from there, so that what the job appends to its own run's file cannot push the samples out
             whole = max(1 << 20, bounded_file_bytes(self._kept_window_s(run), self.settings.telemetry_interval_s,
                                                     len(run.gpu_indices)))
             address = host_address(self._hosts[run.host])
             batches.setdefault(run.host, []).append(
-                lambda a=address, r=run, n=whole: self.executor.read(a, r.run_id, "telemetry.jsonl", n))
+                lambda a=address, r=run, n=whole: self.executor.read_front_lines(
+                    a, r.run_id, "telemetry.jsonl", n, RECORD_BYTES_BOUND, PROFILE_SCAN_BYTES))
         for run, result in pair_results(due, self._fan_out(batches, reads=True)) if due else []:
             if isinstance(result.error, HostUnreachable):
                 self._host_failed(run.host, result.error)

@@ -3,6 +3,7 @@ GPU discovery, and the local executor's TERM-then-KILL stop."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from lucid_core.runtime.host_inputs import check_run_id
 from lucid_core.runtime.host_launch import launch_script
 from lucid_core.runtime.local_executor import local_executor
 from lucid_core.runtime.ssh_executor import SshTransport, ssh_executor
+from lucid_core.runtime.telemetry import RECORD_BYTES_BOUND, parse_samples
 
 NASTY = "it's \"quoted\" $HOME `date` \\ ; rm -rf /nonexistent"
 
@@ -96,3 +98,26 @@ def test_gpus_are_discovered_with_nvidia_smi_over_the_executor(tmp_path, monkeyp
     with pytest.raises(InventoryError, match="no NVIDIA GPU"):
         add_host(store, HostSpec("cpu0", executor="local"), local_executor())
     store.dispose()
+
+
+def test_a_profile_window_is_read_from_the_files_front_past_what_the_job_appended(tmp_path):
+    """The agent's window heads its telemetry file; the job may append megabytes of long lines and junk to
+    it. The front read keeps every window sample, where a tail read of the same size sees none of them."""
+    host = HostAddress("local", executor="local", workdir=str(tmp_path))
+    run_dir = tmp_path / "j3-prof1"
+    run_dir.mkdir()
+    window = [json.dumps({"gpu": 0, "gpu_util": 40.0 + i, "mem_util": 5.0, "mem_used_mb": 900.0, "t": 100.0 + i})
+              for i in range(12)]
+    with open(run_dir / "telemetry.jsonl", "wb") as fh:
+        fh.write(("\n".join(window[:4]) + "\n").encode())
+        fh.write(b"x" * (1 << 20) + b"\n\377\376junk\n")  # a long line amid the window
+        fh.write(("\n".join(window[4:]) + "\n").encode())
+        for _ in range(3):
+            fh.write(b'{"t": NaN}\n' + b"y" * (1 << 20) + b"\n")
+    executor = local_executor()
+    front = executor.read_front_lines(host, "j3-prof1", "telemetry.jsonl", 1 << 20, RECORD_BYTES_BOUND, 64 << 20)
+    assert [json.dumps(s) for s in parse_samples(front)] == window
+    assert parse_samples(executor.read(host, "j3-prof1", "telemetry.jsonl", 1 << 20)) == []
+    # the scan is bounded: a window behind more than `scan_bytes` is not found (the job loses its profile)
+    assert parse_samples(executor.read_front_lines(host, "j3-prof1", "telemetry.jsonl", 1 << 20,
+                                                   RECORD_BYTES_BOUND, 1 << 10)) == [json.loads(w) for w in window[:4]]
