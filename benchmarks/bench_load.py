@@ -162,6 +162,11 @@ class EmulatedHosts:
         return "\n".join(json.dumps({"t": i, "gpu": 0, "gpu_util": util, "mem_util": mem, "mem_used_mb": 3000.0,
                                      "job_mem_mb": 1000.0 + seed % 20000, "emulated": True}) for i in range(5))
 
+    def read_front_lines(self, host: HostAddress, run_id: str, name: str, max_bytes: int, line_bytes: int,
+                         scan_bytes: int) -> str:
+        """The profile window's read: these emulated files hold only well-formed lines."""
+        return self.read(host, run_id, name, max_bytes)
+
     def close(self) -> None:
         """Nothing to release."""
 
