@@ -72,7 +72,7 @@ class OrchestratorConfig:
         "is more than this many times its own predicted GPU-time (0: off, Lucid never stops a job)"))
     yield_min_run: float = _knob(10.0, lo=0, doc=(
         "yielding: a job runs at least this many times its checkpoint cost before it may be stopped"))
-    yield_max: int = _knob(1, lo=0, doc=(
+    yield_max: int = _knob(4, lo=0, doc=(
         "yielding: a job is stopped at most this many times (its queueing tail stays bounded)"))
     yield_interval_s: float = _knob(60.0, lo=0, doc=(
         "yielding: how often running jobs are looked at for stopping (like Tiresias's 60 s rounds)"))
@@ -80,7 +80,10 @@ class OrchestratorConfig:
         "yielding: a stopped job keeps its place in the queue (its key before it yielded)"))
     yield_wide: bool = _knob(True, doc=(
         "yielding: jobs wider than a node may be stopped too (False: only jobs within one node)"))
-    long_quantile: float = _knob(1.0, lo=0, hi=1, doc=(
+    yield_seniority: bool = _knob(True, doc=(
+        "yielding by seniority: the oldest waiting long job (see long_quantile) may take the GPUs of long jobs "
+        "submitted after it, so the long class runs in arrival order as Tiresias's low queue does"))
+    long_quantile: float = _knob(0.95, lo=0, hi=1, doc=(
         "jobs whose predicted GPU-time is above this quantile of recent jobs' form one class served in "
         "arrival order (1: off, pure shortest-first)"))
 

@@ -17,7 +17,7 @@ from lucid_core.policy.predictors import (
 )
 from lucid_core.policy.profiler import SpaceAwareProfiler
 from lucid_core.policy.view import ClusterView
-from lucid_core.policy.yielding import YieldRule, yield_to_waiting
+from lucid_core.policy.yielding import Seniority, YieldRule, yield_to_waiting
 
 
 class LucidPolicy(SchedulingPolicy):
@@ -118,10 +118,12 @@ class LucidPolicy(SchedulingPolicy):
             view.main.release_holds()
 
     def _yield(self, view: ClusterView, online: float | None) -> list[Decision]:
+        seniority = (Seniority(self.orchestrator.oldest_long, lambda job: self.orchestrator.is_long(view, job))
+                     if self.config.orchestrator.yield_seniority else None)
         return yield_to_waiting(
             view, self.yield_rule, lambda job, left: self._requeue_stopped(view, job, left),
             self._checkpoint_cost, self._guard_started, lambda job, key: exclusive_reason(view, job, key),
-            self.placement, online)
+            self.placement, online, seniority)
 
     def _checkpoint_cost(self, job: Job) -> float:
         return checkpoint_cost_s(self.config, job.gpus)
@@ -135,7 +137,8 @@ class LucidPolicy(SchedulingPolicy):
         """A job that yielded waits again, ordered by the work it has left. The guard's clock still runs
         from its submission (a slowdown bound over its whole stay: measured, BENCHMARKS, it keeps the
         queueing tail that a clock restarted at the stop loses)."""
-        kept = self.orchestrator.sort_key(job, view.now) if self.config.orchestrator.yield_keep_place else None
+        keep = self.config.orchestrator.yield_keep_place
+        kept = self.orchestrator.sort_key(job, view.now, view.long_cap) if keep else None
         job.predicted_duration = max(work_left_s, 1.0)
         self.orchestrator.requeue(view, job, key=kept)
 

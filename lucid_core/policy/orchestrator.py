@@ -248,8 +248,7 @@ class Orchestrator:
         self.guard_slowdown = guard_slowdown
         self.guard_floor_s = guard_floor_s
         self.long_quantile = long_quantile
-        self.recent_priorities_: deque[float] = deque(maxlen=long_window)
-        self.long_cap_: float = math.inf  # GPU-seconds
+        self.long_window = long_window
         self.guard_tail = guard_tail
         self.tail_quantile = tail_quantile
         self.recent_waits_: deque[float] = deque(maxlen=tail_window)
@@ -270,13 +269,26 @@ class Orchestrator:
         quantile = ranked[min(n - 1, int(self.tail_quantile * n))]
         self.tail_bound_ = self.guard_tail * max(quantile, self.guard_floor_s)
 
-    def _update_long_cap(self, jobs: list[Job]) -> None:
-        """The long-job cap: the `long_quantile` quantile of recent jobs' predicted GPU-time."""
+    def _update_long_cap(self, view: ClusterView, jobs: list[Job]) -> None:
+        """The long-job cap: the `long_quantile` quantile of the latest `long_window` jobs' predicted
+        GPU-time. Both live in the view's saved state, so a live round starts from the last one's."""
         if self.long_quantile >= 1.0:
             return
-        self.recent_priorities_.extend(job.priority for job in jobs)
-        at = min(len(self.recent_priorities_) - 1, int(self.long_quantile * len(self.recent_priorities_)))
-        self.long_cap_ = sorted(self.recent_priorities_)[at]
+        recent = view.recent_priorities
+        recent.extend(job.priority for job in jobs)
+        del recent[:-self.long_window]
+        view.long_cap = sorted(recent)[min(len(recent) - 1, int(self.long_quantile * len(recent)))]
+
+    def is_long(self, view: ClusterView, job: Job) -> bool:
+        """The job is in the long class: predicted GPU-time at or above the recent `long_quantile` cap."""
+        return self.long_quantile < 1.0 and job.predicted_duration is not None and job.priority >= view.long_cap
+
+    def oldest_long(self, view: ClusterView) -> str | None:
+        """The waiting long-class job submitted first (a heap of arrivals, so O(log n) per round)."""
+        heap = view.long_heap
+        while heap and (heap[0][1] not in view.queue or not self.is_long(view, view.jobs[heap[0][1]])):
+            heapq.heappop(heap)
+        return heap[0][1] if heap else None
 
     def overdue_at(self, job: Job) -> float | None:
         """When the job's wait reaches `guard_slowdown` x max(predicted run time, floor); None: never."""
@@ -292,7 +304,7 @@ class Orchestrator:
             if job_id in view.queue:
                 job = view.jobs[job_id]
                 view.queue.remove(job_id)
-                view.enqueue_main(job, self.sort_key(job, view.now))
+                view.enqueue_main(job, self.sort_key(job, view.now, view.long_cap))
         arrivals = view.arrival_heap
         while arrivals and arrivals[0][0] + self.tail_bound_ <= view.now:
             submit, job_id = heapq.heappop(arrivals)
@@ -327,22 +339,24 @@ class Orchestrator:
         predictions = self.duration_model.predict_duration(jobs)
         for job, pred in zip(jobs, predictions, strict=True):
             job.predicted_duration = max(float(pred), job.known_min_duration, 1.0)
-        self._update_long_cap(jobs)
+        self._update_long_cap(view, jobs)
         for job in jobs:
             self.requeue(view, job)
 
     def requeue(self, view: ClusterView, job: Job, key: SortKey | None = None) -> None:
         """Into the main queue with the prediction it has (just predicted, restored from the store, or a
         stopped job's work left), with its guard deadlines; `key` keeps a key it had before."""
-        key = key if key is not None else self.sort_key(job, view.now)
+        key = key if key is not None else self.sort_key(job, view.now, view.long_cap)
         view.enqueue_main(job, key)
         due = self.overdue_at(job)
         if due is not None and not is_overdue_key(key):
             heapq.heappush(view.guard_heap, (due, job.job_id))
         if self.guard_tail > 0 and not is_overdue_key(key):
             heapq.heappush(view.arrival_heap, (job.submit_time, job.job_id))
+        if self.is_long(view, job):
+            heapq.heappush(view.long_heap, (job.submit_time, job.job_id))
 
-    def sort_key(self, job: Job, now: float | None = None) -> SortKey:
+    def sort_key(self, job: Job, now: float | None = None, long_cap: float = math.inf) -> SortKey:
         if self.use_estimator:
             due = self.overdue_at(job)
             if due is not None and now is not None and due <= now:
@@ -351,6 +365,6 @@ class Orchestrator:
             # aging x submit time keeps the order static, since every waiting job gains alike
             # jobs longer than the recent quantile are one class, served in arrival order: ranking
             # them by noisy predictions only starves the unluckiest of them
-            priority = min(job.priority, self.long_cap_)
+            priority = min(job.priority, long_cap)
             return (priority + self.aging * job.submit_time, job.submit_time, job.job_id)
         return (job.submit_time, 0.0, job.job_id)

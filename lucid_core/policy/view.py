@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +108,11 @@ class ClusterView:
         self.guard_heap: list[tuple[float, str]] = []
         # (submit time, job id) of queued jobs the tail guard has not promoted yet (arrival order)
         self.arrival_heap: list[tuple[float, str]] = []
+        # (submit time, job id) of queued jobs in the long class (arrival order), for yielding by seniority
+        self.long_heap: list[tuple[float, str]] = []
+        # predicted GPU-time of the latest jobs and its quantile, the long class's cap (the orchestrator's)
+        self.recent_priorities: list[float] = []
+        self.long_cap = math.inf
         # the overdue job the current round holds nodes for, if any (for explanations)
         self.reserved_for: str | None = None
         # nodes that take no new work now (live: draining, unreachable or cooling-down hosts): nothing is
@@ -228,7 +234,8 @@ class ClusterView:
         profiler parameters, the nodes borrowed into the profiling pool, the last mode check."""
         return {"sharing_mode": self.sharing_mode.value, "tprof_s": self.tprof_s, "nprof_gpus": self.nprof_gpus,
                 "borrowed_nodes": list(self.borrowed_nodes), "last_mode_check": self.last_mode_check,
-                "last_yield_check": self.last_yield_check}
+                "last_yield_check": self.last_yield_check, "recent_priorities": list(self.recent_priorities),
+                "long_cap": self.long_cap if math.isfinite(self.long_cap) else None}
 
     def restore_policy_state(self, state: Mapping[str, Any]) -> set[str]:
         """Take back what `policy_state` saved; returns the borrowed nodes, which the caller places in the
@@ -239,6 +246,9 @@ class ClusterView:
         self.nprof_gpus = int(state.get("nprof_gpus", self.nprof_gpus))
         self.last_mode_check = state.get("last_mode_check")
         self.last_yield_check = state.get("last_yield_check")
+        self.recent_priorities = [float(p) for p in state.get("recent_priorities") or [] if _is_number(p)]
+        cap = state.get("long_cap")
+        self.long_cap = float(cap) if _is_number(cap) else math.inf
         return set(state.get("borrowed_nodes", []))
 
     def borrow_node(self, name: str) -> None:
@@ -261,3 +271,8 @@ class ClusterView:
                 other = self.allocations.get(alloc.partner)
                 assert other is not None and other.partner == alloc.job_id, f"pair of {alloc.job_id} broken"
                 assert set(other.gpus) == set(alloc.gpus), f"pair {alloc.job_id} on different GPUs"
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float (saved state read back from the store)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

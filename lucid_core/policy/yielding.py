@@ -52,6 +52,15 @@ class YieldRule:
         return self.margin > 0
 
 
+@dataclass(frozen=True, slots=True)
+class Seniority:
+    """Yielding by arrival within the long class: `oldest(view)` is the waiting long job submitted first,
+    `is_long(job)` tells whether a job is in the long class."""
+
+    oldest: Callable[[ClusterView], str | None]
+    is_long: Callable[[Job], bool]
+
+
 def work_left_gpu_s(view: ClusterView, job_id: str) -> float:
     """GPU-seconds a running job is expected to still need (`predicted_release`'s estimate)."""
     return max(0.0, predicted_release(view, job_id) - view.now) * view.jobs[job_id].gpus
@@ -78,11 +87,11 @@ def stoppable_jobs(view: ClusterView, rule: YieldRule, cost_s: Callable[[Job], f
             if _may_stop(view, job_id, rule, cost_s, guard_started)}
 
 
-def _node_victims(view: ClusterView, name: str, need: int, whole: bool, left: dict[str, float],
-                  bound_gpu_s: float) -> list[str] | None:
+def _node_victims(view: ClusterView, name: str, need: int, whole: bool,
+                  eligible: dict[str, float]) -> list[str] | None:
     """Running jobs to stop on one node so that `need` GPUs (every GPU when `whole`) are free;
     None when that is not possible. Most work left first, so the fewest jobs are stopped.
-    `left`: stoppable jobs' work left; only those over `bound_gpu_s` may be stopped."""
+    `eligible`: the jobs this taker may stop, with their work left."""
     node = view.main.nodes[name]
     free = node.free
     if whole:
@@ -93,10 +102,10 @@ def _node_victims(view: ClusterView, name: str, need: int, whole: bool, left: di
     for slot in node.occupants:
         for job_id in slot:
             occupants[job_id] = occupants.get(job_id, 0) + 1
-    candidates = [j for j in occupants if left.get(j, 0.0) > bound_gpu_s]
+    candidates = [j for j in occupants if j in eligible]
     if whole and len(candidates) < len(occupants):
         return None
-    candidates.sort(key=lambda j: -left[j])
+    candidates.sort(key=lambda j: -eligible[j])
     chosen: list[str] = []
     for job_id in candidates:
         if free >= need:
@@ -106,13 +115,13 @@ def _node_victims(view: ClusterView, name: str, need: int, whole: bool, left: di
     return chosen if free >= need else None
 
 
-def _claim(view: ClusterView, job: Job, left: dict[str, float], bound_gpu_s: float) -> list[str] | None:
+def _claim(view: ClusterView, job: Job, eligible: dict[str, float]) -> list[str] | None:
     """The running jobs whose GPUs let `job` start compactly (the fewest GPUs stopped), or None.
     Only nodes where a stoppable job runs are looked at (a node with room would have taken the job).
     A stopped job may span other nodes too: all of its GPUs come free."""
     size = view.main.gpus_per_node
     vc = view.placement_vc(job)
-    names = dict.fromkeys(ref.host for j, w in left.items() if w > bound_gpu_s for ref in view.allocations[j].gpus)
+    names = dict.fromkeys(ref.host for j in eligible for ref in view.allocations[j].gpus)
     closed = view.closed_nodes
     nodes = [n for n in view.main.nodes.values()  # pool order: ties go to the first node
              if n.name in names and n.vc == vc and n.gpus >= min(job.gpus, size) and not n.held
@@ -120,7 +129,7 @@ def _claim(view: ClusterView, job: Job, left: dict[str, float], bound_gpu_s: flo
     if job.gpus <= size:
         best: tuple[int, list[str]] | None = None
         for node in nodes:
-            victims = _node_victims(view, node.name, job.gpus, False, left, bound_gpu_s)
+            victims = _node_victims(view, node.name, job.gpus, False, eligible)
             if victims:
                 stopped = sum(view.jobs[v].gpus for v in victims)
                 if best is None or stopped < best[0]:
@@ -129,7 +138,7 @@ def _claim(view: ClusterView, job: Job, left: dict[str, float], bound_gpu_s: flo
     count = -(-job.gpus // size)
     options = []
     for node in nodes:
-        victims = _node_victims(view, node.name, 0, True, left, bound_gpu_s)
+        victims = _node_victims(view, node.name, 0, True, eligible)
         if victims is not None:
             options.append((sum(view.jobs[v].gpus for v in victims), node.name, victims))
     empty = [n for n in view.main.nodes.values() if n.vc == vc and n.free == n.gpus == size and not n.held
@@ -146,12 +155,22 @@ def _own_gpu_s(job: Job, key: SortKey, cost_s: Callable[[Job], float]) -> float:
     return OVERDUE_AS_COSTS * cost_s(job) * job.gpus if is_overdue_key(key) else job.priority
 
 
+def _eligible(view: ClusterView, taker: Job, left: dict[str, float], bound_gpu_s: float,
+              seniority: Seniority | None) -> dict[str, float]:
+    """The stoppable jobs a waiting job may take GPUs from, with their work left: those with more than
+    `bound_gpu_s` left, and, for the oldest waiting long job, long jobs submitted after it."""
+    senior = seniority is not None and seniority.is_long(taker)
+    return {j: w for j, w in left.items()
+            if w > bound_gpu_s or (senior and view.jobs[j].submit_time > taker.submit_time
+                                   and seniority.is_long(view.jobs[j]))}  # type: ignore[union-attr]
+
+
 def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left: dict[str, float],
                requeue: Callable[[Job, float], None], cost_s: Callable[[Job], float],
                reason_of: Callable[[Job, SortKey], str], placement: Placement,
-               online_window_s: float | None) -> list[Decision]:
+               online_window_s: float | None, seniority: Seniority | None = None) -> list[Decision]:
     bound = rule.margin * _own_gpu_s(job, key, cost_s)
-    victims = _claim(view, job, left, bound)
+    victims = _claim(view, job, _eligible(view, job, left, bound, seniority))
     if not victims:
         return []
     stopped = {victim_id: view.stop(victim_id) for victim_id in victims}
@@ -162,13 +181,15 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
     decisions: list[Decision] = []
     for victim_id in stopped:
         victim = view.jobs[victim_id]
-        left_s = left.pop(victim_id) / victim.gpus
+        left_gpu_s = left.pop(victim_id)
+        left_s = left_gpu_s / victim.gpus
         victim.yields += 1
         requeue(victim, left_s)
+        why = (f"about {left_s / 3600:.2f} h of its run left x {victim.gpus} GPU(s) is more than {rule.margin:g} x "
+               "the waiting job's predicted GPU-time" if left_gpu_s > bound else
+               "both are long jobs and that one was submitted first (long jobs run in arrival order)")
         decisions.append(Preempt(victim_id, (
-            f"yields its GPUs to {job.job_id}: about {left_s / 3600:.2f} h of its run left x {victim.gpus} GPU(s) "
-            f"is more than {rule.margin:g} x the waiting job's predicted GPU-time; it resumes from its "
-            "checkpoint when its work left is the least waiting")))
+            f"yields its GPUs to {job.job_id}: {why}; it resumes from its checkpoint when its turn comes again")))
     online = online_window_s is not None and job.profile is None
     view.start(job.job_id, Pool.MAIN, gpus, profiling_until=view.now + online_window_s if online else None)  # type: ignore[operator]
     reason = reason_of(job, key) + f"; took the GPUs of {', '.join(victims)}"
@@ -189,18 +210,22 @@ def _restore(view: ClusterView, stopped: dict[str, Allocation]) -> None:
 def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job, float], None],
                      cost_s: Callable[[Job], float], guard_started: Callable[[Job], bool],
                      reason_of: Callable[[Job, SortKey], str], placement: Placement = COMPACT,
-                     online_window_s: float | None = None) -> list[Decision]:
+                     online_window_s: float | None = None, seniority: Seniority | None = None) -> list[Decision]:
     """After the placement scan (holds released): let the first waiting jobs in key order take GPUs
     from running jobs with far more work left, stop those (Preempt) and start the takers (Place).
     The guard's reserved nodes stay held for every job but the one they are reserved for; nodes the
     driver closed (draining, unreachable hosts) give nothing. `requeue(job, work_left_s)` puts a
-    stopped job back in the queue; `online_window_s`: a taker without a profile is profiled in its run."""
+    stopped job back in the queue; `online_window_s`: a taker without a profile is profiled in its run;
+    `seniority`: the oldest waiting long job also takes GPUs from younger long jobs."""
     if not rule.enabled or len(view.queue) == 0:
         return []
     heads = sorted((items[0][0], items[0][1]) for items in view.queue.parts().values())[:rule.max_takers]
     left = stoppable_jobs(view, rule, cost_s, guard_started)
     most = max(left.values(), default=0.0)
     heads = [(k, j) for k, j in heads if rule.margin * _own_gpu_s(view.jobs[j], k, cost_s) < most]
+    oldest = seniority.oldest(view) if seniority is not None and left else None
+    if oldest is not None and all(j != oldest for _, j in heads):
+        heads.append((view.queue.key_of(oldest), oldest))
     if not heads:
         return []  # nothing running has that much work left: the usual case, one pass to find out
     decisions: list[Decision] = []
@@ -213,7 +238,7 @@ def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job,
             view.main.hold([n for n in reservation[1] if n in view.main.nodes])
         try:
             decisions.extend(_take_gpus(view, job, key, rule, left, requeue, cost_s, reason_of, placement,
-                                        online_window_s))
+                                        online_window_s, seniority if job_id == oldest else None))
         finally:
             view.main.release_holds()
     return decisions

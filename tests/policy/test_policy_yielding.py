@@ -20,7 +20,9 @@ def _config(**knobs) -> LucidConfig:
     return LucidConfig().with_overrides({"cluster.gpus_per_node": 1, "profiler.enabled": False,
                                          "profiler.tprof_s": 1, "binder.sharing": "off",
                                          "orchestrator.guard_slowdown": 0, "tiresias.checkpoint_cost_s": 5,
-                                         "orchestrator.yield_min_run": 10, **knobs})
+                                         "orchestrator.yield_min_run": 10, "orchestrator.yield_max": 1,
+                                         "orchestrator.long_quantile": 1.0, "orchestrator.yield_seniority": False,
+                                         **knobs})
 
 
 # one 1-GPU node; L is predicted to run 10 s but runs 1,000 s; S (20 s) arrives at 500, T (20 s) at 600
@@ -142,3 +144,55 @@ def test_a_job_yields_only_when_its_taker_can_start_on_what_it_frees(gpus, close
     assert [d.job_id for d in decisions if type(d).__name__ == "Preempt"] == stopped
     assert ("T" in view.allocations) == bool(stopped) and ("V" in view.allocations) != bool(stopped)
     view.check_invariants()
+
+
+# two 1-GPU nodes: X (1 GPU, 500 s) holds one; B (1 GPU, 1,000 s, submitted at 20) starts on the other, so
+# A (2 GPUs, 1,000 s, submitted at 10, before B) cannot start; with long_quantile 0.5 A and B are long jobs
+SENIOR_TRACE = [TraceRecord("X", 0, 500, 1), TraceRecord("A", 10, 1000, 2), TraceRecord("B", 20, 1000, 1)]
+
+
+@pytest.mark.parametrize(("knobs", "jcts"), [
+    # shortest-first within the class: A waits for B's end at 1,020 and runs 1,020..2,020
+    ({"orchestrator.long_quantile": 0.5}, {"X": 500, "A": 2010, "B": 1000}),
+    # by seniority: at X's end (500) A takes B's GPU, as both are long and A came first; A runs 500..1,500,
+    # B (520 s left, stopped once) resumes at 1,500 with its 5 s checkpoint cost and ends at 2,025
+    ({"orchestrator.long_quantile": 0.5, "orchestrator.yield_seniority": True}, {"X": 500, "A": 1490, "B": 2005}),
+    # no long class, no seniority: the knob alone changes nothing
+    ({"orchestrator.yield_seniority": True}, {"X": 500, "A": 2010, "B": 1000}),
+])
+def test_the_oldest_long_job_takes_the_gpus_of_a_younger_long_one(knobs, jcts):
+    config = _config(**{"orchestrator.yield_margin": 4, **knobs})
+    policy = LucidPolicy(config, duration_model=_Predicted({"X": 500.0, "A": 1000.0, "B": 1000.0}))
+    result = simulate(SENIOR_TRACE, policy, config, main_nodes=2, check_invariants=True, keep_log=True)
+    assert {o.job_id: o.jct for o in result.outcomes} == jcts
+    stops = [entry for entry in result.decision_log if entry[1] == "Preempt"]
+    if jcts["B"] > 1000:
+        assert [entry[2] for entry in stops] == ["B"] and "submitted first" in stops[0][3]
+    else:
+        assert stops == []
+
+
+def test_the_long_class_cap_survives_between_live_rounds_and_bad_saved_state_is_ignored():
+    """A live round builds a new view and policy from the store: the long class must come out the same
+    as in the simulator's one long-lived view, so its cap travels in the saved policy state."""
+    import json
+    import math
+
+    config = _config(**{"orchestrator.long_quantile": 0.5})
+    policy = LucidPolicy(config, duration_model=_Predicted({f"j{i}": 100.0 * (i + 1) for i in range(6)}))
+    view = ClusterView(config, now=0.0)
+    view.add_nodes(Pool.MAIN, 1)
+    for i in range(6):
+        job = Job(f"j{i}", "u", "", 1, float(i))
+        view.add_job(job)
+        policy.on_submit(view, job)
+    policy.orchestrator.predict_pending(view)
+    assert view.long_cap == 400.0  # the median of 100..600 GPU-s, rounded up to a job's
+    state = json.loads(json.dumps(view.policy_state()))
+    later = ClusterView(config, now=10.0)
+    later.restore_policy_state(state)
+    assert later.recent_priorities == view.recent_priorities and later.long_cap == view.long_cap
+    fresh = LucidPolicy(config, duration_model=_Predicted({}))
+    assert [fresh.orchestrator.is_long(later, view.jobs[f"j{i}"]) for i in range(6)] == [False] * 3 + [True] * 3
+    later.restore_policy_state({"recent_priorities": ["x", None, True, float("nan"), 7], "long_cap": "big"})
+    assert later.recent_priorities == [7.0] and later.long_cap == math.inf
