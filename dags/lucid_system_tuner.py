@@ -60,12 +60,13 @@ def _numbers(default: list, description: str, **items) -> Param:
         "aging": _numbers([0], "Priority aging: GPU-seconds of priority a queued job gains per second", minimum=0),
         "guard_slowdown": _numbers([8], "Starvation guard: a job waiting this many times its predicted run time "
                                         "goes first with a node reservation (0: off)", minimum=0),
-        "long_quantile": _numbers([1.0], "Jobs above this quantile of predicted GPU-time run in arrival order "
-                                         "(1: off)", minimum=0, maximum=1),
+        "long_quantile": _numbers([0.95], "Jobs above this quantile of predicted GPU-time run in arrival order, "
+                                          "the oldest taking GPUs from younger ones (1: off)", minimum=0, maximum=1),
         "guard_tail": _numbers([0], "Tail guard: a job waiting this many times the recent P99 queueing goes "
                                     "first with a node reservation (0: off)", minimum=0),
         "yield_margin": _numbers([4], "Yielding: a waiting job takes GPUs from preemptible jobs with more than this "
                                       "many times its predicted GPU-time left (0: never stop a job)", minimum=0),
+        "yield_max": _numbers([4], "Yielding: times one job may be stopped", minimum=0),
         "objective": Param("avg_jct", enum=OBJECTIVES,
                            description="What the ranking minimizes (utilization: maximizes)"),
         "max_configurations": Param(64, type="integer", minimum=1, maximum=4096),

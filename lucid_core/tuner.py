@@ -34,6 +34,7 @@ GRID_KNOBS: dict[str, str] = {
     "long_quantile": "orchestrator.long_quantile",
     "guard_tail": "orchestrator.guard_tail",
     "yield_margin": "orchestrator.yield_margin",
+    "yield_max": "orchestrator.yield_max",
 }
 
 #: objective -> (metric key, True when larger is better)

@@ -138,7 +138,7 @@ class LucidPolicy(SchedulingPolicy):
         from its submission (a slowdown bound over its whole stay: measured, BENCHMARKS, it keeps the
         queueing tail that a clock restarted at the stop loses)."""
         keep = self.config.orchestrator.yield_keep_place
-        kept = self.orchestrator.sort_key(job, view.now, view.long_cap) if keep else None
+        kept = self.orchestrator.sort_key(job, view.now, self.orchestrator.long_cap(view)) if keep else None
         job.predicted_duration = max(work_left_s, 1.0)
         self.orchestrator.requeue(view, job, key=kept)
 

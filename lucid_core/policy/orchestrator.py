@@ -185,15 +185,17 @@ def _fit_ignoring_holds(main: GpuPool, gpus: int, vc: str, placement: Placement)
 
 
 def ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
-                  place_reason: str | None = None, partner: str | None = None) -> tuple[str, str]:
+                  place_reason: str | None = None, partner: str | None = None,
+                  long_cap: float = math.inf) -> tuple[str, str]:
     """Which rule put the job where it is, as (rule, words): "sharing" when it started on a partner's
     GPUs, "yielding" when it started on GPUs a longer job gave back, "guard" when the starvation guard
     moved it ahead, else "priority" (GPU-time order); a job that yielded says so after its rule.
-    A started job is judged by the reason of the decision that placed it; a waiting one by now."""
+    A started job is judged by the reason of the decision that placed it; a waiting one by now.
+    `long_cap`: the long class's cap in GPU-seconds (the scheduler state's `long_cap`)."""
     if partner is not None:
         return "sharing", (f"sharing: it could not start alone, so it runs on the GPUs of {partner}, "
                            "an affine partner the binder allowed")
-    rule, words = _ordering_rule(job, now, guard_slowdown, floor_s, place_reason)
+    rule, words = _ordering_rule(job, now, guard_slowdown, floor_s, place_reason, long_cap)
     if job.yields:
         words += (f"; it yielded its GPUs {job.yields} time(s) to much shorter jobs and is ordered by the work "
                   "it has left")
@@ -201,9 +203,12 @@ def ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
 
 
 def _ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
-                   place_reason: str | None) -> tuple[str, str]:
+                   place_reason: str | None, long_cap: float) -> tuple[str, str]:
     if place_reason is not None and "took the GPUs of" in place_reason:
         taken = place_reason.rsplit("took the GPUs of ", 1)[1]
+        if "run in arrival order" in taken:
+            return "yielding", (f"yielding by seniority: {taken.split(' (', 1)[0]} gave back its GPUs; both are long "
+                                "jobs and this one was submitted first (long jobs run in arrival order)")
         return "yielding", (f"yielding: {taken} gave back its GPUs, having far more predicted work left than this "
                             "job's whole predicted GPU-time")
     pred = job.predicted_duration
@@ -219,6 +224,9 @@ def _ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
                          "and the first such job gets nodes reserved until it starts")
     words = (f"priority: {job.gpus} GPU(s) x predicted {pred / 3600:.2f} h = {job.priority / 3600:.2f} GPU-h; "
              "jobs with less predicted GPU-time go first")
+    if job.priority >= long_cap:
+        words += (f"; at or above the long class's {long_cap / 3600:.2f} GPU-h it is a long job: long jobs go in "
+                  "arrival order, and the oldest waiting one may take the GPUs of younger long jobs")
     if guard_slowdown > 0 and place_reason is None:
         words += f"; the starvation guard moves it ahead after {bound / 3600:.2f} h of waiting"
     return "priority", words
@@ -279,6 +287,10 @@ class Orchestrator:
         del recent[:-self.long_window]
         view.long_cap = sorted(recent)[min(len(recent) - 1, int(self.long_quantile * len(recent)))]
 
+    def long_cap(self, view: ClusterView) -> float:
+        """The cap keys are made with: the view's (saved) cap while the long class is on, else none."""
+        return view.long_cap if self.long_quantile < 1.0 else math.inf
+
     def is_long(self, view: ClusterView, job: Job) -> bool:
         """The job is in the long class: predicted GPU-time at or above the recent `long_quantile` cap."""
         return self.long_quantile < 1.0 and job.predicted_duration is not None and job.priority >= view.long_cap
@@ -304,7 +316,7 @@ class Orchestrator:
             if job_id in view.queue:
                 job = view.jobs[job_id]
                 view.queue.remove(job_id)
-                view.enqueue_main(job, self.sort_key(job, view.now, view.long_cap))
+                view.enqueue_main(job, self.sort_key(job, view.now, self.long_cap(view)))
         arrivals = view.arrival_heap
         while arrivals and arrivals[0][0] + self.tail_bound_ <= view.now:
             submit, job_id = heapq.heappop(arrivals)
@@ -346,7 +358,7 @@ class Orchestrator:
     def requeue(self, view: ClusterView, job: Job, key: SortKey | None = None) -> None:
         """Into the main queue with the prediction it has (just predicted, restored from the store, or a
         stopped job's work left), with its guard deadlines; `key` keeps a key it had before."""
-        key = key if key is not None else self.sort_key(job, view.now, view.long_cap)
+        key = key if key is not None else self.sort_key(job, view.now, self.long_cap(view))
         view.enqueue_main(job, key)
         due = self.overdue_at(job)
         if due is not None and not is_overdue_key(key):

@@ -34,6 +34,8 @@ from lucid_core.policy.view import Allocation, ClusterView, SortKey
 
 #: a guard's overdue job competes as if its own GPU-time were this many checkpoint costs
 OVERDUE_AS_COSTS = 1.0
+#: what a taker's placement reason says when it took GPUs by seniority (`lucid explain` reads it)
+SENIORITY_WORDS = "long jobs submitted after it: long jobs run in arrival order"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,7 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
         _restore(view, stopped)
         return []
     decisions: list[Decision] = []
+    left_at_stop = {victim_id: left[victim_id] for victim_id in stopped}
     for victim_id in stopped:
         victim = view.jobs[victim_id]
         left_gpu_s = left.pop(victim_id)
@@ -193,6 +196,8 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
     online = online_window_s is not None and job.profile is None
     view.start(job.job_id, Pool.MAIN, gpus, profiling_until=view.now + online_window_s if online else None)  # type: ignore[operator]
     reason = reason_of(job, key) + f"; took the GPUs of {', '.join(victims)}"
+    if any(left_at_stop[v] <= bound for v in victims):
+        reason += f" ({SENIORITY_WORDS})"
     if online:
         reason += f"; profiled online during its first {online_window_s:g} s"
     decisions.append(Place(job.job_id, gpus, reason, profile_in_place=online))

@@ -175,7 +175,9 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
         splits = [d for d in s.scalars(select(DecisionRow).where(DecisionRow.kind == "Unpair").order_by(DecisionRow.id))
                   if job_id in (d.job_id, d.payload.get("partner"))]
         shared = shared_speeds(s, [job_id]).get(job_id)
-    policy = (policy_factory or default_policy)(config, load_snapshot(store, now))
+    snapshot = load_snapshot(store, now)
+    policy = (policy_factory or default_policy)(config, snapshot)
+    cap = snapshot.state.get("long_cap") if config.orchestrator.long_quantile < 1 else None
     job = job_of(row)
     parts = policy.describe()
     duration_model, packing_model = parts.duration_model, parts.packing_model
@@ -197,7 +199,8 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
     placed = next((d for d in reversed(decisions) if d.kind == "Place"), None)
     rule, words = ordering_rule(job, now, config.orchestrator.guard_slowdown, config.profiler.tprof_s,
                                 placed.reason if placed is not None else None,
-                                (placed.payload or {}).get("partner") if placed is not None else None)
+                                (placed.payload or {}).get("partner") if placed is not None else None,
+                                float(cap) if isinstance(cap, int | float) and not isinstance(cap, bool) else math.inf)
     out: dict[str, Any] = {
         "job_id": job_id, "state": row.state, "name": row.name, "user": row.user, "vc": row.vc, "gpus": row.gpus,
         "submit_time": row.submit_time, "start_time": row.start_time, "end_time": row.end_time,

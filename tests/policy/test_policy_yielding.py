@@ -196,3 +196,21 @@ def test_the_long_class_cap_survives_between_live_rounds_and_bad_saved_state_is_
     assert [fresh.orchestrator.is_long(later, view.jobs[f"j{i}"]) for i in range(6)] == [False] * 3 + [True] * 3
     later.restore_policy_state({"recent_priorities": ["x", None, True, float("nan"), 7], "long_cap": "big"})
     assert later.recent_priorities == [7.0] and later.long_cap == math.inf
+
+
+def test_explain_names_the_long_class_and_yielding_by_seniority():
+    from lucid_core.policy.orchestrator import ordering_rule
+
+    config = _config(**{"orchestrator.yield_margin": 4, "orchestrator.long_quantile": 0.5,
+                        "orchestrator.yield_seniority": True})
+    policy = LucidPolicy(config, duration_model=_Predicted({"X": 500.0, "A": 1000.0, "B": 1000.0}))
+    result = simulate(SENIOR_TRACE, policy, config, main_nodes=2, keep_log=True)
+    placed = next(entry[3] for entry in result.decision_log if entry[1] == "Place" and entry[2] == "A"
+                  and "took the GPUs of" in entry[3])
+    taker = Job("A", "u", "", 2, 10.0, predicted_duration=1000.0, start_time=500.0)
+    rule, words = ordering_rule(taker, 510.0, 0, 1, place_reason=placed)
+    assert rule == "yielding" and words.startswith("yielding by seniority: B gave back its GPUs")
+    waiting = Job("A", "u", "", 2, 10.0, predicted_duration=1000.0)
+    rule, words = ordering_rule(waiting, 20.0, 0, 1, long_cap=1000.0)
+    assert rule == "priority" and "it is a long job: long jobs go in arrival order" in words
+    assert "long job" not in ordering_rule(waiting, 20.0, 0, 1, long_cap=5000.0)[1]
