@@ -246,9 +246,9 @@ class ClusterView:
         self.nprof_gpus = int(state.get("nprof_gpus", self.nprof_gpus))
         self.last_mode_check = state.get("last_mode_check")
         self.last_yield_check = state.get("last_yield_check")
-        self.recent_priorities = [float(p) for p in state.get("recent_priorities") or [] if _is_number(p)]
+        self.recent_priorities = [float(p) for p in state.get("recent_priorities") or [] if saved_number(p)]
         cap = state.get("long_cap")
-        self.long_cap = float(cap) if _is_number(cap) else math.inf
+        self.long_cap = float(cap) if saved_number(cap) else math.inf
         return set(state.get("borrowed_nodes", []))
 
     def borrow_node(self, name: str) -> None:
@@ -273,6 +273,6 @@ class ClusterView:
                 assert set(other.gpus) == set(alloc.gpus), f"pair {alloc.job_id} on different GPUs"
 
 
-def _is_number(value: Any) -> bool:
+def saved_number(value: Any) -> bool:
     """A finite int or float (saved state read back from the store)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

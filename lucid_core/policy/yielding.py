@@ -161,10 +161,10 @@ def _eligible(view: ClusterView, taker: Job, left: dict[str, float], bound_gpu_s
               seniority: Seniority | None) -> dict[str, float]:
     """The stoppable jobs a waiting job may take GPUs from, with their work left: those with more than
     `bound_gpu_s` left, and, for the oldest waiting long job, long jobs submitted after it."""
-    senior = seniority is not None and seniority.is_long(taker)
+    is_long = seniority.is_long if seniority is not None and seniority.is_long(taker) else None
     return {j: w for j, w in left.items()
-            if w > bound_gpu_s or (senior and view.jobs[j].submit_time > taker.submit_time
-                                   and seniority.is_long(view.jobs[j]))}  # type: ignore[union-attr]
+            if w > bound_gpu_s or (is_long is not None and view.jobs[j].submit_time > taker.submit_time
+                                   and is_long(view.jobs[j]))}
 
 
 def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left: dict[str, float],
@@ -181,13 +181,14 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
         _restore(view, stopped)
         return []
     decisions: list[Decision] = []
-    left_at_stop = {victim_id: left[victim_id] for victim_id in stopped}
+    by_seniority = False
     for victim_id in stopped:
         victim = view.jobs[victim_id]
         left_gpu_s = left.pop(victim_id)
         left_s = left_gpu_s / victim.gpus
         victim.yields += 1
         requeue(victim, left_s)
+        by_seniority |= left_gpu_s <= bound
         why = (f"about {left_s / 3600:.2f} h of its run left x {victim.gpus} GPU(s) is more than {rule.margin:g} x "
                "the waiting job's predicted GPU-time" if left_gpu_s > bound else
                "both are long jobs and that one was submitted first (long jobs run in arrival order)")
@@ -196,7 +197,7 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
     online = online_window_s is not None and job.profile is None
     view.start(job.job_id, Pool.MAIN, gpus, profiling_until=view.now + online_window_s if online else None)  # type: ignore[operator]
     reason = reason_of(job, key) + f"; took the GPUs of {', '.join(victims)}"
-    if any(left_at_stop[v] <= bound for v in victims):
+    if by_seniority:
         reason += f" ({SENIORITY_WORDS})"
     if online:
         reason += f"; profiled online during its first {online_window_s:g} s"

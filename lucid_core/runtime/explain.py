@@ -14,6 +14,7 @@ from lucid_core.config import LucidConfig
 from lucid_core.domain import ACTIVE_RUN_STATES, ShareClass
 from lucid_core.policy.orchestrator import ordering_rule
 from lucid_core.policy.predictors import HistoryDurationPredictor, UtilizationRuleClassifier
+from lucid_core.policy.view import saved_number
 from lucid_core.runtime.queries import shared_speeds
 from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store import Store
@@ -200,7 +201,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
     rule, words = ordering_rule(job, now, config.orchestrator.guard_slowdown, config.profiler.tprof_s,
                                 placed.reason if placed is not None else None,
                                 (placed.payload or {}).get("partner") if placed is not None else None,
-                                float(cap) if isinstance(cap, int | float) and not isinstance(cap, bool) else math.inf)
+                                float(cap) if saved_number(cap) else math.inf)
     out: dict[str, Any] = {
         "job_id": job_id, "state": row.state, "name": row.name, "user": row.user, "vc": row.vc, "gpus": row.gpus,
         "submit_time": row.submit_time, "start_time": row.start_time, "end_time": row.end_time,
