@@ -51,6 +51,7 @@ class GpuPool:
         self._by_vc: dict[str, list[dict[str, None]]] = {}
         self.busy_gpus = 0  # GPUs with at least one job
         self.held: dict[str, None] = {}  # nodes out of the fit index until `release_holds`
+        self._indexed: dict[str, int] = {}  # per VC: nodes in the fit index (kept so `has_vc` is O(1))
 
     # --- inventory -------------------------------------------------------------------------
     def _index(self, vc: str) -> list[dict[str, None]]:
@@ -61,8 +62,15 @@ class GpuPool:
 
     @property
     def vcs(self) -> set[str]:
-        """The VCs that own nodes in this pool."""
-        return {vc for vc, index in self._by_vc.items() if any(index)}
+        """The VCs that own nodes in this pool (held nodes aside)."""
+        return {vc for vc, count in self._indexed.items() if count}
+
+    def has_vc(self, vc: str) -> bool:
+        """`vc in self.vcs` without building the set (asked once per queued job)."""
+        return self._indexed.get(vc, 0) > 0
+
+    def _indexed_change(self, vc: str, delta: int) -> None:
+        self._indexed[vc] = self._indexed.get(vc, 0) + delta
 
     def add_node(self, name: str, gpus: int | None = None, gpu_memory_mb: float | None = None,
                  borrowed: bool = False, vc: str = "") -> NodeState:
@@ -74,6 +82,7 @@ class GpuPool:
         node = NodeState(name, gpus, gpu_memory_mb or self.gpu_memory_mb, borrowed=borrowed, vc=vc)
         self.nodes[name] = node
         self._index(vc)[node.free][name] = None
+        self._indexed_change(vc, 1)
         return node
 
     def remove_node(self, name: str) -> NodeState:
@@ -81,6 +90,7 @@ class GpuPool:
         if node.free != node.gpus:
             raise ValueError(f"node {name} still runs jobs")
         del self._index(node.vc)[node.free][name]
+        self._indexed_change(node.vc, -1)
         del self.nodes[name]
         return node
 
@@ -156,6 +166,7 @@ class GpuPool:
             node = self.nodes[name]
             if not node.held:
                 del self._index(node.vc)[node.free][name]
+                self._indexed_change(node.vc, -1)
                 node.held = True
                 self.held[name] = None
 
@@ -165,6 +176,7 @@ class GpuPool:
             if node is not None and node.held:
                 node.held = False
                 self._index(node.vc)[node.free][name] = None
+                self._indexed_change(node.vc, 1)
         self.held = {}
 
     def _move(self, node: NodeState, before: int) -> None:
@@ -215,6 +227,8 @@ class GpuPool:
                 assert all(node.name not in names for names in self._index(node.vc)), f"held {node.name} indexed"
             else:
                 assert node.name in self._index(node.vc)[node.free], f"index out of date for {node.name}"
+        for vc, index in self._by_vc.items():
+            assert self._indexed.get(vc, 0) == sum(map(len, index)), f"indexed count of VC {vc!r} out of date"
 
 
 def fleet_could_hold(gpus: int, node_gpus: list[int], size: int) -> bool:

@@ -139,7 +139,7 @@ class ClusterView:
     def placement_vc(self, job: Job) -> str:
         """The main-cluster partition a job may use: its VC when nodes are tagged with it, else the
         untagged nodes (a single pool, as in a trace replay without VCs)."""
-        return job.vc if job.vc and job.vc in self.main.vcs else ""
+        return job.vc if job.vc and self.main.has_vc(job.vc) else ""
 
     def pool(self, pool: Pool) -> GpuPool:
         return self.main if pool is Pool.MAIN else self.profiling

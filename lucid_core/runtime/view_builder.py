@@ -9,6 +9,7 @@ placeholder jobs whose ids start with HOLD_PREFIX.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,11 @@ from lucid_core.runtime.store import Store
 HOLD_PREFIX = "~hold:"
 ACTIVE_RUNS = ACTIVE_RUN_STATES
 HISTORY_LIMIT = 50000
+# the job columns a round reads: all but the command and its environment (a launch reads those itself)
+JOB_COLUMNS = tuple(c for c in JobRow.__table__.columns if c.name not in ("command", "env"))
+#: a job row as a round reads it: a plain tuple with JobRow's column names as fields (a SQLAlchemy
+#: Row's attribute access costs several times a tuple's, and a round reads tens of thousands)
+JobRecord = namedtuple("JobRecord", [c.name for c in JOB_COLUMNS])  # type: ignore[misc]
 
 
 @dataclass
@@ -65,19 +71,22 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
         counts: dict[str, int] = {}
         for host, _ in s.execute(select(GpuRow.host, GpuRow.index)):
             counts[host] = counts.get(host, 0) + 1
-        # every column a decision reads; not the command and its environment (the launch reads those itself)
-        columns = [c for c in JobRow.__table__.columns if c.name not in ("command", "env")]
-        jobs = {j.job_id: j for j in s.execute(select(*columns).where(JobRow.state.in_(active)).order_by(JobRow.seq))}
+        make = JobRecord._make
+        jobs = {j.job_id: j for j in map(make, s.execute(
+            select(*JOB_COLUMNS).where(JobRow.state.in_(active)).order_by(JobRow.seq)))}
         runs = list(s.scalars(select(RunRow).where(RunRow.state.in_(ACTIVE_RUNS)).order_by(RunRow.planned_at)))
         profiles: dict[str, ProfileRow] = {}
         if jobs:
-            for p in s.scalars(select(ProfileRow).where(ProfileRow.job_id.in_(list(jobs))).order_by(ProfileRow.id)):
-                profiles[p.job_id] = p
+            # joined on the state rather than an IN list of every job id (tens of thousands of parameters)
+            for p in s.scalars(select(ProfileRow).join(JobRow, JobRow.job_id == ProfileRow.job_id)
+                               .where(JobRow.state.in_(active)).order_by(ProfileRow.id)):
+                if p.job_id in jobs:  # a job that moved between the two reads keeps what the first saw
+                    profiles[p.job_id] = p
         state = {row.key: row.value for row in s.scalars(select(SchedulerStateRow))}
-        finished = s.execute(
-            select(*columns).where(JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None),
-                                 JobRow.end_time.is_not(None))
-            .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT)).all()
+        finished = list(map(make, s.execute(
+            select(*JOB_COLUMNS).where(JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None),
+                                       JobRow.end_time.is_not(None))
+            .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT))))
         history = [(j, max(0.0, (j.end_time or 0.0) - (j.start_time or 0.0))) for j in reversed(finished)]
         subs = s.execute(select(JobRow.submit_time, JobRow.gpus)
                          .where(JobRow.submit_time >= now - history_window_s)
@@ -87,15 +96,27 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
     return Snapshot(hosts, counts, jobs, runs, profiles, state, history, [(t, g) for t, g in subs], models)
 
 
+_JOB_STATES = {state.value: state for state in JobState}
+_SHARE_CLASSES = {int(c): c for c in ShareClass}
+
+
+def _share_class(value: int | None) -> ShareClass | None:
+    """The stored class (a dict lookup: a round converts tens of thousands); a bad value raises as ShareClass does."""
+    if value is None:
+        return None
+    return _SHARE_CLASSES[value] if value in _SHARE_CLASSES else ShareClass(value)
+
+
 def job_of(row: JobRow) -> Job:
     """The policy's Job for a store row (state and learned fields included)."""
     profile = None
     if row.profiled and row.gpu_util is not None:
         profile = Profile(min(100.0, max(0.0, row.gpu_util)), min(100.0, max(0.0, row.mem_util or 0.0)),
                           max(0.0, row.gpu_mem_mb or 0.0), row.amp, row.profile_emulated)
+    state = _JOB_STATES.get(row.state) or JobState(row.state)  # a dict lookup; a bad value raises as JobState does
     return Job(job_id=row.job_id, user=row.user, vc=row.vc, gpus=row.gpus, submit_time=row.submit_time,
-               name=row.name, amp=row.amp, long_cold_start=row.long_cold_start, state=JobState(row.state),
-               profile=profile, share_class=ShareClass(row.share_class) if row.share_class is not None else None,
+               name=row.name, amp=row.amp, long_cold_start=row.long_cold_start, state=state,
+               profile=profile, share_class=_share_class(row.share_class),
                predicted_duration=row.predicted_duration, known_min_duration=row.known_min_duration,
                start_time=row.start_time, end_time=row.end_time, no_share=row.no_share,
                preemptible=row.preemptible, yields=row.yields)
