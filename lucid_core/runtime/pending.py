@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lucid_core.domain import ShareClass, SharingMode
+from lucid_core.domain import Job, ShareClass, SharingMode
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.view import ClusterView
 
@@ -26,38 +26,46 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
             why += f"; {ahead} job(s) ahead in least-GPU-first order"
         out[job_id] = (i + 1, why)
     order = view.queue.ordered()
-    mode = view.sharing_mode
-    no_fit: dict[tuple[str, int], str | None] = {}  # (VC, GPUs) -> why it does not fit: the same for all such jobs
+    gpus_per_node = view.config.cluster.gpus_per_node
+    # the words after the position depend only on these (a queue holds tens of thousands of jobs)
+    middle: dict[tuple[str, int, ShareClass | None, bool], str] = {}
     for i, job_id in enumerate(order):
         job = view.jobs[job_id]
         vc = view.placement_vc(job)
-        parts = []
-        if i:
-            parts.append(f"behind {i} job(s) with a lower priority value")
-        key = (vc, job.gpus)
-        if key not in no_fit:
-            no_fit[key] = None if view.main.can_fit(job.gpus, vc) else _no_fit_text(view, job.gpus, vc)
-        why_not = no_fit[key]
-        if why_not is not None:
-            parts.append(why_not)
-        if mode is SharingMode.OFF:
-            parts.append(f"sharing is off ({sharing_reason or 'the load forecast says GPUs stay available'})")
-        elif job.share_class is None:
-            parts.append("not profiled yet, so it may not share a GPU")
-        elif job.no_share:
-            parts.append("may not share again: its pair turned unstable")
-        elif job.share_class is ShareClass.JUMBO and mode is SharingMode.APATHETIC:
-            parts.append("Jumbo job and apathetic mode (GSS 1): no partner allowed")
-        elif job.gpus > view.config.cluster.gpus_per_node:
-            parts.append("multi-node jobs never share")
-        else:
-            candidates = len(view.share_candidates.get(job.gpus, {}))
-            parts.append(f"no affine partner among {candidates} running {job.gpus}-GPU job(s) that could share")
+        key = (vc, job.gpus, job.share_class, job.no_share)
+        words = middle.get(key)
+        if words is None:
+            words = middle[key] = _why_waiting(view, job, vc, gpus_per_node, sharing_reason)
+        parts = [f"behind {i} job(s) with a lower priority value"] if i else []
+        if words:
+            parts.append(words)
         if job.predicted_duration is not None:
             parts.append(f"priority {job.priority / 3600:.3f} GPU-h ({job.gpus} x predicted "
                          f"{job.predicted_duration:.0f} s)")
         out[job_id] = (i + 1, "; ".join(parts) or "waiting for the next round")
     return out
+
+
+def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, sharing_reason: str | None) -> str:
+    """Why a job of this VC, width and sharing class waits, apart from its place and priority."""
+    parts = []
+    if not view.main.can_fit(job.gpus, vc):
+        parts.append(_no_fit_text(view, job.gpus, vc))
+    mode = view.sharing_mode
+    if mode is SharingMode.OFF:
+        parts.append(f"sharing is off ({sharing_reason or 'the load forecast says GPUs stay available'})")
+    elif job.share_class is None:
+        parts.append("not profiled yet, so it may not share a GPU")
+    elif job.no_share:
+        parts.append("may not share again: its pair turned unstable")
+    elif job.share_class is ShareClass.JUMBO and mode is SharingMode.APATHETIC:
+        parts.append("Jumbo job and apathetic mode (GSS 1): no partner allowed")
+    elif job.gpus > gpus_per_node:
+        parts.append("multi-node jobs never share")
+    else:
+        candidates = len(view.share_candidates.get(job.gpus, {}))
+        parts.append(f"no affine partner among {candidates} running {job.gpus}-GPU job(s) that could share")
+    return "; ".join(parts)
 
 
 def _no_fit_text(view: ClusterView, gpus: int, vc: str) -> str:
