@@ -27,6 +27,7 @@ from lucid_core.runtime.executor import (
     ScriptResult,
 )
 from lucid_core.runtime.local_executor import LocalTransport
+from lucid_core.runtime.ssh_shell import KeptShell
 
 _RETRYABLE = (OSError, EOFError, paramiko.SSHException, socket.timeout)
 IDLE_CHECK_S = 1.0  # how often a kept connection's reader thread wakes while nothing arrives
@@ -45,6 +46,7 @@ class SshTransport:
         self.retries = retries
         self.backoff_s = backoff_s
         self._clients: dict[str, paramiko.SSHClient] = {}
+        self._shells: dict[str, KeptShell] = {}
         self._lock = threading.Lock()
         self.connects = 0  # connections opened (for tests of reuse)
 
@@ -96,6 +98,9 @@ class SshTransport:
 
     def forget(self, name: str) -> None:
         """Close the connection to host `name` (a call on it overran its deadline); the next call reconnects."""
+        shell = self._shells.pop(name, None)
+        if shell is not None:
+            shell.close()
         client = self._clients.pop(name, None)
         if client is not None:
             client.close()
@@ -105,21 +110,19 @@ class SshTransport:
 
     def _run_once(self, host: HostAddress, script: str, deadline: float) -> ScriptResult:
         client = self._client(host, deadline)
-        timeout_s = deadline - time.monotonic()
-        if timeout_s <= 0:
-            raise TimeoutError("deadline reached before the script started")
-        stdin, stdout, stderr = client.exec_command("sh -s", timeout=timeout_s)
+        shell = self._shells.get(host.name)
+        if shell is None or not shell.alive:
+            timeout_s = deadline - time.monotonic()
+            if timeout_s <= 0:
+                raise TimeoutError("deadline reached before the script started")
+            shell = self._shells[host.name] = KeptShell(client, timeout_s)
         try:
-            stdin.write(script)
-            stdin.flush()
-            stdin.channel.shutdown_write()
-            out = stdout.read().decode("utf-8", "replace")
-            err = stderr.read().decode("utf-8", "replace")
-            status = stdout.channel.recv_exit_status()
-        except TimeoutError:
-            stdout.channel.close()  # this call is over; the connection itself may be fine
+            return shell.run(script, deadline)
+        except BaseException:
+            # the shell is out of step with its replies (or gone): the next call starts another one
+            if self._shells.get(host.name) is shell:
+                del self._shells[host.name]
             raise
-        return ScriptResult(status, out, err)
 
     def _connected(self, host: HostAddress) -> bool:
         client = self._clients.get(host.name)
@@ -149,6 +152,8 @@ class SshTransport:
                               f"{tries} tries within {timeout_s:g} s: {type(last).__name__}: {last}") from last
 
     def close(self) -> None:
+        for name in list(self._shells):
+            self._shells.pop(name).close()
         for name in list(self._clients):
             self._clients.pop(name).close()
 

@@ -1,0 +1,58 @@
+"""The shell kept on each SSH connection: one shell for many calls, each script isolated in its own `sh`,
+replies framed so that neither a script's output nor its exit can forge or cut short another reply, and
+a call past its deadline ending only that shell (the connection and the next call are fine)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lucid_core.runtime.executor import HostAddress, HostUnreachable
+from lucid_core.runtime.ssh_executor import SshTransport
+
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture
+def kept(sshd_hosts, tmp_path):
+    host = sshd_hosts.hosts["main1"]
+    transport = SshTransport(str(sshd_hosts.known_hosts), connect_timeout_s=3, retries=0)
+    address = HostAddress("main1", "127.0.0.1", host.port, sshd_hosts.user, str(sshd_hosts.client_key),
+                          str(tmp_path / "w"), executor="ssh")
+    yield transport, address
+    transport.close()
+
+
+def test_one_kept_shell_runs_every_call_in_a_fresh_sh(kept):
+    transport, host = kept
+    first = transport.run_script(host, 'echo "$PPID"; cd /; X=leaked; exit 3', 5)
+    second = transport.run_script(host, 'echo "$PPID"; pwd; echo "x=${X:-}"', 5)
+    assert first.exit_status == 3 and second.exit_status == 0
+    parent, cwd, x = second.stdout.splitlines()
+    assert parent == first.stdout.strip()  # the same kept shell started both scripts
+    assert cwd != "/" and x == "x="  # the first script's cd and variable stayed in its own sh
+    assert transport.connects == 1
+
+
+def test_output_is_verbatim_and_a_forged_frame_does_not_end_the_reply(kept):
+    transport, host = kept
+    forged = "\\nLUCID_0123456789abcdef0123456789abcdef 0\\n\\nLUCID_0123456789abcdef0123456789abcdef.\\n"
+    result = transport.run_script(host, f"printf '{forged}tail'; printf 'oops' >&2; exit 7", 5)
+    assert result.exit_status == 7
+    assert result.stdout == forged.replace("\\n", "\n") + "tail"  # no newline added at the end
+    assert result.stderr == "oops"
+    big = transport.run_script(host, "head -c 300000 /dev/zero | tr '\\0' a", 10)
+    assert big.exit_status == 0 and big.stdout == "a" * 300000
+
+
+def test_a_call_past_its_deadline_ends_only_its_shell(kept):
+    transport, host = kept
+    transport.run_script(host, "true", 5)
+    began = time.monotonic()
+    with pytest.raises(HostUnreachable):
+        transport.run_script(host, "sleep 30", 1.0)
+    assert time.monotonic() - began < 4
+    after = transport.run_script(host, "echo fine", 5)
+    assert (after.exit_status, after.stdout) == (0, "fine\n")
+    assert transport.connects == 1  # the connection was kept; only the shell was replaced
