@@ -5,7 +5,8 @@
 Per fleet size N: N host entries of 8 GPUs served by a few sshd processes on their own ports (each
 entry its own work directory on the host side), one "silent" host (a loopback port that accepts TCP
 and never speaks) and one slow host (real sshd behind a link that holds each chunk --slow-delay
-seconds). Most hosts run an 8-GPU job (a real process launched over SSH); each measured round
+seconds). The silent host holds a job it was running when it went silent, so every round polls it.
+Most hosts run an 8-GPU job (a real process launched over SSH); each measured round
 finds a few new jobs queued. The round is the live one (`SchedulingRound`, host calls fanned out,
 --parallelism hosts at a time) driven step by step as `run()` does, with one executor kept across
 the rounds (as `lucid round --every` does), so each host's connection is opened once.
@@ -20,6 +21,7 @@ made. The last line per N is machine-readable:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import statistics
@@ -126,6 +128,20 @@ def seed_running(store: Store, executor, hosts: list[str], parallelism: int, dea
     return started
 
 
+def seed_silent_run(store: Store, host: str) -> None:
+    """A job recorded as running on the silent host (it went silent while running it): every round polls it,
+    so every round meets the silent host's deadline."""
+    now = time.time()
+    job_id = submit(store, JobRequest(f"sleep {JOB_S}", GPUS, "bench", "vc-a", name=f"seed-{host}"))
+    with store.session() as s:
+        job = s.get(JobRow, job_id)
+        job.state, job.start_time, job.profiled, job.no_share = "RUNNING", now, True, True
+        job.gpu_util, job.mem_util, job.gpu_mem_mb, job.attempts = 60.0, 30.0, 8000.0, 1
+        s.add(RunRow(run_id=f"{job_id}-main1", host=host, job_id=job_id, kind="main", pool="main",
+                     gpu_indices=list(range(GPUS)), node_rank=0, state="running", pid=4242,
+                     planned_at=now, started_at=now))
+
+
 def queue_jobs(store: Store, count: int, tag: str) -> None:
     """Jobs for a round to place: profiled already and not to be shared (no telemetry agent beside them)."""
     ids = [submit(store, JobRequest(f"sleep {JOB_S}", 1 + i % 2, "bench", "vc-a", name=f"{tag}-{i}"))
@@ -160,6 +176,7 @@ def one_fleet(n_hosts: int, servers: SshdFleet, args: argparse.Namespace, root: 
         seeder = ssh_executor(str(servers.known_hosts), connect_timeout_s=30.0, timeout_s=120.0)
         seeded = seed_running(store, seeder, busy, args.parallelism, 120.0)
         seeder.close()
+        seed_silent_run(store, "silent0")
         print(f"fleet of {n_hosts} hosts ({n_hosts * GPUS} GPUs, {len(servers.ports)} sshd): {seeded} 8-GPU jobs "
               f"running, seeded over SSH in {time.perf_counter() - seeded_at:.1f} s")
         config = LucidConfig().with_overrides({"binder.sharing": "off", "profiler.in_place": False})
@@ -173,6 +190,10 @@ def one_fleet(n_hosts: int, servers: SshdFleet, args: argparse.Namespace, root: 
             with_silent.append(timed_round(store, executor, config, settings))
             print(with_silent[-1].line(f"round {r + 1} (silent)"))
         with store.session() as s:  # the silent host leaves the inventory
+            gone = list(s.scalars(sa.select(RunRow.job_id).where(RunRow.host == "silent0")))
+            s.execute(sa.delete(RunRow).where(RunRow.host == "silent0"))
+            s.execute(sa.update(JobRow).where(JobRow.job_id.in_(gone)).values(
+                state="CANCELLED", end_time=time.time(), end_reason="benchmark: its host left the fleet"))
             s.execute(sa.delete(GpuRow).where(GpuRow.host == "silent0"))
             s.execute(sa.delete(HostRow).where(HostRow.name == "silent0"))
         without: list[RoundTimes] = []
@@ -225,10 +246,13 @@ def main() -> int:
     parser.add_argument("--busy", type=float, default=0.9, help="share of hosts running an 8-GPU job")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds with and without the silent host")
     parser.add_argument("--new-jobs", type=int, default=8, help="jobs queued before each measured round")
+    parser.add_argument("--login-rc", action="store_true",
+                        help="let each SSH login read the account's ~/.bashrc (skipped by default: see loopback_fleet)")
     args = parser.parse_args()
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # the silent host's banner timeouts, each round
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: still stop the jobs and servers
     root = Path(tempfile.mkdtemp(prefix="lucid-fleet-"))
-    servers = SshdFleet(root / "sshd", servers=args.servers).start()
+    servers = SshdFleet(root / "sshd", servers=args.servers, read_rc=args.login_rc).start()
     lines = []
     try:
         for n in [int(x) for x in args.hosts.split(",")]:

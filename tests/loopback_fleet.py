@@ -56,6 +56,7 @@ class SshdFleet:
     client_key: Path | None = None
     known_hosts: Path | None = None
     user: str = field(default_factory=getpass.getuser)
+    read_rc: bool = False  # let bash read the account's ~/.bashrc on each login (it is skipped by default)
     _processes: list[subprocess.Popen] = field(default_factory=list)
     _known: list[str] = field(default_factory=list)
 
@@ -76,7 +77,11 @@ class SshdFleet:
                 f"PidFile {self.root / f'sshd_{index}.pid'}",
                 f"AuthorizedKeysFile {authorized}", "UsePAM no", "StrictModes no", "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", "PermitRootLogin yes",
-                "MaxSessions 100", "MaxStartups 2000", "UseDNS no", "LogLevel ERROR", ""]))
+                "MaxSessions 100", "MaxStartups 2000", "UseDNS no", "LogLevel ERROR",
+                # bash started by sshd reads ~/.bashrc unless it is a nested shell; this box's root .bashrc
+                # runs `pyenv init`, whose rehash lock serialises hundreds of logins: the fleet's hosts are
+                # plain accounts (--login-rc in bench_fleet.py measures with the rc files read)
+                *([] if self.read_rc else ["SetEnv SHLVL=1"]), ""]))
             self._processes.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             if not wait_port(port):

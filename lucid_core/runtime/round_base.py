@@ -91,7 +91,10 @@ class RoundBase:
         Reads (polls, telemetry) renew the lease while in flight; actions (launches, stops) do not, so a round
         stalled in one loses its lease as before."""
         deadline = self.settings.host_call_deadline_s + extra_s
-        return self.calls.run({host: [HostCall(call, deadline) for call in calls] for host, calls in batches.items()},
+        # hosts that did not answer last time start first: their deadline then runs beside the others' calls
+        # instead of after them, when there are more hosts than workers
+        order = sorted(batches, key=lambda name: bool(self._hosts[name].reachable) if name in self._hosts else True)
+        return self.calls.run({host: [HostCall(call, deadline) for call in batches[host]] for host in order},
                               limit_s=deadline, tick=self.keep_lease if reads else None)
 
     def take_lease(self) -> bool:

@@ -27,7 +27,7 @@ from lucid_core.runtime.executor import (
     ScriptResult,
 )
 from lucid_core.runtime.local_executor import LocalTransport
-from lucid_core.runtime.ssh_shell import KeptShell
+from lucid_core.runtime.ssh_shell import KeptShell, ShellClosed
 
 _RETRYABLE = (OSError, EOFError, paramiko.SSHException, socket.timeout)
 IDLE_CHECK_S = 1.0  # how often a kept connection's reader thread wakes while nothing arrives
@@ -47,6 +47,7 @@ class SshTransport:
         self.backoff_s = backoff_s
         self._clients: dict[str, paramiko.SSHClient] = {}
         self._shells: dict[str, KeptShell] = {}
+        self._host_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self.connects = 0  # connections opened (for tests of reuse)
 
@@ -97,32 +98,43 @@ class SshTransport:
         return client
 
     def forget(self, name: str) -> None:
-        """Close the connection to host `name` (a call on it overran its deadline); the next call reconnects."""
-        shell = self._shells.pop(name, None)
-        if shell is not None:
-            shell.close()
+        """Close the connection to host `name` (a call on it overran its deadline); the next call reconnects.
+
+        May run in another thread than a call stuck on that host: closing the client first stops its
+        packetizer (which frees the stuck call) without sending anything; the shell is then only dropped."""
         client = self._clients.pop(name, None)
         if client is not None:
             client.close()
+        self._shells.pop(name, None)
 
     def _drop(self, host: HostAddress) -> None:
         self.forget(host.name)
 
+    def _host_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._host_locks.setdefault(name, threading.Lock())
+
     def _run_once(self, host: HostAddress, script: str, deadline: float) -> ScriptResult:
-        client = self._client(host, deadline)
-        shell = self._shells.get(host.name)
-        if shell is None or not shell.alive:
-            timeout_s = deadline - time.monotonic()
-            if timeout_s <= 0:
-                raise TimeoutError("deadline reached before the script started")
-            shell = self._shells[host.name] = KeptShell(client, timeout_s)
+        lock = self._host_lock(host.name)  # one call at a time on a host's kept shell, whoever calls
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("another call on this host held its shell past this call's deadline")
         try:
-            return shell.run(script, deadline)
-        except BaseException:
-            # the shell is out of step with its replies (or gone): the next call starts another one
-            if self._shells.get(host.name) is shell:
-                del self._shells[host.name]
-            raise
+            client = self._client(host, deadline)
+            shell = self._shells.get(host.name)
+            if shell is None or not shell.serves(client):
+                timeout_s = deadline - time.monotonic()
+                if timeout_s <= 0:
+                    raise TimeoutError("deadline reached before the script started")
+                shell = self._shells[host.name] = KeptShell(client, timeout_s)
+            try:
+                return shell.run(script, deadline)
+            except BaseException:
+                # the shell is out of step with its replies (or gone): the next call starts another one
+                if self._shells.get(host.name) is shell:
+                    self._shells.pop(host.name, None)
+                raise
+        finally:
+            lock.release()
 
     def _connected(self, host: HostAddress) -> bool:
         client = self._clients.get(host.name)
@@ -142,8 +154,8 @@ class SshTransport:
                 raise
             except _RETRYABLE as exc:
                 last = exc
-                if not (isinstance(exc, TimeoutError) and self._connected(host)):
-                    self._drop(host)  # a slow script on a live connection keeps it: reconnecting costs more
+                if not (isinstance(exc, (TimeoutError, ShellClosed)) and self._connected(host)):
+                    self._drop(host)  # a slow script or a lost shell on a live connection keeps it
                 pause = self.backoff_s * (attempt + 1)
                 if attempt == self.retries or time.monotonic() + pause >= deadline:
                     break
@@ -152,10 +164,9 @@ class SshTransport:
                               f"{tries} tries within {timeout_s:g} s: {type(last).__name__}: {last}") from last
 
     def close(self) -> None:
-        for name in list(self._shells):
-            self._shells.pop(name).close()
         for name in list(self._clients):
-            self._clients.pop(name).close()
+            self.forget(name)
+        self._shells.clear()
 
 
 def ssh_executor(known_hosts: str | None = None, *, connect_timeout_s: float = 10.0, retries: int = 2,

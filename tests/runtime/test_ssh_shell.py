@@ -56,3 +56,26 @@ def test_a_call_past_its_deadline_ends_only_its_shell(kept):
     after = transport.run_script(host, "echo fine", 5)
     assert (after.exit_status, after.stdout) == (0, "fine\n")
     assert transport.connects == 1  # the connection was kept; only the shell was replaced
+
+
+def test_bytes_between_calls_and_concurrent_callers_do_not_mix_replies(kept):
+    transport, host = kept
+    # a process left behind writes to the kept shell's stdout after its call's reply
+    first = transport.run_script(host, "(sleep 0.3; echo STRAY) & echo first", 5)
+    time.sleep(0.6)
+    second = transport.run_script(host, "echo second", 5)
+    assert (first.stdout, second.stdout) == ("first\n", "second\n")
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda i: transport.run_script(host, f"sleep 0.05; echo call-{i}", 10).stdout, range(8)))
+    assert outs == [f"call-{i}\n" for i in range(8)]
+    assert transport.connects == 1
+
+
+def test_a_large_script_runs_whole_and_needs_no_temporary_file_for_itself(kept):
+    transport, host = kept
+    lines = [f"echo {i}" for i in range(4000)]  # about 30 KB, like a launch that ships the telemetry agent
+    result = transport.run_script(host, "\n".join(lines) + "\necho \"$(printf '%s' \"it's\")\"", 10)
+    assert result.exit_status == 0
+    assert result.stdout.splitlines() == [str(i) for i in range(4000)] + ["it's"]
