@@ -13,7 +13,7 @@ import math
 import statistics
 import time as _time
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -23,6 +23,7 @@ import pandas as pd
 
 from lucid_core.domain import Job
 from lucid_core.models.contributions import Explanation, explain_ebm
+from lucid_core.models.ebm_scoring import score_ebm
 from lucid_core.models.monotone import monotonize_term
 from lucid_core.models.names import NO_NAME, JobNameBucketer
 from lucid_core.policy.predictors import HistoryDurationPredictor
@@ -169,6 +170,12 @@ class DurationModel:
         """The model's input columns from plain arrays: one builder for training and live rows, so
         both see the same features, and no intermediate frame on the live path (a round predicts a
         handful of new jobs, where pandas' per-call costs dominate)."""
+        return pd.DataFrame(self._columns(vc, user, gpus, submit_time, profiles, buckets, history),
+                            index=index, copy=False)
+
+    def _columns(self, vc: np.ndarray, user: np.ndarray, gpus: np.ndarray, submit_time: np.ndarray,
+                 profiles: dict[str, np.ndarray], buckets: np.ndarray, history: np.ndarray) -> dict[str, np.ndarray]:
+        """The design's columns by name, in the design's order."""
         hour, day_of_week = self._calendar(submit_time)
         cols: dict[str, Any] = {"vc": vc}
         if self.use_user_:
@@ -183,7 +190,7 @@ class DurationModel:
         for k, c in enumerate(HISTORY_COLUMNS):
             if self.use_names_ or not c.startswith("bucket_"):
                 cols[c] = history[:, k]
-        return pd.DataFrame(cols, index=index, copy=False)
+        return cols
 
     def _calendar(self, submit_time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Hour of day (to the minute) and day of week (Monday 0) at submission, on the trace's clock."""
@@ -230,12 +237,16 @@ class DurationModel:
         return self
 
     # ---- prediction -----------------------------------------------------------------------
-    def predict_log(self, X: pd.DataFrame) -> np.ndarray:
-        """Predicted log1p(seconds); rows whose user has no history take the fallback estimate."""
-        same = list(X.columns) == self.feature_names_  # the design's own order: no column copy
-        pred = np.asarray(self.ebm_.predict(X if same else X[self.feature_names_]), dtype=float)
-        cold = X["user_n"].to_numpy() == 0
-        return np.where(cold, X["history_estimate"].to_numpy(), pred)
+    def predict_log(self, X: pd.DataFrame | Mapping[str, np.ndarray]) -> np.ndarray:
+        """Predicted log1p(seconds); rows whose user has no history take the fallback estimate. `X` is a
+        design frame or its columns; the EBM's tables are read directly where they can be (`ebm_scoring`)."""
+        pred = score_ebm(self.ebm_, X)
+        if pred is None:
+            frame = X if isinstance(X, pd.DataFrame) else pd.DataFrame(X, copy=False)
+            same = list(frame.columns) == self.feature_names_  # the design's own order: no column copy
+            pred = np.asarray(self.ebm_.predict(frame if same else frame[self.feature_names_]), dtype=float)
+        cold = np.asarray(X["user_n"]) == 0
+        return np.where(cold, np.asarray(X["history_estimate"], dtype=float), pred)
 
     def explain(self, X: pd.DataFrame) -> list[Explanation]:
         """Contributions in log1p-seconds: expm1(intercept + sum) is the EBM's estimate."""
@@ -243,6 +254,10 @@ class DurationModel:
 
     def features_of(self, jobs: Sequence[Job]) -> pd.DataFrame:
         """Design rows for live jobs from the current history state."""
+        return pd.DataFrame(self._live_columns(jobs), copy=False)
+
+    def _live_columns(self, jobs: Sequence[Job]) -> dict[str, np.ndarray]:
+        """The design's columns for live jobs, as arrays (a frame costs more than scoring 16 rows)."""
         self._drain(max((j.submit_time for j in jobs), default=-math.inf))
         buckets = self.bucketer_.transform([j.name for j in jobs])
         history = np.empty((len(jobs), len(HISTORY_COLUMNS)))
@@ -251,17 +266,17 @@ class DurationModel:
             history[i, -1] = math.log1p(self.fallback_.predict_one(self._floored(job))[0])
         profiles = {c: np.array([getattr(j.profile, c) if j.profile is not None else math.nan for j in jobs],
                                 dtype=float) for c in self.profile_columns_}
-        return self._design(np.array([str(j.vc) for j in jobs], dtype=object),
-                            np.array([str(j.user) for j in jobs], dtype=object),
-                            np.array([j.gpus for j in jobs], dtype=float),
-                            np.array([j.submit_time for j in jobs], dtype=float), profiles, buckets, history)
+        return self._columns(np.array([str(j.vc) for j in jobs], dtype=object),
+                             np.array([str(j.user) for j in jobs], dtype=object),
+                             np.array([j.gpus for j in jobs], dtype=float),
+                             np.array([j.submit_time for j in jobs], dtype=float), profiles, buckets, history)
 
     def predict_duration(self, jobs: Sequence[Job]) -> list[float]:
         """Seconds per job. A job that already outlived the estimate gets the history estimate
         conditioned on what it outlived (the fallback's conditional mean)."""
         if not jobs:
             return []
-        seconds = np.expm1(self.predict_log(self.features_of(jobs)))
+        seconds = np.expm1(self.predict_log(self._live_columns(jobs)))
         out = []
         for job, s in zip(jobs, seconds, strict=True):
             if job.known_min_duration > 0 and s <= job.known_min_duration:

@@ -103,9 +103,9 @@ class SshTransport:
         May run in another thread than a call stuck on that host: closing the client first stops its
         packetizer (which frees the stuck call) without sending anything; the shell is then only dropped."""
         client = self._clients.pop(name, None)
+        self._shells.pop(name, None)
         if client is not None:
             client.close()
-        self._shells.pop(name, None)
 
     def _drop(self, host: HostAddress) -> None:
         self.forget(host.name)

@@ -54,14 +54,18 @@ class KeptShell:
     def run(self, script: str, deadline: float) -> ScriptResult:
         """Run `script` in a fresh `sh -s`; TimeoutError past `deadline` (the shell is then closed)."""
         token = f"LUCID_{secrets.token_hex(16)}"
+        # stderr goes to a file unlinked as soon as it is open (nothing is left behind when a call is cut
+        # off); a redirection that fails skips the group, and the reply then says so with status 125
         command = (f"printf '%s:\\n' {token}\n"
-                   "e=$(mktemp 2>/dev/null) || e=/dev/null\n"
-                   f"printf '%s' {shlex.quote(script)} | sh -s 2>\"$e\"\n"
-                   f"s=$?; printf '\\n%s %d\\n' {token} \"$s\"\n"
-                   f"[ \"$e\" = /dev/null ] || {{ head -c {STDERR_KEPT} \"$e\"; rm -f \"$e\"; }}\n"
-                   f"printf '\\n%s.\\n' {token}\n")
+                   "ran=; e=$(mktemp 2>/dev/null) || e=/dev/null\n"
+                   "{ ran=1; [ \"$e\" = /dev/null ] || rm -f \"$e\"\n"
+                   f"printf '%s' {shlex.quote(script)} | sh -s 2>&3 3>&- 4<&-\n"
+                   f"s=$?; printf '\\n%s %d\\n' {token} \"$s\"; head -c {STDERR_KEPT} <&4; }} 3>\"$e\" 4<\"$e\"\n"
+                   f"[ -n \"$ran\" ] || {{ [ \"$e\" = /dev/null ] || rm -f \"$e\"; "
+                   f"printf '\\n%s 125\\ncannot open a file for the script'\"'\"'s stderr' {token}; }}\n"
+                   f"printf '\\n%s.\\n' {token}\n").encode("utf-8", "surrogateescape")
         try:
-            self._send(command.encode(), deadline)
+            self._send(command, deadline)
             reply = self._read_reply(token.encode(), deadline)
         except BaseException:
             self.close()
