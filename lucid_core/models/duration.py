@@ -14,7 +14,7 @@ import statistics
 import time as _time
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -145,7 +145,7 @@ class DurationModel:
                 end, j = heapq.heappop(pending)
                 self._learn(jobs[j], int(buckets[j]), float(durations[j]), end)
             history[i, :-1] = self.history_.features(job.user, int(buckets[i]), job.gpus)
-            history[i, -1] = math.log1p(self.fallback_.predict_one(self._floored(job))[0])
+            history[i, -1] = math.log1p(self.fallback_.predict_one(job, self.condition_on_s)[0])
             heapq.heappush(pending, (float(ends[i]), int(i)))
         self._pending_ = [(end, j, jobs[j], int(buckets[j]), float(durations[j])) for end, j in pending]
         heapq.heapify(self._pending_)
@@ -153,11 +153,6 @@ class DurationModel:
         return self._design(frame["vc"].astype(str).to_numpy(), frame["user"].astype(str).to_numpy(),
                             frame["gpus"].astype(float).to_numpy(), frame["submit_time"].to_numpy(dtype=float),
                             profiles, buckets, history, index=frame.index)
-
-    def _floored(self, job: Job) -> Job:
-        """The job as the history estimate sees it: known to outlive `condition_on_s`, nothing more."""
-        floor = self.condition_on_s
-        return job if job.known_min_duration == floor else replace(job, known_min_duration=floor)
 
     def _learn(self, job: Job, bucket: int, duration: float, end: float) -> None:
         job.end_time = end
@@ -263,7 +258,7 @@ class DurationModel:
         history = np.empty((len(jobs), len(HISTORY_COLUMNS)))
         for i, job in enumerate(jobs):
             history[i, :-1] = self.history_.features(job.user, int(buckets[i]), job.gpus)
-            history[i, -1] = math.log1p(self.fallback_.predict_one(self._floored(job))[0])
+            history[i, -1] = math.log1p(self.fallback_.predict_one(job, self.condition_on_s)[0])
         profiles = {c: np.array([getattr(j.profile, c) if j.profile is not None else math.nan for j in jobs],
                                 dtype=float) for c in self.profile_columns_}
         return self._columns(np.array([str(j.vc) for j in jobs], dtype=object),

@@ -126,9 +126,10 @@ class HistoryDurationPredictor:
             self._refresh()
             self.last_refresh_ = now
 
-    def predict_one(self, job: Job) -> tuple[float, str]:
-        """(predicted seconds, which history decided it)."""
-        floor = job.known_min_duration
+    def predict_one(self, job: Job, floor: float | None = None) -> tuple[float, str]:
+        """(predicted seconds, which history decided it), for a job known to outlive `floor` seconds
+        (its own `known_min_duration` unless given)."""
+        floor = job.known_min_duration if floor is None else floor
         for key in self._keys(job):
             table = self.tables_.get(key)
             if table is None:
