@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the loopback fleet (sshd servers, sil
 from loopback_fleet import DelayedLink, SilentPort, SshdFleet  # noqa: E402
 
 from lucid_core.config import LucidConfig  # noqa: E402
+from lucid_core.domain import JobState, RunState  # noqa: E402
 from lucid_core.runtime.executor import LaunchSpec  # noqa: E402
 from lucid_core.runtime.host_calls import HostCall, HostCallPool  # noqa: E402
 from lucid_core.runtime.inventory import HostSpec, add_host, host_address  # noqa: E402
@@ -117,15 +118,20 @@ def seed_running(store: Store, executor, hosts: list[str], parallelism: int, dea
             job = s.get(JobRow, job_ids[name])
             if not result.ok:
                 print(f"  seeding {name} failed: {result.error}", file=sys.stderr)
-                job.state, job.end_time, job.end_reason = "CANCELLED", now, "benchmark seeding failed"
+                job.state, job.end_time, job.end_reason = JobState.CANCELLED, now, "benchmark seeding failed"
                 continue
-            job.state, job.start_time, job.profiled, job.no_share = "RUNNING", now, True, True
-            job.gpu_util, job.mem_util, job.gpu_mem_mb, job.attempts = 60.0, 30.0, 8000.0, 1
-            s.add(RunRow(run_id=specs[name].run_id, host=name, job_id=job.job_id, kind="main", pool="main",
-                         gpu_indices=list(range(GPUS)), node_rank=0, state="running", pid=result.value.pid,
-                         planned_at=now, started_at=now))
+            record_running(s, job, name, specs[name].run_id, result.value.pid, now)
             started += 1
     return started
+
+
+def record_running(s, job: JobRow, host: str, run_id: str, pid: int, now: float) -> None:
+    """The store's record of an 8-GPU job running on `host` (profiled, not to be shared)."""
+    job.state, job.start_time, job.profiled, job.no_share = JobState.RUNNING, now, True, True
+    job.gpu_util, job.mem_util, job.gpu_mem_mb, job.attempts = 60.0, 30.0, 8000.0, 1
+    s.add(RunRow(run_id=run_id, host=host, job_id=job.job_id, kind="main", pool="main",
+                 gpu_indices=list(range(GPUS)), node_rank=0, state=RunState.RUNNING, pid=pid,
+                 planned_at=now, started_at=now))
 
 
 def seed_silent_run(store: Store, host: str) -> None:
@@ -134,12 +140,7 @@ def seed_silent_run(store: Store, host: str) -> None:
     now = time.time()
     job_id = submit(store, JobRequest(f"sleep {JOB_S}", GPUS, "bench", "vc-a", name=f"seed-{host}"))
     with store.session() as s:
-        job = s.get(JobRow, job_id)
-        job.state, job.start_time, job.profiled, job.no_share = "RUNNING", now, True, True
-        job.gpu_util, job.mem_util, job.gpu_mem_mb, job.attempts = 60.0, 30.0, 8000.0, 1
-        s.add(RunRow(run_id=f"{job_id}-main1", host=host, job_id=job_id, kind="main", pool="main",
-                     gpu_indices=list(range(GPUS)), node_rank=0, state="running", pid=4242,
-                     planned_at=now, started_at=now))
+        record_running(s, s.get(JobRow, job_id), host, f"{job_id}-main1", 4242, now)
 
 
 def queue_jobs(store: Store, count: int, tag: str) -> None:
@@ -148,7 +149,7 @@ def queue_jobs(store: Store, count: int, tag: str) -> None:
            for i in range(count)]
     with store.session() as s:
         s.execute(sa.update(JobRow).where(JobRow.job_id.in_(ids)).values(
-            state="QUEUED", profiled=True, no_share=True, gpu_util=50.0, mem_util=20.0, gpu_mem_mb=4000.0))
+            state=JobState.QUEUED, profiled=True, no_share=True, gpu_util=50.0, mem_util=20.0, gpu_mem_mb=4000.0))
 
 
 def one_fleet(n_hosts: int, servers: SshdFleet, args: argparse.Namespace, root: Path) -> str:
@@ -193,7 +194,7 @@ def one_fleet(n_hosts: int, servers: SshdFleet, args: argparse.Namespace, root: 
             gone = list(s.scalars(sa.select(RunRow.job_id).where(RunRow.host == "silent0")))
             s.execute(sa.delete(RunRow).where(RunRow.host == "silent0"))
             s.execute(sa.update(JobRow).where(JobRow.job_id.in_(gone)).values(
-                state="CANCELLED", end_time=time.time(), end_reason="benchmark: its host left the fleet"))
+                state=JobState.CANCELLED, end_time=time.time(), end_reason="benchmark: its host left the fleet"))
             s.execute(sa.delete(GpuRow).where(GpuRow.host == "silent0"))
             s.execute(sa.delete(HostRow).where(HostRow.name == "silent0"))
         without: list[RoundTimes] = []
@@ -223,7 +224,7 @@ def one_fleet(n_hosts: int, servers: SshdFleet, args: argparse.Namespace, root: 
 def stop_all(store: Store, executor, parallelism: int) -> None:
     """Stop every run the benchmark started (their processes would outlive it)."""
     with store.session() as s:
-        runs = list(s.scalars(sa.select(RunRow).where(RunRow.state == "running")))
+        runs = list(s.scalars(sa.select(RunRow).where(RunRow.state == RunState.RUNNING)))
         hosts = {h.name: h for h in s.scalars(sa.select(HostRow))}
     pool = HostCallPool(parallelism)
     batches: dict[str, list[HostCall]] = {}
