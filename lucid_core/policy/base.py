@@ -51,11 +51,13 @@ class SchedulingPolicy:
         """A profiling window ended (on the pool or in place) with this profile."""
         raise NotImplementedError
 
-    def on_restored(self, view: ClusterView, job: Job) -> None:
-        """A queued, profiled job comes back with the class and prediction an earlier round gave it from
-        the same models (the live store keeps them): put it back in its queue. Default: as if just profiled."""
-        assert job.profile is not None
-        self.on_profiled(view, job, job.profile)
+    def on_restored(self, view: ClusterView, jobs: Sequence[Job]) -> None:
+        """Queued, profiled jobs come back with the class and prediction an earlier round gave them from
+        the same models (the live store keeps them): put them back in their queue, all in one call (a live
+        round restores tens of thousands). Default: each as if just profiled."""
+        for job in jobs:
+            assert job.profile is not None
+            self.on_profiled(view, job, job.profile)
 
     def on_finish(self, view: ClusterView, job: Job, run_time: float) -> None:
         """A job ended; `run_time` is how long its last run lasted (for history models)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import PolicyParts, SchedulingPolicy
@@ -68,12 +70,14 @@ class LucidPolicy(SchedulingPolicy):
         else:
             self.orchestrator.enqueue(view, job)
 
-    def on_restored(self, view: ClusterView, job: Job) -> None:
+    def on_restored(self, view: ClusterView, jobs: Sequence[Job]) -> None:
         """Class and prediction as stored: straight back into the main queue, nothing re-predicted."""
-        if job.share_class is None or job.predicted_duration is None or job.profile is None:
-            super().on_restored(view, job)
-            return
-        self.orchestrator.requeue(view, job)
+        whole = [j for j in jobs if j.share_class is not None and j.predicted_duration is not None
+                 and j.profile is not None]
+        if len(whole) < len(jobs):
+            super().on_restored(view, [j for j in jobs if j.share_class is None or j.predicted_duration is None
+                                       or j.profile is None])
+        self.orchestrator.requeue_many(view, whole)
 
     def on_finish(self, view: ClusterView, job: Job, run_time: float) -> None:
         self.duration_model.observe(job, run_time)

@@ -368,6 +368,29 @@ class Orchestrator:
         if self.is_long(view, job):
             heapq.heappush(view.long_heap, (job.submit_time, job.job_id))
 
+    def requeue_many(self, view: ClusterView, jobs: list[Job]) -> None:
+        """`requeue` for many jobs at once (a live round restoring its queue): the same queue and heaps,
+        each part sorted and each heap rebuilt once instead of one insertion per job."""
+        if not jobs:
+            return
+        cap = self.long_cap(view)
+        keys = [self.sort_key(job, view.now, cap) for job in jobs]
+        view.enqueue_main_many(jobs, keys)
+        guard, arrivals, long = view.guard_heap, view.arrival_heap, view.long_heap
+        sizes = (len(guard), len(arrivals), len(long))
+        for job, key in zip(jobs, keys, strict=True):
+            if is_overdue_key(key):
+                continue
+            due = self.overdue_at(job)
+            if due is not None:
+                guard.append((due, job.job_id))
+            if self.guard_tail > 0:
+                arrivals.append((job.submit_time, job.job_id))
+        long.extend((job.submit_time, job.job_id) for job in jobs if self.is_long(view, job))
+        for heap, size in zip((guard, arrivals, long), sizes, strict=True):
+            if len(heap) > size:
+                heapq.heapify(heap)
+
     def sort_key(self, job: Job, now: float | None = None, long_cap: float = math.inf) -> SortKey:
         if self.use_estimator:
             due = self.overdue_at(job)

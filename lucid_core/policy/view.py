@@ -56,6 +56,19 @@ class MainQueue:
         bisect.insort(self._parts.setdefault(part, []), (key, job_id))
         self._where[job_id] = (part, key)
 
+    def push_many(self, entries: list[tuple[str, QueueKey, SortKey]]) -> None:
+        """`push` for many jobs: each touched part sorted once (a live round restores its whole queue)."""
+        where = self._where
+        touched: set[QueueKey] = set()
+        for job_id, part, key in entries:
+            if job_id in where:
+                raise ValueError(f"job {job_id} is already queued")
+            self._parts.setdefault(part, []).append((key, job_id))
+            where[job_id] = (part, key)
+            touched.add(part)
+        for part in touched:
+            self._parts[part].sort()
+
     def remove(self, job_id: str) -> None:
         part, key = self._where.pop(job_id)
         items = self._parts[part]
@@ -158,6 +171,15 @@ class ClusterView:
         job.state = JobState.QUEUED
         part = (self.placement_vc(job), job.gpus, int(job.share_class) if job.share_class is not None else -1)
         self.queue.push(job.job_id, part, key)
+
+    def enqueue_main_many(self, jobs: list[Job], keys: list[SortKey]) -> None:
+        """`enqueue_main` for many jobs at once (one sort per queue part)."""
+        entries = []
+        for job, key in zip(jobs, keys, strict=True):
+            job.state = JobState.QUEUED
+            part = (self.placement_vc(job), job.gpus, int(job.share_class) if job.share_class is not None else -1)
+            entries.append((job.job_id, part, key))
+        self.queue.push_many(entries)
 
     def dequeue(self, job_id: str) -> None:
         self.profiling_queue.pop(job_id, None)

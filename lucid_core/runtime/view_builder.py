@@ -72,7 +72,9 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
         for host, _ in s.execute(select(GpuRow.host, GpuRow.index)):
             counts[host] = counts.get(host, 0) + 1
         make = JobRecord._make
-        jobs = {j.job_id: j for j in map(make, s.execute(
+        # plain rows through the session's connection: the ORM's row loading would cost as much as the read
+        core = s.connection()
+        jobs = {j.job_id: j for j in map(make, core.execute(
             select(*JOB_COLUMNS).where(JobRow.state.in_(active)).order_by(JobRow.seq)))}
         runs = list(s.scalars(select(RunRow).where(RunRow.state.in_(ACTIVE_RUNS)).order_by(RunRow.planned_at)))
         profiles: dict[str, ProfileRow] = {}
@@ -83,7 +85,7 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
                 if p.job_id in jobs:  # a job that moved between the two reads keeps what the first saw
                     profiles[p.job_id] = p
         state = {row.key: row.value for row in s.scalars(select(SchedulerStateRow))}
-        finished = list(map(make, s.execute(
+        finished = list(map(make, core.execute(
             select(*JOB_COLUMNS).where(JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None),
                                        JobRow.end_time.is_not(None))
             .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT))))
@@ -335,6 +337,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     # waiting jobs re-enter their queues through the policy's own hooks; a queued job classified and
     # predicted by an earlier round with the same models keeps what it was given
     key = prediction_key(policy, snapshot)
+    restored: list[Job] = []  # given back in one call: no other hook reads the main queue they go to
     for job_id, job in jobs.items():
         if job_id in view.jobs or job_id in frozen:
             continue
@@ -343,7 +346,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
             policy.on_submit(view, job)
         elif job.state is JobState.QUEUED:
             if key is not None and job.profile is not None and snapshot.jobs[job_id].predicted_by == key:
-                policy.on_restored(view, job)
+                restored.append(job)
             elif job.profile is not None:
                 policy.on_profiled(view, job, job.profile)
             else:
@@ -356,6 +359,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
                 policy.on_profiled(view, job, job.profile)
             else:
                 requeue(policy, view, job)
+    policy.on_restored(view, restored)
     forecaster = policy.describe().forecaster
     if isinstance(forecaster, ReplayForecaster):
         forecaster.muted = False

@@ -548,3 +548,52 @@ def test_a_policy_declares_its_placement_once_and_every_scan_uses_it():
         records = _records(("A", 0, 10), ("B", 1, 10))
         result = simulate(records, policy, config, main_nodes=3, check_invariants=True)
         assert _jcts(result) == {"A": 10, "B": 10}
+
+
+def _restorable_jobs(n: int, now: float) -> list[Job]:
+    """Queued jobs as a live round reads them back: profiled, classed and predicted, some long and overdue."""
+    jobs = []
+    for i in range(n):
+        gpus = (1, 2, 4, 8, 16)[i % 5]
+        predicted = 600.0 * (1 + (i * 7919) % 97)
+        jobs.append(Job(job_id=f"j{i:03d}", user="ann", vc="", gpus=gpus, submit_time=now - 40.0 * (i % 31) * predicted,
+                        profile=Profile(50.0, 20.0, 4000.0), share_class=(ShareClass.TINY, ShareClass.MEDIUM)[i % 2],
+                        predicted_duration=predicted))
+    return jobs
+
+
+@pytest.mark.parametrize("guard_tail", [0.0, 2.0])
+def test_restoring_a_queue_in_one_call_equals_restoring_it_job_by_job(guard_tail):
+    """`on_restored` takes the whole queue at once (one sort per part, one heapify per heap); what the next
+    scan sees must be what one `requeue` per job builds: the same order, keys and guard/long heaps."""
+    now = 1_000_000.0
+    config = LucidConfig().with_overrides({"orchestrator.guard_tail": guard_tail})
+    views = []
+    for batched in (False, True):
+        policy = LucidPolicy(config, duration_model=FixedDurations({}))
+        view = ClusterView(config, now=now)
+        view.add_nodes(Pool.MAIN, 4)
+        view.recent_priorities = [600.0 * k for k in range(1, 200)]
+        view.long_cap = 600.0 * 150
+        policy.orchestrator.tail_bound_ = 3600.0 if guard_tail else policy.orchestrator.tail_bound_
+        jobs = _restorable_jobs(120, now)
+        for job in jobs:
+            view.add_job(job)
+        if batched:
+            policy.on_restored(view, jobs)
+        else:
+            for job in jobs:
+                policy.orchestrator.requeue(view, job)
+        views.append(view)
+    one_by_one, batched_view = views
+    assert batched_view.queue.ordered() == one_by_one.queue.ordered()
+    assert batched_view.queue.parts() == one_by_one.queue.parts()  # each part sorted, as the scan reads heads
+    assert {j: batched_view.queue.key_of(j) for j in batched_view.queue.ordered()} == \
+        {j: one_by_one.queue.key_of(j) for j in one_by_one.queue.ordered()}
+    assert any(k[0] < 0 for k in (batched_view.queue.key_of(j) for j in batched_view.queue.ordered())), \
+        "the case should hold overdue jobs"
+    for heap in ("guard_heap", "arrival_heap", "long_heap"):
+        assert sorted(getattr(batched_view, heap)) == sorted(getattr(one_by_one, heap)), heap
+        assert getattr(batched_view, heap)[:1] == sorted(getattr(one_by_one, heap))[:1], heap
+    assert len(batched_view.long_heap) > 0
+    assert all(batched_view.jobs[j].state is JobState.QUEUED for j in batched_view.queue.ordered())
