@@ -72,11 +72,12 @@ class LucidPolicy(SchedulingPolicy):
 
     def on_restored(self, view: ClusterView, jobs: Sequence[Job]) -> None:
         """Class and prediction as stored: straight back into the main queue, nothing re-predicted."""
-        whole = [j for j in jobs if j.share_class is not None and j.predicted_duration is not None
-                 and j.profile is not None]
-        if len(whole) < len(jobs):
-            super().on_restored(view, [j for j in jobs if j.share_class is None or j.predicted_duration is None
-                                       or j.profile is None])
+        whole: list[Job] = []
+        partial: list[Job] = []  # stored without a class or prediction: classified and predicted again
+        for job in jobs:
+            complete = job.share_class is not None and job.predicted_duration is not None and job.profile is not None
+            (whole if complete else partial).append(job)
+        super().on_restored(view, partial)
         self.orchestrator.requeue_many(view, whole)
 
     def on_finish(self, view: ClusterView, job: Job, run_time: float) -> None:

@@ -360,36 +360,36 @@ class Orchestrator:
         stopped job's work left), with its guard deadlines; `key` keeps a key it had before."""
         key = key if key is not None else self.sort_key(job, view.now, self.long_cap(view))
         view.enqueue_main(job, key)
-        due = self.overdue_at(job)
-        if due is not None and not is_overdue_key(key):
-            heapq.heappush(view.guard_heap, (due, job.job_id))
-        if self.guard_tail > 0 and not is_overdue_key(key):
-            heapq.heappush(view.arrival_heap, (job.submit_time, job.job_id))
-        if self.is_long(view, job):
-            heapq.heappush(view.long_heap, (job.submit_time, job.job_id))
+        for heap, entry in self._heap_entries(view, job, key):
+            heapq.heappush(heap, entry)
 
     def requeue_many(self, view: ClusterView, jobs: list[Job]) -> None:
         """`requeue` for many jobs at once (a live round restoring its queue): the same queue and heaps,
         each part sorted and each heap rebuilt once instead of one insertion per job."""
-        if not jobs:
-            return
         cap = self.long_cap(view)
         keys = [self.sort_key(job, view.now, cap) for job in jobs]
         view.enqueue_main_many(jobs, keys)
-        guard, arrivals, long = view.guard_heap, view.arrival_heap, view.long_heap
-        sizes = (len(guard), len(arrivals), len(long))
+        grown: dict[int, list[tuple[float, str]]] = {}
         for job, key in zip(jobs, keys, strict=True):
-            if is_overdue_key(key):
-                continue
+            for heap, entry in self._heap_entries(view, job, key):
+                heap.append(entry)
+                grown[id(heap)] = heap
+        for heap in grown.values():
+            heapq.heapify(heap)
+
+    def _heap_entries(self, view: ClusterView, job: Job, key: SortKey) -> list[tuple[list, tuple[float, str]]]:
+        """The (heap, entry) pairs a queued job adds: its guard deadline and arrival (unless already
+        overdue), and its arrival among the long class."""
+        entries: list[tuple[list, tuple[float, str]]] = []
+        if not is_overdue_key(key):
             due = self.overdue_at(job)
             if due is not None:
-                guard.append((due, job.job_id))
+                entries.append((view.guard_heap, (due, job.job_id)))
             if self.guard_tail > 0:
-                arrivals.append((job.submit_time, job.job_id))
-        long.extend((job.submit_time, job.job_id) for job in jobs if self.is_long(view, job))
-        for heap, size in zip((guard, arrivals, long), sizes, strict=True):
-            if len(heap) > size:
-                heapq.heapify(heap)
+                entries.append((view.arrival_heap, (job.submit_time, job.job_id)))
+        if self.is_long(view, job):
+            entries.append((view.long_heap, (job.submit_time, job.job_id)))
+        return entries
 
     def sort_key(self, job: Job, now: float | None = None, long_cap: float = math.inf) -> SortKey:
         if self.use_estimator:

@@ -167,19 +167,19 @@ class ClusterView:
         job.state = JobState.SUBMITTED
         self.profiling_queue[job.job_id] = None
 
+    def queue_part(self, job: Job) -> QueueKey:
+        """The main-queue part a job waits in: (placement VC, GPU demand, share class or -1)."""
+        return (self.placement_vc(job), job.gpus, int(job.share_class) if job.share_class is not None else -1)
+
     def enqueue_main(self, job: Job, key: SortKey) -> None:
         job.state = JobState.QUEUED
-        part = (self.placement_vc(job), job.gpus, int(job.share_class) if job.share_class is not None else -1)
-        self.queue.push(job.job_id, part, key)
+        self.queue.push(job.job_id, self.queue_part(job), key)
 
     def enqueue_main_many(self, jobs: list[Job], keys: list[SortKey]) -> None:
         """`enqueue_main` for many jobs at once (one sort per queue part)."""
-        entries = []
-        for job, key in zip(jobs, keys, strict=True):
+        for job in jobs:
             job.state = JobState.QUEUED
-            part = (self.placement_vc(job), job.gpus, int(job.share_class) if job.share_class is not None else -1)
-            entries.append((job.job_id, part, key))
-        self.queue.push_many(entries)
+        self.queue.push_many([(job.job_id, self.queue_part(job), key) for job, key in zip(jobs, keys, strict=True)])
 
     def dequeue(self, job_id: str) -> None:
         self.profiling_queue.pop(job_id, None)
