@@ -85,6 +85,7 @@ class DecisionSteps(RoundBase):
         self._observe_pairs(snapshot, now)
         t0 = time.perf_counter()
         built = build_view(snapshot, self.config, now, self.policy_factory)
+        self.report.errors.extend(built.unreadable.values())
         decisions = built.policy.schedule(built.view)
         self.report.decide_ms = (time.perf_counter() - t0) * 1000
         sharing_reason = snapshot.state.get("sharing_reason")

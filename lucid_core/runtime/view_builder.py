@@ -9,6 +9,7 @@ placeholder jobs whose ids start with HOLD_PREFIX.
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -103,10 +104,15 @@ _SHARE_CLASSES = {int(c): c for c in ShareClass}
 
 
 def _share_class(value: int | None) -> ShareClass | None:
-    """The stored class (a dict lookup: a round converts tens of thousands); a bad value raises as ShareClass does."""
-    if value is None:
-        return None
-    return _SHARE_CLASSES[value] if value in _SHARE_CLASSES else ShareClass(value)
+    """The stored class (a dict lookup: a round converts tens of thousands). A value that names no class is
+    a cache entry gone bad (a hand edit, another controller): None, so the policy classifies the job again."""
+    return None if value is None else _SHARE_CLASSES.get(value)
+
+
+def _prediction(value: float | None) -> float | None:
+    """A stored predicted duration, or None (predicted again) where it is not a positive finite number:
+    a negative or NaN one would put the job ahead of every queue."""
+    return value if value is not None and 0.0 < value < math.inf else None
 
 
 def job_of(row: JobRow) -> Job:
@@ -119,7 +125,7 @@ def job_of(row: JobRow) -> Job:
     return Job(job_id=row.job_id, user=row.user, vc=row.vc, gpus=row.gpus, submit_time=row.submit_time,
                name=row.name, amp=row.amp, long_cold_start=row.long_cold_start, state=state,
                profile=profile, share_class=_share_class(row.share_class),
-               predicted_duration=row.predicted_duration, known_min_duration=row.known_min_duration,
+               predicted_duration=_prediction(row.predicted_duration), known_min_duration=row.known_min_duration,
                start_time=row.start_time, end_time=row.end_time, no_share=row.no_share,
                preemptible=row.preemptible, yields=row.yields)
 
@@ -227,6 +233,8 @@ class BuiltView:
     frozen: set[str]
     # the models and history this round classifies and predicts with (None: the policy does not say)
     prediction_key: str | None = None
+    # job id -> why its stored row could not be read (the job is left out of the round, its GPUs held)
+    unreadable: dict[str, str] = field(default_factory=dict)
 
 
 def prediction_key(policy: SchedulingPolicy, snapshot: Snapshot) -> str | None:
@@ -260,7 +268,13 @@ def fleet_config(config: LucidConfig, gpu_counts: Iterable[int]) -> LucidConfig:
 def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_factory: PolicyFactory) -> BuiltView:
     config = fleet_config(config, snapshot.gpu_counts.values())
     policy = policy_factory(config, snapshot)
-    jobs = {job_id: job_of(row) for job_id, row in snapshot.jobs.items()}
+    jobs: dict[str, Job] = {}
+    unreadable: dict[str, str] = {}  # job id -> why its row could not be read; the job sits this round out
+    for job_id, row in snapshot.jobs.items():
+        try:
+            jobs[job_id] = job_of(row)
+        except (ValueError, TypeError) as exc:
+            unreadable[job_id] = f"job {job_id}: its stored row cannot be read ({exc}); left out of this round"
     profiles = snapshot.profiles
     view = ClusterView(config, now=now, profile_of=lambda job_id: (
         profile_of_row(profiles[job_id], jobs[job_id].amp) if job_id in profiles and job_id in jobs else None))
@@ -287,6 +301,9 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     placed_on = {name for pool in (view.main, view.profiling) for name in pool.nodes}
     # frozen: a stop is pending, or a run sits on a host the inventory no longer has (the round repairs it)
     frozen = {j for j, runs in runs_by_job.items() if any(r.stop_reason or r.host not in placed_on for r in runs)}
+    # a run whose job this round cannot see (a row it cannot read, or a state none of the active ones) keeps
+    # its GPUs all the same: nothing is placed on them while it may be running
+    frozen |= unreadable.keys() | {j for j in runs_by_job if j not in jobs}
 
     held: dict[tuple[str, str], list[int]] = {}  # (pool, host) -> GPU indices held
     # running jobs become allocations: lone runs and pair founders first, then partners
@@ -294,8 +311,6 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     started: set[str] = set()
     pending_partners = []
     for job_id, runs in ordered:
-        if job_id not in jobs:
-            continue
         if job_id in frozen:
             for run in runs:
                 held.setdefault((run.pool, run.host), []).extend(run.gpu_indices)
@@ -363,7 +378,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     forecaster = policy.describe().forecaster
     if isinstance(forecaster, ReplayForecaster):
         forecaster.muted = False
-    return BuiltView(view, policy, available, frozen, key)
+    return BuiltView(view, policy, available, frozen, key, unreadable)
 
 
 def _start(view: ClusterView, job: Job, runs: Sequence[RunRow], partner: str | None) -> None:

@@ -244,3 +244,50 @@ def test_queued_jobs_keep_their_class_and_prediction_until_the_models_or_history
                                                                         end_time=now - 10))
     _round(store, config, policy_factory=factory)
     assert model.asked == [5, 4]
+
+
+def test_a_stored_row_gone_bad_costs_that_job_alone(store, tmp_path):
+    """Whatever another controller or a hand edit writes into a job's row is untrusted. A stored class that
+    names no class, or a negative or NaN prediction, is dropped and learned again. A running job whose state
+    is none of ours keeps its GPU. A row that cannot be read at all (text in a number column, which SQLite
+    stores) leaves that job out of the round with an error naming it. The round goes on for every other job."""
+    from sqlalchemy import text
+
+    from lucid_core.policy.lucid import LucidPolicy
+    from lucid_core.runtime.schema import JobRow
+
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off"})
+    durations = {"hold": 600.0, "a": 30.0, "b": 60.0, "c": 90.0, "d": 120.0}
+
+    def factory(cfg, snapshot):
+        policy = LucidPolicy(cfg, duration_model=FixedDurations(durations, key=lambda job: job.name))
+        policy.model_sources = {"duration": "fixed"}
+        return policy
+
+    hold = submit(store, JobRequest("sleep 4", 1, "ann", "vc-a", name="hold"))
+    _until(store, lambda jobs: jobs[hold].state == "RUNNING", config=config, policy_factory=factory)
+    ids = {n: submit(store, JobRequest("true", 1, "ann", "vc-a", name=n)) for n in "abcd"}
+    _round(store, config, policy_factory=factory)
+    sqlite = store.engine.dialect.name == "sqlite"
+    with store.session() as s:
+        s.get(JobRow, ids["a"]).share_class = 99
+        s.get(JobRow, ids["b"]).predicted_duration = -5e9
+        s.get(JobRow, ids["c"]).predicted_duration = float("nan")
+        s.get(JobRow, hold).state = "BOGUS"
+        if sqlite:
+            s.execute(text("UPDATE jobs SET gpu_util = 'abc', profiled = 1 WHERE job_id = :j"), {"j": ids["d"]})
+    report = _round(store, config, policy_factory=factory)
+    assert not any("refused" in e for e in report.errors), report.errors  # nothing planned on the held GPU
+    if sqlite:
+        assert any(ids["d"] in e and "cannot be read" in e for e in report.errors), report.errors
+    jobs = jobs_by_id(store)
+    assert all(jobs[i].state == "QUEUED" for i in ids.values()), "a job started on the GPU the running job holds"
+    assert jobs[ids["b"]].predicted_duration == 60.0  # predicted again, not left at -5e9
+    with store.session() as s:  # mended: the next rounds settle the running job and run the rest
+        s.get(JobRow, hold).state = "RUNNING"
+        s.execute(text("UPDATE jobs SET gpu_util = NULL, profiled = :f WHERE job_id = :j"), {"j": ids["d"], "f": False})
+    jobs = _until(store, lambda jobs: all(jobs[i].state == "COMPLETED" for i in (hold, *ids.values())),
+                  config=config, policy_factory=factory)
+    assert [jobs[ids[n]].state for n in "abcd"] == ["COMPLETED"] * 4
