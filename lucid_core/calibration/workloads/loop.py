@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 
 import torch
 
@@ -19,9 +19,17 @@ def resolve_device(name: str) -> torch.device:
 
 
 def autocast(device: torch.device, amp: bool) -> AbstractContextManager[object]:
-    """Mixed precision for the forward pass: fp16 on CUDA, bf16 on the CPU; a no-op when off."""
+    """Mixed precision for the forward pass: fp16 on CUDA, bf16 on the CPU; a no-op when off. On a CPU
+    whose oneDNN has no bf16 kernels (no AVX-512), oneDNN is kept out of the pass: its bf16 LSTM has no
+    primitive there and fails, while torch's own kernels run bf16 on any CPU."""
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=amp)
+    cast = torch.autocast(device_type=device.type, dtype=dtype, enabled=amp)
+    if not (amp and device.type == "cpu") or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return cast
+    stack = ExitStack()
+    stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+    stack.enter_context(cast)
+    return stack
 
 
 def grad_scaler(device: torch.device, amp: bool) -> torch.amp.GradScaler:
