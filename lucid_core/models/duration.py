@@ -23,7 +23,7 @@ import pandas as pd
 
 from lucid_core.domain import Job
 from lucid_core.models.contributions import Explanation, explain_ebm
-from lucid_core.models.ebm_scoring import score_ebm
+from lucid_core.models.ebm_scoring import EbmScorer
 from lucid_core.models.monotone import monotonize_term
 from lucid_core.models.names import NO_NAME, JobNameBucketer
 from lucid_core.policy.predictors import HistoryDurationPredictor
@@ -132,6 +132,7 @@ class DurationModel:
         """Design matrix of every job, history from jobs ended before its submission (time order)."""
         self.history_ = DurationHistory()
         self.fallback_ = HistoryDurationPredictor(refresh_s=self.fallback_refresh_s)
+        self.history_rows_: dict[tuple[str, int, int], list[float]] = {}
         buckets = self.bucketer_.transform(frame["name"].fillna("").astype(str))
         ends = (frame["end_time"] if "end_time" in frame else frame["submit_time"] + frame["duration"]).to_numpy()
         order = np.argsort(frame["submit_time"].to_numpy(), kind="stable")
@@ -156,6 +157,7 @@ class DurationModel:
 
     def _learn(self, job: Job, bucket: int, duration: float, end: float) -> None:
         job.end_time = end
+        self.history_rows_ = {}
         self.history_.add(job.user, bucket, job.gpus, duration)
         self.fallback_.observe(job, duration)
 
@@ -193,10 +195,11 @@ class DurationModel:
         if epoch.tzinfo is not None:  # a zone's local time (daylight saving): let pandas convert
             at = epoch + pd.to_timedelta(submit_time, unit="s")
             return at.hour.to_numpy() + at.minute.to_numpy() / 60.0, at.day_of_week.to_numpy().astype(float)
-        at = np.datetime64(epoch.value, "ns") + (np.asarray(submit_time, dtype=float) * 1e9).round().astype(
-            "timedelta64[ns]")
-        minute_of_day = (at - at.astype("datetime64[D]")).astype("timedelta64[m]").astype(np.int64)
-        days = at.astype("datetime64[D]").astype(np.int64)
+        # nanoseconds since 1970 in int64, floored to minutes and days (datetime64's own arithmetic, without
+        # its unit conversions: a round's 16 rows paid more for those than for scoring)
+        at = epoch.value + (np.asarray(submit_time, dtype=float) * 1e9).round().astype(np.int64)
+        minute_of_day = at // 60_000_000_000 % 1440
+        days = at // 86_400_000_000_000
         return minute_of_day // 60 + (minute_of_day % 60) / 60.0, ((days + 3) % 7).astype(float)  # 1970-01-01: Thu
 
     def _feature_types(self, X: pd.DataFrame) -> list[str]:
@@ -227,6 +230,7 @@ class DurationModel:
         self.ebm_.fit(X, y_log, sample_weight=X["gpus"].to_numpy() if self.weight_by_gpus else None)
         if self.monotone_gpus:
             monotonize_term(self.ebm_, "gpus", increasing=True)
+        self.scorer_ = None  # read from the tables as they are now, at the first prediction
         self.train_rows_ = len(X)
         self.fit_seconds_ = _time.perf_counter() - started
         return self
@@ -235,13 +239,21 @@ class DurationModel:
     def predict_log(self, X: pd.DataFrame | Mapping[str, np.ndarray]) -> np.ndarray:
         """Predicted log1p(seconds); rows whose user has no history take the fallback estimate. `X` is a
         design frame or its columns; the EBM's tables are read directly where they can be (`ebm_scoring`)."""
-        pred = score_ebm(self.ebm_, X)
+        scorer = self._scorer()
+        pred = None if scorer is None else scorer.score(X)
         if pred is None:
             frame = X if isinstance(X, pd.DataFrame) else pd.DataFrame(X, copy=False)
             same = list(frame.columns) == self.feature_names_  # the design's own order: no column copy
             pred = np.asarray(self.ebm_.predict(frame if same else frame[self.feature_names_]), dtype=float)
         cold = np.asarray(X["user_n"]) == 0
         return np.where(cold, np.asarray(X["history_estimate"], dtype=float), pred)
+
+    def _scorer(self) -> EbmScorer | None:
+        """The fitted EBM's tables as arrays, read once per fitted EBM (a saved model gets them on first use)."""
+        cached = self.__dict__.get("scorer_")
+        if cached is None or cached[0] is not self.ebm_:
+            cached = self.scorer_ = (self.ebm_, EbmScorer.of(self.ebm_))
+        return cached[1]
 
     def explain(self, X: pd.DataFrame) -> list[Explanation]:
         """Contributions in log1p-seconds: expm1(intercept + sum) is the EBM's estimate."""
@@ -256,15 +268,29 @@ class DurationModel:
         self._drain(max((j.submit_time for j in jobs), default=-math.inf))
         buckets = self.bucketer_.transform([j.name for j in jobs])
         history = np.empty((len(jobs), len(HISTORY_COLUMNS)))
+        rows = self._history_rows()
         for i, job in enumerate(jobs):
-            history[i, :-1] = self.history_.features(job.user, int(buckets[i]), job.gpus)
-            history[i, -1] = math.log1p(self.fallback_.predict_one(job, self.condition_on_s)[0])
+            key = (job.user, int(buckets[i]), job.gpus)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = [*self.history_.features(*key),
+                                   math.log1p(self.fallback_.predict_one(job, self.condition_on_s)[0])]
+            history[i] = row
         profiles = {c: np.array([getattr(j.profile, c) if j.profile is not None else math.nan for j in jobs],
                                 dtype=float) for c in self.profile_columns_}
         return self._columns(np.array([str(j.vc) for j in jobs], dtype=object),
                              np.array([str(j.user) for j in jobs], dtype=object),
                              np.array([j.gpus for j in jobs], dtype=float),
                              np.array([j.submit_time for j in jobs], dtype=float), profiles, buckets, history)
+
+    def _history_rows(self) -> dict[tuple[str, int, int], list[float]]:
+        """History features by (user, name bucket, GPUs) since the history last changed: they depend on
+        nothing else, and a queue holds many jobs of one user and size (a model saved before this cache
+        existed gets it on first use)."""
+        rows = self.__dict__.get("history_rows_")
+        if rows is None:
+            rows = self.history_rows_ = {}
+        return rows
 
     def predict_duration(self, jobs: Sequence[Job]) -> list[float]:
         """Seconds per job. A job that already outlived the estimate gets the history estimate
@@ -283,6 +309,7 @@ class DurationModel:
         if job.end_time is not None:
             self._drain(job.end_time)  # earlier ends of the training log first: history stays in end order
         bucket = int(self.bucketer_.transform([job.name])[0])
+        self.history_rows_ = {}
         self.history_.add(job.user, bucket, job.gpus, duration)
         self.fallback_.observe(job, duration)
 

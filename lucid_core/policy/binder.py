@@ -84,16 +84,16 @@ class AffinityBinder:
             return "sharing scores exceed GPU capacity"
         if partner.gpus != job.gpus:
             return "different GPU demand"
-        need = (job.profile.gpu_mem_mb if job.profile else 0.0) + self.config.memory_headroom_mb
-        if view.pool(alloc.pool).mem_free_on(alloc.gpus) < need:
-            return "memory would not fit"
-        pred = partner.predicted_duration
+        pred = partner.predicted_duration  # the rules on durations first: arithmetic, where memory reads GPUs
         if pred is not None:
             remaining = pred - (view.now - alloc.start)
             if 0 < remaining < self.config.nearly_done_s:
                 return "partner nearly done"
         if pred is not None and job.priority > self.config.pair_priority_ratio * partner.priority:
             return "job much longer than partner"
+        need = (job.profile.gpu_mem_mb if job.profile else 0.0) + self.config.memory_headroom_mb
+        if pool.mem_free_on(alloc.gpus) < need:
+            return "memory would not fit"
         return None
 
     def find_partner(self, view: ClusterView, job: Job) -> PartnerChoice | None:

@@ -23,6 +23,7 @@ in seconds either.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -283,9 +284,20 @@ class Orchestrator:
         if self.long_quantile >= 1.0:
             return
         recent = view.recent_priorities
-        recent.extend(job.priority for job in jobs)
+        ordered = view.recent_sorted if len(view.recent_sorted) == len(recent) else sorted(recent)
+        added = [job.priority for job in jobs]
+        recent.extend(added)
+        for priority in added:
+            bisect.insort(ordered, priority)
+        for priority in recent[:-self.long_window]:
+            at = bisect.bisect_left(ordered, priority)
+            if at == len(ordered) or ordered[at] != priority:  # a NaN breaks the order: sort afresh
+                ordered = sorted(recent[-self.long_window:])
+                break
+            del ordered[at]
         del recent[:-self.long_window]
-        view.long_cap = sorted(recent)[min(len(recent) - 1, int(self.long_quantile * len(recent)))]
+        view.recent_sorted = ordered
+        view.long_cap = ordered[min(len(ordered) - 1, int(self.long_quantile * len(ordered)))]
 
     def long_cap(self, view: ClusterView) -> float:
         """The cap keys are made with: the view's (saved) cap while the long class is on, else none."""

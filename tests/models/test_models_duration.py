@@ -109,6 +109,28 @@ def test_online_protocol_cold_start_and_round_trip(tmp_path, fitted, log):
     assert model.history_.user_count["nobody"] == n_before + 1
 
 
+def test_history_rows_are_reused_until_the_history_changes(fitted, log):
+    """A round predicts many jobs of one user, name and size: their history features are read once and
+    reused (`history_rows_`) until a job ends; the predictions equal those made with the cache empty."""
+    import copy
+
+    model = copy.deepcopy(fitted[0])
+    last = float(log["submit_time"].max())
+    jobs = [Job(f"q{i}", user=f"user00{i % 3}", vc="vc1", gpus=1 + i % 2, submit_time=last + 60 + i,
+                name="001-resnet50-cifar_lr0.001_s3") for i in range(12)]
+    first = model.predict_duration(jobs)
+    assert len(model.history_rows_) == 6  # 3 users x 2 sizes, one name
+    model.history_rows_ = {}
+    assert model.predict_duration(jobs) == first
+    model.observe(Job("done", user="user000", vc="vc1", gpus=1, submit_time=last, name="001-resnet50-cifar",
+                      end_time=last + 120), 90000.0)
+    assert model.history_rows_ == {}  # a job ended: every user's overall mean moved
+    after = model.predict_duration(jobs)
+    model.history_rows_ = {}
+    assert model.predict_duration(jobs) == after
+    assert after[0] != first[0]  # user000's own history changed its prediction
+
+
 def test_online_history_features_equal_the_offline_replay(log):
     """Fed by observe() in end order after warm_history, the live features are the training ones."""
     import heapq

@@ -214,3 +214,40 @@ def test_explain_names_the_long_class_and_yielding_by_seniority():
     rule, words = ordering_rule(waiting, 20.0, 0, 1, long_cap=1000.0)
     assert rule == "priority" and "it is a long job: long jobs go in arrival order" in words
     assert "long job" not in ordering_rule(waiting, 20.0, 0, 1, long_cap=5000.0)[1]
+
+
+def test_the_long_class_cap_kept_in_order_equals_the_quantile_of_the_window_sorted_afresh():
+    """The cap is updated by insertion into the window kept in order (a round no longer sorts the whole
+    window): over rounds that overflow the window, after a restore, and with a NaN prediction, it equals
+    the quantile of the latest `long_window` values sorted afresh."""
+    import math
+    import random
+
+    from lucid_core.policy.orchestrator import Orchestrator
+
+    config = _config(**{"orchestrator.long_quantile": 0.7})
+    orchestrator = LucidPolicy(config).orchestrator
+    assert isinstance(orchestrator, Orchestrator)
+    orchestrator.long_window = 50
+    rng = random.Random(4)
+    view = ClusterView(config, now=0.0)
+    seen: list[float] = []
+    for round_ in range(60):
+        if round_ == 20:  # a live round: a new view from the saved state
+            restored = ClusterView(config, now=0.0)
+            restored.restore_policy_state(view.policy_state())
+            view = restored
+        jobs = [Job(f"r{round_}j{i}", "u", "", rng.choice([1, 2, 8]), 0.0,
+                    predicted_duration=float(rng.choice([60, 600, 3600])) if rng.random() < 0.5
+                    else rng.uniform(1, 1e5)) for i in range(rng.randint(1, 12))]
+        if round_ == 30:
+            jobs[0].predicted_duration = float("nan")
+        orchestrator._update_long_cap(view, jobs)
+        seen.extend(job.priority for job in jobs)
+        window = seen[-50:]
+        assert len(view.recent_priorities) == len(view.recent_sorted) == len(window)
+        if not any(math.isnan(p) for p in window):  # before the NaN came, and once it left the window
+            assert view.recent_priorities == window
+            assert view.recent_sorted == sorted(window)
+            assert view.long_cap == sorted(window)[min(len(window) - 1, int(0.7 * len(window)))]
+    assert round_ > 30 and not any(math.isnan(p) for p in seen[-50:])  # the last rounds checked the recovery
