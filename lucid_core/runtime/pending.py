@@ -2,48 +2,58 @@
 
 from __future__ import annotations
 
-from lucid_core.domain import Job, ShareClass, SharingMode
+from lucid_core.domain import Job, JobState, ShareClass, SharingMode
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.view import ClusterView
 
 
 def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
                     sharing_reason: str | None = None) -> dict[str, tuple[int, str]]:
-    """job id -> (position in its queue, 1-based; what keeps it waiting)."""
+    """job id -> (position in its queue, 1-based; what keeps it waiting). The words leave out what the
+    job's own columns say (its place, its priority): `describe_pending` adds those for readers, so a
+    queue that shifts rewrites positions, not tens of thousands of sentences."""
     out: dict[str, tuple[int, str]] = {}
     prof_order = sorted(view.profiling_queue, key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
     prof_block = view.profiling.max_free_on_a_node()
+    scan_stopped = "waiting for the profiling pool: a smaller job ahead did not fit, the scan stopped there"
     for i, job_id in enumerate(prof_order):
         job = view.jobs[job_id]
-        ahead = i
         if job.gpus > prof_block:
             why = (f"waiting for the profiling pool: needs {job.gpus} GPU(s) on one node, the largest free "
                    f"block there is {prof_block} ({view.profiling.free_gpus()} of "
                    f"{view.profiling.total_gpus} pool GPUs free)")
         else:
-            why = "waiting for the profiling pool: a smaller job ahead did not fit, the scan stopped there"
-        if ahead:
-            why += f"; {ahead} job(s) ahead in least-GPU-first order"
+            why = scan_stopped
         out[job_id] = (i + 1, why)
-    order = view.queue.ordered()
     gpus_per_node = view.config.cluster.gpus_per_node
-    # the words after the position depend only on these (a queue holds tens of thousands of jobs)
+    # the words depend only on these (a queue holds tens of thousands of jobs)
     middle: dict[tuple[str, int, ShareClass | None, bool], str] = {}
-    for i, job_id in enumerate(order):
+    for i, job_id in enumerate(view.queue.ordered()):
         job = view.jobs[job_id]
         vc = view.placement_vc(job)
         key = (vc, job.gpus, job.share_class, job.no_share)
         words = middle.get(key)
         if words is None:
             words = middle[key] = _why_waiting(view, job, vc, gpus_per_node, sharing_reason)
-        parts = [f"behind {i} job(s) with a lower priority value"] if i else []
-        if words:
-            parts.append(words)
-        if job.predicted_duration is not None:
-            parts.append(f"priority {job.priority / 3600:.3f} GPU-h ({job.gpus} x predicted "
-                         f"{job.predicted_duration:.0f} s)")
-        out[job_id] = (i + 1, "; ".join(parts) or "waiting for the next round")
+        out[job_id] = (i + 1, words)
     return out
+
+
+def describe_pending(state: str, position: int | None, reason: str | None, gpus: int,
+                     predicted_duration: float | None) -> str | None:
+    """The stored reason in full, for readers: its place in its queue and, in the main queue, its
+    priority (a job waiting for profiling is SUBMITTED, one in the main queue QUEUED)."""
+    if not reason:
+        return reason
+    ahead = max(0, (position or 1) - 1)
+    if state == JobState.SUBMITTED.value:
+        return f"{reason}; {ahead} job(s) ahead in least-GPU-first order" if ahead else reason
+    parts = [f"behind {ahead} job(s) with a lower priority value"] if ahead else []
+    parts.append(reason)
+    if predicted_duration is not None:
+        parts.append(f"priority {gpus * predicted_duration / 3600:.3f} GPU-h ({gpus} x predicted "
+                     f"{predicted_duration:.0f} s)")
+    return "; ".join(parts)
 
 
 def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, sharing_reason: str | None) -> str:
