@@ -244,6 +244,21 @@ def exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
     return "next in order; compact exclusive fit"
 
 
+#: what a job is taken to run when its model gives no usable number (as the history fallback's default)
+UNKNOWN_DURATION_S = 3600.0
+
+
+def _usable_prediction(value: object) -> float:
+    """A model's prediction, or UNKNOWN_DURATION_S where it is not a finite number: a NaN would make the
+    job's key unordered and the long-class cap arbitrary, an infinity would never let it run (a small or
+    negative one is raised to the floor by the caller)."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return UNKNOWN_DURATION_S
+    return seconds if math.isfinite(seconds) else UNKNOWN_DURATION_S
+
+
 class Orchestrator:
     """Predicts durations in batches and keeps the main queue in priority order, overdue jobs first."""
 
@@ -284,7 +299,9 @@ class Orchestrator:
         if self.long_quantile >= 1.0:
             return
         recent = view.recent_priorities
-        ordered = view.recent_sorted if len(view.recent_sorted) == len(recent) else sorted(recent)
+        kept_for, ordered = view.recent_sorted
+        if kept_for is not recent or len(ordered) != len(recent):  # a restored or replaced window
+            ordered = sorted(recent)
         added = [job.priority for job in jobs]
         recent.extend(added)
         for priority in added:
@@ -296,7 +313,7 @@ class Orchestrator:
                 break
             del ordered[at]
         del recent[:-self.long_window]
-        view.recent_sorted = ordered
+        view.recent_sorted = (recent, ordered)
         view.long_cap = ordered[min(len(ordered) - 1, int(self.long_quantile * len(ordered)))]
 
     def long_cap(self, view: ClusterView) -> float:
@@ -362,7 +379,7 @@ class Orchestrator:
         view.unpredicted = []
         predictions = self.duration_model.predict_duration(jobs)
         for job, pred in zip(jobs, predictions, strict=True):
-            job.predicted_duration = max(float(pred), job.known_min_duration, 1.0)
+            job.predicted_duration = max(_usable_prediction(pred), job.known_min_duration, 1.0)
         self._update_long_cap(view, jobs)
         for job in jobs:
             self.requeue(view, job)

@@ -125,7 +125,8 @@ class ClusterView:
         self.long_heap: list[tuple[float, str]] = []
         # predicted GPU-time of the latest jobs and its quantile, the long class's cap (the orchestrator's)
         self.recent_priorities: list[float] = []
-        self.recent_sorted: list[float] = []  # the same values in order (the orchestrator's, not saved)
+        # (the window it was kept for, its values in order): the orchestrator's, not saved
+        self.recent_sorted: tuple[list[float], list[float]] = (self.recent_priorities, [])
         self.long_cap = math.inf
         # the overdue job the current round holds nodes for, if any (for explanations)
         self.reserved_for: str | None = None
@@ -270,7 +271,7 @@ class ClusterView:
         self.last_mode_check = state.get("last_mode_check")
         self.last_yield_check = state.get("last_yield_check")
         self.recent_priorities = [float(p) for p in state.get("recent_priorities") or [] if saved_number(p)]
-        self.recent_sorted = []
+        self.recent_sorted = (self.recent_priorities, sorted(self.recent_priorities))
         cap = state.get("long_cap")
         self.long_cap = float(cap) if saved_number(cap) else math.inf
         return set(state.get("borrowed_nodes", []))

@@ -43,7 +43,7 @@ def describe_pending(state: str, position: int | None, reason: str | None, gpus:
                      predicted_duration: float | None) -> str | None:
     """The stored reason in full, for readers: its place in its queue and, in the main queue, its
     priority (a job waiting for profiling is SUBMITTED, one in the main queue QUEUED)."""
-    if not reason:
+    if not reason or _whole(reason):
         return reason
     ahead = max(0, (position or 1) - 1)
     if state == JobState.SUBMITTED.value:
@@ -83,3 +83,12 @@ def _no_fit_text(view: ClusterView, gpus: int, vc: str) -> str:
     return (f"no compact fit for {gpus} GPU(s): the largest free block on one {where} is "
             f"{view.main.max_free_on_a_node(vc)} ({view.main.free_gpus(vc)} of "
             f"{view.main.total_gpus_of(vc)} GPUs free)")
+
+
+def _whole(reason: str) -> bool:
+    """A reason stored whole, as rounds before `describe_pending` wrote it (until a round rewrites it):
+    their words began with the place or ended with the priority or the profiling place, which the words
+    stored now never do."""
+    return (reason.startswith("behind ") or (reason.endswith(" s)") and "; priority " in reason)
+            or reason.endswith(" job(s) ahead in least-GPU-first order"))
+

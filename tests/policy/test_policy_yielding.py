@@ -245,9 +245,27 @@ def test_the_long_class_cap_kept_in_order_equals_the_quantile_of_the_window_sort
         orchestrator._update_long_cap(view, jobs)
         seen.extend(job.priority for job in jobs)
         window = seen[-50:]
-        assert len(view.recent_priorities) == len(view.recent_sorted) == len(window)
+        assert len(view.recent_priorities) == len(view.recent_sorted[1]) == len(window)
         if not any(math.isnan(p) for p in window):  # before the NaN came, and once it left the window
             assert view.recent_priorities == window
-            assert view.recent_sorted == sorted(window)
+            assert view.recent_sorted[1] == sorted(window)
             assert view.long_cap == sorted(window)[min(len(window) - 1, int(0.7 * len(window)))]
     assert round_ > 30 and not any(math.isnan(p) for p in seen[-50:])  # the last rounds checked the recovery
+
+
+def test_a_prediction_that_is_not_a_number_counts_as_an_hour():
+    """A promoted model that answers NaN or infinity for a job: the job is queued as if predicted to run
+    an hour (its key stays ordered, the long-class cap stays a number), the others as predicted."""
+    import math
+
+    config = _config(**{"orchestrator.long_quantile": 0.5})
+    policy = LucidPolicy(config, duration_model=_Predicted({"nan": math.nan, "inf": math.inf, "ok": 600.0}))
+    view = ClusterView(config, now=0.0)
+    view.add_nodes(Pool.MAIN, 1)
+    for job_id in ("nan", "inf", "ok"):
+        job = Job(job_id, "u", "", 2, 0.0)
+        view.add_job(job)
+        policy.on_submit(view, job)
+    policy.orchestrator.predict_pending(view)
+    assert [view.jobs[j].predicted_duration for j in ("nan", "inf", "ok")] == [3600.0, 3600.0, 600.0]
+    assert view.queue.ordered()[0] == "ok" and math.isfinite(view.long_cap)

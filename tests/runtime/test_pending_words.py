@@ -53,3 +53,16 @@ def test_readers_get_the_place_and_the_priority_back():
         f"{profiling}; 3 job(s) ahead in least-GPU-first order")
     assert describe_pending("SUBMITTED", 1, profiling, 1, None) == profiling
     assert describe_pending("RUNNING", None, None, 1, 60.0) is None
+
+
+def test_a_reason_stored_whole_by_an_earlier_version_is_shown_as_it_is():
+    """Until a round rewrites it, a row keeps the whole sentence an earlier version stored: readers must
+    not add the place and the priority a second time."""
+    whole = ("behind 2 job(s) with a lower priority value; sharing is off (x); "
+             "priority 0.500 GPU-h (2 x predicted 900 s)")
+    assert describe_pending("QUEUED", 3, whole, 2, 900.0) == whole
+    head = "sharing is off (x); priority 0.500 GPU-h (2 x predicted 900 s)"
+    assert describe_pending("QUEUED", 1, head, 2, 900.0) == head
+    profiling = ("waiting for the profiling pool: a smaller job ahead did not fit, the scan stopped there; "
+                 "3 job(s) ahead in least-GPU-first order")
+    assert describe_pending("SUBMITTED", 4, profiling, 1, None) == profiling
