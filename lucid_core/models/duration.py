@@ -155,9 +155,9 @@ class DurationModel:
                             frame["gpus"].astype(float).to_numpy(), frame["submit_time"].to_numpy(dtype=float),
                             profiles, buckets, history, index=frame.index)
 
-    def _learn(self, job: Job, bucket: int, duration: float, end: float) -> None:
+    def _learn(self, job: Job, bucket: int, duration: float, end: float | None) -> None:
         job.end_time = end
-        self.history_rows_ = {}
+        self.history_rows_ = {}  # every user's overall mean moved: the cached history rows are stale
         self.history_.add(job.user, bucket, job.gpus, duration)
         self.fallback_.observe(job, duration)
 
@@ -308,10 +308,7 @@ class DurationModel:
     def observe(self, job: Job, duration: float) -> None:
         if job.end_time is not None:
             self._drain(job.end_time)  # earlier ends of the training log first: history stays in end order
-        bucket = int(self.bucketer_.transform([job.name])[0])
-        self.history_rows_ = {}
-        self.history_.add(job.user, bucket, job.gpus, duration)
-        self.fallback_.observe(job, duration)
+        self._learn(job, int(self.bucketer_.transform([job.name])[0]), duration, job.end_time)
 
     def _drain(self, now: float) -> None:
         """Jobs of the training log still running at its end count once their end has passed."""

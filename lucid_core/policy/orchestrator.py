@@ -32,7 +32,7 @@ from collections.abc import Callable
 from lucid_core.domain import GpuRef, Job, Pool
 from lucid_core.policy.decisions import Decision, Place
 from lucid_core.policy.placement import COMPACT, GpuPool, Placement
-from lucid_core.policy.predictors import DurationPredictor
+from lucid_core.policy.predictors import DEFAULT_DURATION_S, DurationPredictor
 from lucid_core.policy.view import ClusterView, SortKey
 
 PartnerFinder = Callable[[ClusterView, Job], "tuple[str, str] | None"]
@@ -244,19 +244,15 @@ def exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
     return "next in order; compact exclusive fit"
 
 
-#: what a job is taken to run when its model gives no usable number (as the history fallback's default)
-UNKNOWN_DURATION_S = 3600.0
-
-
 def _usable_prediction(value: object) -> float:
-    """A model's prediction, or UNKNOWN_DURATION_S where it is not a finite number: a NaN would make the
+    """A model's prediction, or DEFAULT_DURATION_S where it is not a finite number: a NaN would make the
     job's key unordered and the long-class cap arbitrary, an infinity would never let it run (a small or
     negative one is raised to the floor by the caller)."""
     try:
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return UNKNOWN_DURATION_S
-    return seconds if math.isfinite(seconds) else UNKNOWN_DURATION_S
+        return DEFAULT_DURATION_S
+    return seconds if math.isfinite(seconds) else DEFAULT_DURATION_S
 
 
 class Orchestrator:

@@ -16,6 +16,9 @@ from typing import Protocol, runtime_checkable
 
 from lucid_core.domain import Job, Profile, ShareClass
 
+#: what a job is taken to run when nothing better is known (no history, or a model gave no number)
+DEFAULT_DURATION_S = 3600.0
+
 
 @runtime_checkable
 class DurationPredictor(Protocol):
@@ -143,7 +146,7 @@ class HistoryDurationPredictor:
                     return max(math.expm1(mean_log), floor), (
                         f"{key[0]} history ({n} jobs, the last {len(recent)} weighted {w:g})")
                 return max(math.expm1(mean_log), floor), f"{key[0]} history ({n} jobs)"
-        return max(floor * 2.0, 3600.0), "no history: default 1 h"
+        return max(floor * 2.0, DEFAULT_DURATION_S), "no history: default 1 h"
 
     def predict_duration(self, jobs: Sequence[Job]) -> list[float]:
         return [self.predict_one(job)[0] for job in jobs]

@@ -17,6 +17,7 @@ from functools import partial
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool, RunState
 from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.predictors import DEFAULT_DURATION_S
 from lucid_core.policy.view import ClusterView
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.view_builder import HOLD_PREFIX, PolicyFactory, build_view, default_policy, load_snapshot
@@ -24,7 +25,6 @@ from lucid_core.runtime.view_builder import Snapshot as StoreSnapshot
 from lucid_core.sim.engine import simulate
 from lucid_core.sim.start import StartState, Until
 
-UNKNOWN_DURATION_S = 3600.0  # assumed when the policy has no duration model at all
 MIN_MEASURED_RATE = 0.01  # a pair measured as stalled still ends in the what-if (at 100x its duration)
 
 
@@ -46,7 +46,7 @@ def assumed_durations(policy: SchedulingPolicy, jobs: Sequence[Job]) -> list[flo
     model = policy.describe().duration_model
     predicted = {}
     if missing:
-        raw = model.predict_duration(missing) if model is not None else [UNKNOWN_DURATION_S] * len(missing)
+        raw = model.predict_duration(missing) if model is not None else [DEFAULT_DURATION_S] * len(missing)
         predicted = {job.job_id: max(float(p), job.known_min_duration, 1.0)
                      for job, p in zip(missing, raw, strict=True)}
     return [float(job.predicted_duration) if job.predicted_duration is not None else predicted[job.job_id]

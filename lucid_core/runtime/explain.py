@@ -15,7 +15,7 @@ from lucid_core.domain import ACTIVE_RUN_STATES, ShareClass
 from lucid_core.policy.orchestrator import ordering_rule
 from lucid_core.policy.predictors import HistoryDurationPredictor, UtilizationRuleClassifier
 from lucid_core.policy.view import saved_number
-from lucid_core.runtime.pending import describe_pending
+from lucid_core.runtime.pending import pending_text
 from lucid_core.runtime.queries import shared_speeds
 from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store import Store
@@ -228,9 +228,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
         "sharing": _sharing(row, splits, events),
         "shared": None if shared is None else {
             **asdict(shared), "age_s": None if shared.measured_at is None else max(0.0, now - shared.measured_at)},
-        "pending": {"position": row.queue_position, "reason": describe_pending(
-            row.state, row.queue_position, row.pending_reason, row.gpus, row.predicted_duration)}
-        if row.pending_reason else None,
+        "pending": {"position": row.queue_position, "reason": pending_text(row)} if row.pending_reason else None,
         "runs": [{"run_id": r.run_id, "host": r.host, "kind": r.kind, "gpus": r.gpu_indices, "state": r.state,
                   "exit_code": r.exit_code, "outcome": r.outcome} for r in runs],
         "decisions": [{"time": d.time, "kind": d.kind, "reason": d.reason, "status": d.status} for d in decisions],

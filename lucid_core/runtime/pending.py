@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from lucid_core.domain import Job, JobState, ShareClass, SharingMode
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.view import ClusterView
@@ -37,6 +39,11 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
             words = middle[key] = _why_waiting(view, job, vc, gpus_per_node, sharing_reason)
         out[job_id] = (i + 1, words)
     return out
+
+
+def pending_text(row: Any) -> str | None:
+    """`describe_pending` of a job row (anything with JobRow's columns): what readers show."""
+    return describe_pending(row.state, row.queue_position, row.pending_reason, row.gpus, row.predicted_duration)
 
 
 def describe_pending(state: str, position: int | None, reason: str | None, gpus: int,

@@ -14,7 +14,7 @@ from lucid_core.domain import TERMINAL_STATES, JobState, RunState
 from lucid_core.runtime.executor import HostExecutor
 from lucid_core.runtime.inventory import host_address
 from lucid_core.runtime.pair_speed import mutual_pairs
-from lucid_core.runtime.pending import describe_pending
+from lucid_core.runtime.pending import pending_text
 from lucid_core.runtime.schema import DecisionRow, GpuRow, HostRow, JobEventRow, JobRow, ModelVersionRow, RunRow
 from lucid_core.runtime.store import Store
 from lucid_core.runtime.submission import UnknownJob
@@ -58,11 +58,6 @@ def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[st
     return out
 
 
-def _pending(row: JobRow) -> str | None:
-    """What keeps the job waiting, in full (the round stores the words; place and priority are columns)."""
-    return describe_pending(row.state, row.queue_position, row.pending_reason, row.gpus, row.predicted_duration)
-
-
 def queue(store: Store) -> list[dict[str, Any]]:
     """Waiting and running jobs: running first, then each queue in the policy's order."""
     active = [s.value for s in JobState if s not in TERMINAL_STATES]
@@ -72,7 +67,7 @@ def queue(store: Store) -> list[dict[str, Any]]:
     return [{"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
              "position": r.queue_position, "predicted_duration_s": r.predicted_duration,
              "priority_gpu_s": r.gpus * r.predicted_duration if r.predicted_duration is not None else None,
-             "share_class": r.share_class, "pending_reason": _pending(r), "submit_time": r.submit_time}
+             "share_class": r.share_class, "pending_reason": pending_text(r), "submit_time": r.submit_time}
             for r in rows]
 
 
@@ -86,7 +81,7 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
     return {"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
             "command": r.command, "submit_time": r.submit_time, "start_time": r.start_time, "end_time": r.end_time,
             "exit_code": r.exit_code, "end_reason": r.end_reason, "ended_in_profiling": r.ended_in_profiling,
-            "cancel_requested": r.cancel_requested, "pending_reason": _pending(r),
+            "cancel_requested": r.cancel_requested, "pending_reason": pending_text(r),
             "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
                       "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome} for x in runs],
             # the speed measured while it shares GPUs with `partner` (null: running alone or not yet measured)

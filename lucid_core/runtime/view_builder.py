@@ -37,7 +37,6 @@ from lucid_core.runtime.store import Store
 HOLD_PREFIX = "~hold:"
 ACTIVE_RUNS = ACTIVE_RUN_STATES
 HISTORY_LIMIT = 50000
-# the job columns a round reads: all but the command and its environment (a launch reads those itself)
 #: the job columns a round reads: all but what only a launch (from its own row) or a reader needs
 JOB_COLUMNS = tuple(c for c in JobRow.__table__.columns
                     if c.name not in ("command", "env", "workload", "idempotency_key", "exit_code", "end_reason"))

@@ -208,11 +208,10 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         fields = ["job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
                   "exit_code", "end_reason", "ended_in_profiling", "gpu_util", "mem_util", "gpu_mem_mb",
                   "share_class", "predicted_duration", "pending_reason"]
-        from lucid_core.runtime.pending import describe_pending
+        from lucid_core.runtime.pending import pending_text
 
         values = {f: getattr(job, f) for f in fields}
-        values["pending_reason"] = describe_pending(job.state, job.queue_position, job.pending_reason, job.gpus,
-                                                    job.predicted_duration)
+        values["pending_reason"] = pending_text(job)
         facts = table(["field", "value"], [[esc(f), esc(_field_text(f, values[f]))] for f in fields], "job")
         explanation = _explanation(store_url(), job_id)
         ev = table(["time", "kind", "message"], [[esc(time.strftime("%H:%M:%S", time.localtime(e.time))),
