@@ -49,15 +49,16 @@ def pending_text(row: Any) -> str | None:
 def describe_pending(state: str, position: int | None, reason: str | None, gpus: int,
                      predicted_duration: float | None) -> str | None:
     """The stored reason in full, for readers: its place in its queue and, in the main queue, its
-    priority (a job waiting for profiling is SUBMITTED, one in the main queue QUEUED)."""
-    if not reason or _whole(reason):
-        return reason
-    ahead = max(0, (position or 1) - 1)
+    priority (a job waiting for profiling is SUBMITTED, one in the main queue QUEUED). The columns are
+    read as untrusted (a hand edit can store text in them): a value that is not a number is left out."""
+    if not isinstance(reason, str) or not reason or _whole(reason):
+        return reason if isinstance(reason, str) else None
+    ahead = max(0, position - 1) if type(position) is int else 0
     if state == JobState.SUBMITTED.value:
         return f"{reason}; {ahead} job(s) ahead in least-GPU-first order" if ahead else reason
     parts = [f"behind {ahead} job(s) with a lower priority value"] if ahead else []
     parts.append(reason)
-    if predicted_duration is not None:
+    if isinstance(predicted_duration, float | int) and isinstance(gpus, int):
         parts.append(f"priority {gpus * predicted_duration / 3600:.3f} GPU-h ({gpus} x predicted "
                      f"{predicted_duration:.0f} s)")
     return "; ".join(parts)

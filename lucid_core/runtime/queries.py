@@ -58,15 +58,21 @@ def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[st
     return out
 
 
+def _number_or_zero(value: Any) -> int:
+    """A stored position for sorting; anything but an int (NULL, or text a hand edit stored) sorts first."""
+    return value if type(value) is int else 0
+
+
 def queue(store: Store) -> list[dict[str, Any]]:
     """Waiting and running jobs: running first, then each queue in the policy's order."""
     active = [s.value for s in JobState if s not in TERMINAL_STATES]
     with store.session() as s:
         rows = s.scalars(select(JobRow).where(JobRow.state.in_(active))).all()
-    rows = sorted(rows, key=lambda r: (_STATE_ORDER.get(r.state, 9), r.queue_position or 0, r.seq))
+    rows = sorted(rows, key=lambda r: (_STATE_ORDER.get(r.state, 9), _number_or_zero(r.queue_position),
+                                       _number_or_zero(r.seq)))
     return [{"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
              "position": r.queue_position, "predicted_duration_s": r.predicted_duration,
-             "priority_gpu_s": r.gpus * r.predicted_duration if r.predicted_duration is not None else None,
+             "priority_gpu_s": r.gpus * r.predicted_duration if isinstance(r.predicted_duration, float | int) else None,
              "share_class": r.share_class, "pending_reason": pending_text(r), "submit_time": r.submit_time}
             for r in rows]
 

@@ -66,3 +66,30 @@ def test_a_reason_stored_whole_by_an_earlier_version_is_shown_as_it_is():
     profiling = ("waiting for the profiling pool: a smaller job ahead did not fit, the scan stopped there; "
                  "3 job(s) ahead in least-GPU-first order")
     assert describe_pending("SUBMITTED", 4, profiling, 1, None) == profiling
+
+
+def test_the_queue_listing_reads_text_stored_in_number_columns_without_failing(tmp_path):
+    """A hand edit (or another controller) can store text where a position or a prediction belongs, and
+    SQLite keeps it: `lucid queue` and the pages still list every job, leaving out what is not a number."""
+    import time
+
+    from sqlalchemy import text
+
+    from lucid_core.runtime import queries
+    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store import Store
+
+    store = Store(f"sqlite:///{tmp_path}/q.db")
+    now = time.time()
+    with store.session() as s:
+        for i, position in enumerate((1, 2, 3)):
+            s.add(JobRow(job_id=f"j{i}", seq=i + 1, name="n", user="u", vc="v", gpus=2, command="true", env={},
+                         state="QUEUED", submit_time=now, pending_reason="no compact fit", queue_position=position,
+                         predicted_duration=900.0))
+    with store.session() as s:
+        s.execute(text("update jobs set queue_position = 'abc', predicted_duration = 'zz' where job_id = 'j1'"))
+    rows = {r["job_id"]: r for r in queries.queue(store)}
+    assert set(rows) == {"j0", "j1", "j2"}
+    assert rows["j1"]["pending_reason"] == "no compact fit" and rows["j1"]["priority_gpu_s"] is None
+    assert rows["j2"]["pending_reason"].startswith("behind 2 job(s)")
+    store.dispose()
