@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from lucid_core.runtime import lease
-from lucid_core.runtime.round_decisions import DecisionSteps
+from lucid_core.runtime.round_decisions import DecisionSteps, collector_paused
 from lucid_core.runtime.round_hosts import HostInventorySteps
 from lucid_core.runtime.round_launching import LaunchSteps
 from lucid_core.runtime.round_profiles import ProfileSteps
@@ -40,15 +40,16 @@ class SchedulingRound(LaunchSteps, SettlingSteps, ProfileSteps, DecisionSteps, H
             self.report.acquired = False
             return self.report
         try:
-            self.open_round()
-            self.load_hosts()
-            self.repair()
-            self._crash("after_repair")
-            self.observe()
-            self._crash("after_reconcile")
-            self.decide()
-            self._crash("after_record")
-            self.execute()
+            with collector_paused():  # a round's garbage is acyclic; the process collects after it
+                self.open_round()
+                self.load_hosts()
+                self.repair()
+                self._crash("after_repair")
+                self.observe()
+                self._crash("after_reconcile")
+                self.decide()
+                self._crash("after_record")
+                self.execute()
         except lease.Fenced as exc:
             self.stop_fenced(exc)
             self._finish_round(started)

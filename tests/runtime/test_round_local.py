@@ -291,3 +291,29 @@ def test_a_stored_row_gone_bad_costs_that_job_alone(store, tmp_path):
     jobs = _until(store, lambda jobs: all(jobs[i].state == "COMPLETED" for i in (hold, *ids.values())),
                   config=config, policy_factory=factory)
     assert [jobs[ids[n]].state for n in "abcd"] == ["COMPLETED"] * 4
+
+
+def test_the_cycle_collector_is_off_for_the_whole_round_and_back_on_after_it(store, tmp_path, monkeypatch):
+    import gc
+
+    _local_cluster(store, tmp_path)
+    submit(store, JobRequest("sleep 5", 1, "ann", "vc-a", name="gc-a"))
+    seen: dict[str, bool] = {}
+    real = SchedulingRound.reconcile
+
+    def reconcile(self):
+        seen["reconcile"] = gc.isenabled()  # polls run before decide's own pause
+        return real(self)
+
+    monkeypatch.setattr(SchedulingRound, "reconcile", reconcile)
+    assert gc.isenabled()
+    _round(store)
+    assert seen == {"reconcile": False} and gc.isenabled()
+
+    def broken(self):
+        raise RuntimeError("step failed")
+
+    monkeypatch.setattr(SchedulingRound, "reconcile", broken)
+    with pytest.raises(RuntimeError, match="step failed"):
+        _round(store)
+    assert gc.isenabled()  # a failed step does not leave the process without its collector
