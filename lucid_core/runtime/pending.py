@@ -29,15 +29,18 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
         out[job_id] = (i + 1, why)
     gpus_per_node = view.config.cluster.gpus_per_node
     # the words depend only on these (a queue holds tens of thousands of jobs)
-    middle: dict[tuple[str, int, ShareClass | None, bool], str] = {}
-    for i, job_id in enumerate(view.queue.ordered()):
-        job = view.jobs[job_id]
-        vc = view.placement_vc(job)
-        key = (vc, job.gpus, job.share_class, job.no_share)
-        words = middle.get(key)
+    # the queue part already names the VC and the width: (part, class, no_share) -> words
+    middle: dict[tuple[tuple[str, int, int], ShareClass | None, bool], str] = {}
+    jobs = view.jobs
+    merged = [(key, job_id, part) for part, items in view.queue.parts().items() for key, job_id in items]
+    merged.sort()
+    for i, (_, job_id, part) in enumerate(merged, start=1):
+        job = jobs[job_id]
+        words_key = (part, job.share_class, job.no_share)
+        words = middle.get(words_key)
         if words is None:
-            words = middle[key] = _why_waiting(view, job, vc, gpus_per_node, sharing_reason)
-        out[job_id] = (i + 1, words)
+            words = middle[words_key] = _why_waiting(view, job, part[0], gpus_per_node, sharing_reason)
+        out[job_id] = (i, words)
     return out
 
 
