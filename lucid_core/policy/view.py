@@ -91,6 +91,12 @@ class MainQueue:
         return [job_id for _, job_id in merged]
 
 
+
+def _part_of(vc: str, job: Job) -> QueueKey:
+    """(placement VC, GPU demand, share class or -1): the main-queue part of a job whose partition is `vc`."""
+    return (vc, job.gpus, int(job.share_class) if job.share_class is not None else -1)
+
+
 class ClusterView:
     def __init__(self, config: LucidConfig, now: float = 0.0,
                  profile_of: Callable[[str], Profile | None] | None = None) -> None:
@@ -171,7 +177,7 @@ class ClusterView:
 
     def queue_part(self, job: Job) -> QueueKey:
         """The main-queue part a job waits in: (placement VC, GPU demand, share class or -1)."""
-        return (self.placement_vc(job), job.gpus, int(job.share_class) if job.share_class is not None else -1)
+        return _part_of(self.placement_vc(job), job)
 
     def enqueue_main(self, job: Job, key: SortKey) -> None:
         job.state = JobState.QUEUED
@@ -179,9 +185,15 @@ class ClusterView:
 
     def enqueue_main_many(self, jobs: list[Job], keys: list[SortKey]) -> None:
         """`enqueue_main` for many jobs at once (one sort per queue part)."""
-        for job in jobs:
+        placement_vc: dict[str, str] = {}  # job VC -> its partition, asked once per VC, not once per job
+        entries = []
+        for job, key in zip(jobs, keys, strict=True):
             job.state = JobState.QUEUED
-        self.queue.push_many([(job.job_id, self.queue_part(job), key) for job, key in zip(jobs, keys, strict=True)])
+            vc = placement_vc.get(job.vc)
+            if vc is None:
+                vc = placement_vc[job.vc] = self.placement_vc(job)
+            entries.append((job.job_id, _part_of(vc, job), key))
+        self.queue.push_many(entries)
 
     def dequeue(self, job_id: str) -> None:
         self.profiling_queue.pop(job_id, None)

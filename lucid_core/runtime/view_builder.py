@@ -123,12 +123,17 @@ def _prediction(value: float | None) -> float | None:
     return value if value is not None and 0.0 < value < math.inf else None
 
 
+def _percent(value: float) -> float:
+    """A stored utilization clamped to [0, 100] (NaN -> 0); the common in-range value costs one compare."""
+    return value if 0.0 <= value <= 100.0 else min(100.0, max(0.0, value))
+
+
 def job_of(row: JobRow) -> Job:
     """The policy's Job for a store row (state and learned fields included)."""
     profile = None
     if row.profiled and row.gpu_util is not None:
-        profile = Profile(min(100.0, max(0.0, row.gpu_util)), min(100.0, max(0.0, row.mem_util or 0.0)),
-                          max(0.0, row.gpu_mem_mb or 0.0), row.amp, row.profile_emulated)
+        profile = Profile(_percent(row.gpu_util), _percent(row.mem_util or 0.0), max(0.0, row.gpu_mem_mb or 0.0),
+                          row.amp, row.profile_emulated)
     state = _JOB_STATES.get(row.state) or JobState(row.state)  # a dict lookup; a bad value raises as JobState does
     return Job(job_id=row.job_id, user=row.user, vc=row.vc, gpus=row.gpus, submit_time=row.submit_time,
                name=row.name, amp=row.amp, long_cold_start=row.long_cold_start, state=state,
@@ -139,8 +144,7 @@ def job_of(row: JobRow) -> Job:
 
 
 def profile_of_row(row: ProfileRow, amp: bool) -> Profile:
-    return Profile(min(100.0, max(0.0, row.gpu_util)), min(100.0, max(0.0, row.mem_util)),
-                   max(0.0, row.gpu_mem_mb), amp, row.emulated)
+    return Profile(_percent(row.gpu_util), _percent(row.mem_util), max(0.0, row.gpu_mem_mb), amp, row.emulated)
 
 
 class ReplayForecaster:
