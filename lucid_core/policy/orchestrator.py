@@ -61,15 +61,17 @@ def _node_ready_at(view: ClusterView, name: str, job: Job, release: dict[str, fl
     """When a node is predicted to have room for the job: `gpus` free GPUs for a job within a node,
     every GPU free for a wider one (`release` caches running jobs' predicted releases)."""
     node = view.main.nodes[name]
+    now = view.now
     times = []
     for slot in node.occupants:
-        if not slot:
-            times.append(view.now)
-            continue
+        ready = now  # a free GPU is ready now, a busy one when its last occupant leaves
         for occupant in slot:
-            if occupant not in release:
-                release[occupant] = predicted_release(view, occupant)
-        times.append(max(release[o] for o in slot))
+            at = release.get(occupant)
+            if at is None:
+                at = release[occupant] = predicted_release(view, occupant)
+            if at > ready:
+                ready = at
+        times.append(ready)
     times.sort()
     need = min(job.gpus, node.gpus)
     return times[need - 1] if job.gpus <= view.main.gpus_per_node else times[-1]
