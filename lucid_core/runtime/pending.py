@@ -29,7 +29,8 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
         out[job_id] = (i + 1, why)
     gpus_per_node = view.config.cluster.gpus_per_node
     # the words depend only on these (a queue holds tens of thousands of jobs)
-    # the queue part already names the VC and the width: (part, class, no_share) -> words
+    # the queue part already names the VC and the width: (part, class, no_share) -> words; the part's VC is
+    # the one the scan placed by, so the words speak of the partition the job was actually tried on
     middle: dict[tuple[tuple[str, int, int], ShareClass | None, bool], str] = {}
     jobs = view.jobs
     merged = [(key, job_id, part) for part, items in view.queue.parts().items() for key, job_id in items]

@@ -299,16 +299,21 @@ def test_the_cycle_collector_is_off_for_the_whole_round_and_back_on_after_it(sto
     _local_cluster(store, tmp_path)
     submit(store, JobRequest("sleep 5", 1, "ann", "vc-a", name="gc-a"))
     seen: dict[str, bool] = {}
-    real = SchedulingRound.reconcile
+    real_reconcile, real_execute = SchedulingRound.reconcile, SchedulingRound.execute
 
     def reconcile(self):
         seen["reconcile"] = gc.isenabled()  # polls run before decide's own pause
-        return real(self)
+        return real_reconcile(self)
+
+    def execute(self):
+        seen["execute"] = gc.isenabled()  # launches run after it: decide's pause must not turn it back on
+        return real_execute(self)
 
     monkeypatch.setattr(SchedulingRound, "reconcile", reconcile)
+    monkeypatch.setattr(SchedulingRound, "execute", execute)
     assert gc.isenabled()
     _round(store)
-    assert seen == {"reconcile": False} and gc.isenabled()
+    assert seen == {"reconcile": False, "execute": False} and gc.isenabled()
 
     def broken(self):
         raise RuntimeError("step failed")
