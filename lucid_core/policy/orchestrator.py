@@ -393,13 +393,12 @@ class Orchestrator:
     def requeue_many(self, view: ClusterView, jobs: list[Job]) -> None:
         """`requeue` for many jobs at once (a live round restoring its queue): the same queue and heaps,
         each part sorted and each heap rebuilt once instead of one insertion per job."""
-        cap, now, sort_key = self.long_cap(view), view.now, self.sort_key
-        keys = [sort_key(job, now, cap) for job in jobs]
+        cap = self.long_cap(view)
+        keys = [self.sort_key(job, view.now, cap) for job in jobs]
         view.enqueue_main_many(jobs, keys)
         grown: dict[int, list[tuple[float, str]]] = {}
-        entries = self._heap_entries
         for job, key in zip(jobs, keys, strict=True):
-            for heap, entry in entries(view, job, key):
+            for heap, entry in self._heap_entries(view, job, key):
                 heap.append(entry)
                 grown[id(heap)] = heap
         for heap in grown.values():

@@ -91,7 +91,6 @@ class MainQueue:
         return [job_id for _, job_id in merged]
 
 
-
 def _part_of(vc: str, job: Job) -> QueueKey:
     """(placement VC, GPU demand, share class or -1): the main-queue part of a job whose partition is `vc`."""
     return (vc, job.gpus, int(job.share_class) if job.share_class is not None else -1)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 
 from lucid_core.runtime import lease
-from lucid_core.runtime.round_decisions import DecisionSteps, collector_paused
+from lucid_core.runtime.round_base import collector_paused
+from lucid_core.runtime.round_decisions import DecisionSteps
 from lucid_core.runtime.round_hosts import HostInventorySteps
 from lucid_core.runtime.round_launching import LaunchSteps
 from lucid_core.runtime.round_profiles import ProfileSteps

@@ -6,10 +6,12 @@ Every step module (launching, settling, profiles, decisions, hosts) builds on `R
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from sqlalchemy import select, update
@@ -49,6 +51,21 @@ TERMINAL_VALUES = tuple(state.value for state in TERMINAL_STATES)
 MAX_STORED_SAMPLES = 2000
 WATCH_S = 30 * 86400.0  # a watching agent's limit; it stops with its job long before
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a round reads, decides and writes: it makes tens of thousands of
+    short-lived acyclic records, and the collector's passes over them cost about a fifth of the step. A
+    pass that falls due meanwhile runs after the round, where it no longer counts against its deadline
+    (in a process that also holds models and earlier rounds' objects, a full pass cost 140 ms)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class RoundBase:

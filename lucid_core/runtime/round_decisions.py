@@ -4,11 +4,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import operator
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import bindparam, true, update
@@ -27,6 +24,7 @@ from lucid_core.policy.decisions import (
 from lucid_core.runtime.pending import pending_reasons
 from lucid_core.runtime.round_base import (
     RoundBase,
+    collector_paused,
     gpus_text,
     update_unsynced,
 )
@@ -42,22 +40,6 @@ from lucid_core.runtime.view_builder import (
     build_view,
     load_snapshot,
 )
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while a round reads, decides and writes: it makes tens of thousands of
-    short-lived acyclic records, and the collector's passes over them cost about a fifth of the step. A
-    pass that falls due meanwhile runs after the round, where it no longer counts against its deadline
-    (in a process that also holds models and earlier rounds' objects, a full pass cost 140 ms)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
 
 #: the job columns the decide step writes back when the policy changed them (`state` only for waiting jobs)
 LEARNED_FIELDS = ("predicted_duration", "share_class", "known_min_duration", "no_share", "yields",
