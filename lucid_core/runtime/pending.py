@@ -31,13 +31,14 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
     # the words depend only on these (a queue holds tens of thousands of jobs)
     # the queue part already names the VC and the width: (part, class, no_share) -> words; the part's VC is
     # the one the scan placed by, so the words speak of the partition the job was actually tried on
-    middle: dict[tuple[tuple[str, int, int], ShareClass | None, bool], str] = {}
+    # a job whose own VC has no main host is tried on the untagged hosts (part VC ""): its words name its VC
+    middle: dict[tuple[tuple[str, int, int], ShareClass | None, bool, str], str] = {}
     jobs = view.jobs
     merged = [(key, job_id, part) for part, items in view.queue.parts().items() for key, job_id in items]
     merged.sort()
     for i, (_, job_id, part) in enumerate(merged, start=1):
         job = jobs[job_id]
-        words_key = (part, job.share_class, job.no_share)
+        words_key = (part, job.share_class, job.no_share, "" if part[0] else job.vc)
         words = middle.get(words_key)
         if words is None:
             words = middle[words_key] = _why_waiting(view, job, part[0], gpus_per_node, sharing_reason)
@@ -72,7 +73,7 @@ def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, shari
     """Why a job of this VC, width and sharing class waits, apart from its place and priority."""
     parts = []
     if not view.main.can_fit(job.gpus, vc):
-        parts.append(_no_fit_text(view, job.gpus, vc))
+        parts.append(_no_fit_text(view, job.gpus, vc, job.vc))
     mode = view.sharing_mode
     if mode is SharingMode.OFF:
         parts.append(f"sharing is off ({sharing_reason or 'the load forecast says GPUs stay available'})")
@@ -90,7 +91,12 @@ def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, shari
     return "; ".join(parts)
 
 
-def _no_fit_text(view: ClusterView, gpus: int, vc: str) -> str:
+def _no_fit_text(view: ClusterView, gpus: int, vc: str, job_vc: str = "") -> str:
+    total = view.main.total_gpus_of(vc)
+    if not vc and job_vc and total < gpus:
+        # the job's VC has no main host, and the untagged ones cannot hold it: say what would let it run
+        return (f"no main host serves VC {job_vc}, and the hosts tagged with no VC have {total} GPU(s): it "
+                f"waits until a host with VC {job_vc} (or an untagged one) joins")
     where = f"main node of VC {vc}" if vc else "main node"
     return (f"no compact fit for {gpus} GPU(s): the largest free block on one {where} is "
             f"{view.main.max_free_on_a_node(vc)} ({view.main.free_gpus(vc)} of "

@@ -93,3 +93,27 @@ def test_the_queue_listing_reads_text_stored_in_number_columns_without_failing(t
     assert rows["j1"]["pending_reason"] == "no compact fit" and rows["j1"]["priority_gpu_s"] is None
     assert rows["j2"]["pending_reason"].startswith("behind 2 job(s)")
     store.dispose()
+
+
+def test_a_job_whose_vc_has_no_host_is_told_so_by_name():
+    """A job of a VC no main host serves is tried on the untagged hosts; where those cannot hold it, its
+    words name its VC (not an anonymous 'main node' with 0 of 0 GPUs), and jobs of two such VCs that
+    share the untagged part keep words of their own."""
+    config = LucidConfig()
+    view = ClusterView(config)
+    view.add_nodes(Pool.MAIN, 1, vc="prod")
+    policy = LucidPolicy(config)
+    for job_id, vc in (("r", "research"), ("s", "speech"), ("p", "prod")):
+        job = Job(job_id, "u", vc, 8, 0.0, profile=Profile(90, 40, 20000), share_class=ShareClass.JUMBO,
+                  predicted_duration=60.0)
+        view.add_job(job)
+        view.enqueue_main(job, (job.priority, job.submit_time, job_id))
+    busy = Job("busy", "u", "prod", 8, 0.0, profile=Profile(90, 40, 20000), share_class=ShareClass.JUMBO,
+               predicted_duration=36000.0)
+    view.add_job(busy)
+    view.start("busy", Pool.MAIN, view.main.place_compact(8, "prod"))
+    reasons = pending_reasons(view, policy)
+    assert "no main host serves VC research" in reasons["r"][1]
+    assert "no main host serves VC speech" in reasons["s"][1]
+    assert "research" not in reasons["s"][1]
+    assert "no compact fit for 8 GPU(s): the largest free block on one main node of VC prod is 0" in reasons["p"][1]
