@@ -60,7 +60,9 @@ class JobRow(Base):
     pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
-    __table_args__ = (UniqueConstraint("user", "idempotency_key", name="uq_jobs_user_idempotency_key"),)
+    # ix_jobs_finished: every round reads the latest finished jobs (its history) newest first
+    __table_args__ = (UniqueConstraint("user", "idempotency_key", name="uq_jobs_user_idempotency_key"),
+                      Index("ix_jobs_finished", "state", "end_time", "start_time", "user", "gpus", "job_id"))
 
 
 class JobEventRow(Base):

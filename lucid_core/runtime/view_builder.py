@@ -43,6 +43,9 @@ JOB_COLUMNS = tuple(c for c in JobRow.__table__.columns
 #: a job row as a round reads it: a plain tuple with JobRow's column names as fields (a SQLAlchemy
 #: Row's attribute access costs several times a tuple's, and a round reads tens of thousands)
 JobRecord = namedtuple("JobRecord", [c.name for c in JOB_COLUMNS])  # type: ignore[misc]
+#: a finished job as the history fallback reads it: what it groups by and how long the job ran
+HISTORY_COLUMNS = (JobRow.job_id, JobRow.user, JobRow.gpus, JobRow.start_time, JobRow.end_time)
+HistoryRecord = namedtuple("HistoryRecord", [c.key for c in HISTORY_COLUMNS])  # type: ignore[misc]
 
 
 @dataclass
@@ -57,11 +60,22 @@ class Snapshot:
     runs: list[RunRow]  # active runs
     profiles: dict[str, ProfileRow]  # latest profile per job
     state: dict[str, Any]
-    history: list[tuple[JobRow, float]] = field(default_factory=list)  # finished jobs, run time
+    # finished jobs (their keys and times only) with their run time, in end order: the fallback's history,
+    # None until `finished_jobs` reads it (a round whose promoted model loads never needs it)
+    history: list[tuple[HistoryRecord, float]] | None = None
+    # finished jobs in full that ended after the promoted duration model was made: what it must still learn
+    unlearned: list[tuple[JobRow, float]] = field(default_factory=list)
     submissions: list[tuple[float, int]] = field(default_factory=list)  # (time, gpus), recent, sorted
     models: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # kind -> (version, path, created)
     # (job id, speed relative to running alone) of running pairs, as their telemetry shows (pair_speed)
     speed_reports: list[tuple[str, float]] = field(default_factory=list)
+    history_reader: Callable[[], list[tuple[HistoryRecord, float]]] | None = None
+
+    def finished_jobs(self) -> list[tuple[HistoryRecord, float]]:
+        """The fallback's history, read from the store the first time it is asked for."""
+        if self.history is None:
+            self.history = self.history_reader() if self.history_reader is not None else []
+        return self.history
 
 
 def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.0) -> Snapshot:
@@ -88,17 +102,42 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
                 if p.job_id in jobs:  # a job that moved between the two reads keeps what the first saw
                     profiles[p.job_id] = p
         state = {row.key: row.value for row in s.scalars(select(SchedulerStateRow))}
-        finished = list(map(make, core.execute(
-            select(*JOB_COLUMNS).where(JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None),
-                                       JobRow.end_time.is_not(None))
-            .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT))))
-        history = [(j, max(0.0, (j.end_time or 0.0) - (j.start_time or 0.0))) for j in reversed(finished)]
+        models = {m.kind: (m.version, m.path, m.created_at) for m in s.scalars(
+            select(ModelVersionRow).where(ModelVersionRow.active.is_(True)).order_by(ModelVersionRow.created_at))}
+        unlearned: list[tuple[JobRow, float]] = []
+        history = None
+        if "duration" in models:  # a promoted model learns, in full, only what ended after it was made
+            unlearned = [(j, _run_time(j)) for j in reversed(list(map(make, core.execute(
+                select(*JOB_COLUMNS).where(*_FINISHED, JobRow.end_time > models["duration"][2])
+                .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT)))))]
+        else:  # the fallback will learn from the history: read it with the rest
+            history = _read_history(core)
         subs = core.execute(select(JobRow.submit_time, JobRow.gpus)  # core rows: the ORM's cost 5x the read
                             .where(JobRow.submit_time >= now - history_window_s)
                             .order_by(JobRow.submit_time)).all()
-        models = {m.kind: (m.version, m.path, m.created_at) for m in s.scalars(
-            select(ModelVersionRow).where(ModelVersionRow.active.is_(True)).order_by(ModelVersionRow.created_at))}
-    return Snapshot(hosts, counts, jobs, runs, profiles, state, history, [(t, g) for t, g in subs], models)
+
+    def read_history() -> list[tuple[HistoryRecord, float]]:
+        with store.session() as s:  # a promoted model that did not load: the fallback needs the history
+            return _read_history(s.connection())
+
+    return Snapshot(hosts, counts, jobs, runs, profiles, state, history, unlearned, [(t, g) for t, g in subs],
+                    models, history_reader=read_history)
+
+
+_FINISHED = (JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None), JobRow.end_time.is_not(None))
+
+
+def _read_history(core: Any) -> list[tuple[HistoryRecord, float]]:
+    """The latest finished jobs with their run times, in end order. Read narrow, newest first through the
+    covering index ix_jobs_finished: a store holds tens of thousands, and the fallback needs only its keys."""
+    rows = list(map(HistoryRecord._make, core.execute(
+        select(*HISTORY_COLUMNS).where(*_FINISHED).order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT))))
+    return [(j, _run_time(j)) for j in reversed(rows)]
+
+
+def _run_time(row: Any) -> float:
+    """How long a finished job ran, from its stored start and end (never negative)."""
+    return max(0.0, (row.end_time or 0.0) - (row.start_time or 0.0))
 
 
 def _submission_order(row: JobRow) -> tuple[int, float]:
@@ -190,14 +229,15 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, An
         duration = load_model(path, needs=("predict_duration", "observe"))
         if duration is not None:
             sources["duration"] = f"promoted version {version}"
-            for row, seconds in snapshot.history:
+            for row, seconds in snapshot.unlearned:
                 if (row.end_time or 0.0) > created:
                     duration.observe(job_of(row), seconds)
     if duration is None:
         duration = HistoryDurationPredictor()
-        if snapshot.history:
-            duration.fit([job_of(j) for j, _ in snapshot.history], [d for _, d in snapshot.history])
-        sources["duration"] = f"history of {len(snapshot.history)} finished job(s)"
+        history = snapshot.finished_jobs()
+        if history:  # grouped by the rows' own user and GPU demand: no Job built per finished job
+            duration.fit([j for j, _ in history], [d for _, d in history])
+        sources["duration"] = fallback_source(len(history))
     packing = None
     if "packing" in snapshot.models:
         version, path, _ = snapshot.models["packing"]
@@ -216,6 +256,11 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, An
     for t, gpus in snapshot.submissions:
         forecaster.observe_submission(t, gpus)
     return duration, packing, ReplayForecaster(forecaster), sources
+
+
+def fallback_source(finished: int) -> str:
+    """How the history fallback is named among a round's model sources."""
+    return f"history of {finished} finished job(s)"
 
 
 def default_policy(config: LucidConfig, snapshot: Snapshot) -> SchedulingPolicy:
@@ -250,15 +295,19 @@ class BuiltView:
 
 
 def prediction_key(policy: SchedulingPolicy, snapshot: Snapshot) -> str | None:
-    """Names the models and the history behind a round's classes and predictions. A queued job stored
-    with the same key keeps them (nothing re-predicted); a promotion or a newly finished job changes it.
-    None when the policy does not name its duration model (then every round predicts afresh)."""
+    """Names the models behind a round's classes and predictions. A queued job stored with the same key
+    keeps them (nothing re-predicted), as a job in the simulator keeps the prediction it joined the queue
+    with: a promotion changes the key, and so does the history fallback's history doubling (a job predicted
+    from 3 finished jobs is predicted again from 6, not again on every job that ends, which in a busy fleet
+    is every round). None when the policy does not name its duration model (every round predicts afresh)."""
     sources = policy.describe().model_sources
     if "duration" not in sources:
         return None
-    last_end = max(((row.end_time or 0.0) for row, _ in snapshot.history[-1:]), default=0.0)
-    return (f"duration: {sources['duration']}; packing: {sources.get('packing', 'rules')}; "
-            f"history to {last_end:.3f}")[:300]
+    duration = sources["duration"]
+    finished = len(snapshot.history or ())  # read by the fallback, the only model that names it
+    if duration == fallback_source(finished):
+        duration = f"history fallback of {1 << (finished.bit_length() - 1) if finished else 0}+ finished job(s)"
+    return f"duration: {duration}; packing: {sources.get('packing', 'rules')}"[:300]
 
 
 def fleet_node_size(gpu_counts: Iterable[int]) -> int | None:

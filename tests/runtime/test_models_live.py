@@ -42,6 +42,38 @@ def test_promoted_duration_model_is_used_and_fallback_otherwise(tmp_path):
     store.dispose()
 
 
+def test_a_promoted_model_learns_what_ended_after_it_and_a_lost_one_falls_back_to_the_history(tmp_path):
+    """A round with a promoted duration model reads in full only the jobs that ended after the promotion
+    (what the model must still learn); the history is read only when the fallback needs it, here because
+    the promoted artifact is gone."""
+    from lucid_core.runtime.schema import JobRow
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    promoted = time.time() - 1000
+    with store.session() as s:
+        for i, end in enumerate((promoted - 500, promoted - 100, promoted + 100, promoted + 200)):
+            s.add(JobRow(job_id=f"h{i}", seq=i + 1, name="h", user="ann", vc="a", gpus=1, command="true", env={},
+                         state="COMPLETED", submit_time=end - 400, start_time=end - 300, end_time=end))
+        s.add(JobRow(job_id="x", seq=9, name="x", user="ann", vc="a", gpus=1, command="true", env={},
+                     state="FAILED", submit_time=promoted, start_time=promoted + 1, end_time=promoted + 300))
+        path = tmp_path / "duration.joblib"
+        joblib.dump(HistoryDurationPredictor(), path)
+        s.add(ModelVersionRow(kind="duration", version="v1", path=str(path), created_at=promoted, active=True))
+    snapshot = load_snapshot(store, time.time())
+    assert [row.job_id for row, _ in snapshot.unlearned] == ["h2", "h3"]
+    assert [seconds for _, seconds in snapshot.unlearned] == [300.0, 300.0]
+    assert snapshot.history is None  # the promoted model needs no history
+    assert default_policy(LucidConfig(), snapshot).model_sources["duration"] == "promoted version v1"
+    path.unlink()
+    lost = load_snapshot(store, time.time())
+    policy = default_policy(LucidConfig(), lost)
+    assert policy.model_sources["duration"] == "history of 4 finished job(s)"
+    assert [row.job_id for row, _ in lost.history] == ["h0", "h1", "h2", "h3"]  # read on demand, in end order
+    probe = Job(job_id="p", user="ann", vc="a", gpus=1, submit_time=0.0)
+    assert abs(policy.duration_model.predict_duration([probe])[0] - 300.0) < 1e-6
+    store.dispose()
+
+
 def test_explain_decomposes_a_ga2m_duration_into_term_contributions():
     import math
 

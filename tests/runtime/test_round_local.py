@@ -204,10 +204,10 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
     _until(store, lambda j: j[long].state == "CANCELLED", config=config, policy_factory=factory)
 
 
-def test_queued_jobs_keep_their_class_and_prediction_until_the_models_or_history_change(store, tmp_path):
+def test_queued_jobs_keep_their_class_and_prediction_until_the_models_change(store, tmp_path):
     """Issue 14: a steady round predicts only what is new. Queued jobs come back with the class and
-    prediction stored by the round before (jobs.predicted_by names the models and history); a newly
-    finished job (the history moved) has them predicted again."""
+    prediction stored by the round before (jobs.predicted_by names the models), also when a job finishes
+    (as a simulated job keeps the prediction it was queued with); a promoted model has them predicted again."""
     from sqlalchemy import update
 
     from lucid_core.policy.lucid import LucidPolicy
@@ -222,10 +222,11 @@ def test_queued_jobs_keep_their_class_and_prediction_until_the_models_or_history
                          env={}, state="QUEUED", submit_time=now - 100 + i, profiled=True, gpu_util=50.0,
                          mem_util=20.0, gpu_mem_mb=2000.0, known_min_duration=200.0))
     model = FixedDurations({f"q{i}": 600.0 + 10 * i for i in range(5)})
+    version = ["v1"]
 
     def factory(cfg, snapshot):
         policy = LucidPolicy(cfg, duration_model=model)
-        policy.model_sources = {"duration": "counting model"}
+        policy.model_sources = {"duration": f"counting model {version[0]}"}
         return policy
 
     config = fast_config(**{"profiler.enabled": False})
@@ -239,11 +240,54 @@ def test_queued_jobs_keep_their_class_and_prediction_until_the_models_or_history
     again = jobs_by_id(store)
     assert [again[f"q{i}"].queue_position for i in range(5)] == [first[f"q{i}"].queue_position for i in range(5)]
     assert all(again[f"q{i}"].predicted_duration == first[f"q{i}"].predicted_duration for i in range(5))
-    with store.session() as s:  # a job finishes: the history the model learns from moved on
+    with store.session() as s:  # a job finishes: the history moved on, the models did not
         s.execute(update(JobRow).where(JobRow.job_id == "q4").values(state="COMPLETED", start_time=now - 50,
                                                                         end_time=now - 10))
     _round(store, config, policy_factory=factory)
+    assert model.asked == [5]
+    version[0] = "v2"  # a promotion: every queued job is predicted by the new model
+    _round(store, config, policy_factory=factory)
     assert model.asked == [5, 4]
+    _round(store, config, policy_factory=factory)
+    assert model.asked == [5, 4]
+
+
+def test_the_history_fallback_predicts_queued_jobs_again_as_its_history_doubles(store, tmp_path):
+    """Without a promoted model the round's fallback learns from the store's finished jobs. A queued job is
+    predicted again when that history has doubled since (1, 2, 4, ... jobs), not on every job that ends."""
+    from lucid_core.runtime.schema import JobRow
+
+    add_host(store, HostSpec("m0", executor="local", vc="vc-b", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))  # another VC's host: vc-a's job stays queued
+    now = time.time()
+
+    finished: list[str] = []
+
+    def finish(n: int) -> None:
+        with store.session() as s:
+            for _ in range(n):
+                k = len(finished)
+                finished.append(f"h{k}")
+                s.add(JobRow(job_id=f"h{k}", seq=100 + k, name="h", user="ann", vc="vc-a", gpus=1, command="true",
+                             env={}, state="COMPLETED", submit_time=now - 900, start_time=now - 800,
+                             end_time=now - 800 + 60 * (k + 1)))
+
+    with store.session() as s:
+        s.add(JobRow(job_id="q", seq=1, name="q", user="ann", vc="vc-a", gpus=1, command="true", env={},
+                     state="QUEUED", submit_time=now - 100, profiled=True, gpu_util=50.0, mem_util=20.0,
+                     gpu_mem_mb=2000.0, known_min_duration=0.0))
+    config = fast_config(**{"profiler.enabled": False})
+    seen = []
+    for added in (0, 0, 1, 1, 1, 1, 4):  # history 0, 0, 1, 2, 3, 4, 8
+        finish(added)
+        _round(store, config)
+        row = jobs_by_id(store)["q"]
+        seen.append((row.predicted_by, row.predicted_duration))
+    keys = [key for key, _ in seen]
+    assert keys[0] == keys[1] and keys[3] == keys[4]  # same history, or not yet doubled: kept
+    assert len({keys[0], keys[2], keys[3], keys[5], keys[6]}) == 5  # 0 -> 1 -> 2 -> 4 -> 8: predicted again
+    assert seen[0][1] == 3600.0 and seen[2][1] == pytest.approx(60.0)  # no history: the default hour; then its one job
+    assert seen[4][1] == seen[3][1]  # the third job did not double the history: the prediction stayed
 
 
 def test_a_stored_row_gone_bad_costs_that_job_alone(store, tmp_path):
