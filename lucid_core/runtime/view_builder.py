@@ -107,9 +107,9 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
         unlearned: list[tuple[JobRow, float]] = []
         history = None
         if "duration" in models:  # a promoted model learns, in full, only what ended after it was made
-            unlearned = [(j, _run_time(j)) for j in reversed(list(map(make, core.execute(
+            unlearned = _with_run_times(reversed(list(map(make, core.execute(
                 select(*JOB_COLUMNS).where(*_FINISHED, JobRow.end_time > models["duration"][2])
-                .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT)))))]
+                .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT))))))
         else:  # the fallback will learn from the history: read it with the rest
             history = _read_history(core)
         subs = core.execute(select(JobRow.submit_time, JobRow.gpus)  # core rows: the ORM's cost 5x the read
@@ -120,8 +120,10 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
         with store.session() as s:  # a promoted model that did not load: the fallback needs the history
             return _read_history(s.connection())
 
-    return Snapshot(hosts, counts, jobs, runs, profiles, state, history, unlearned, [(t, g) for t, g in subs],
-                    models, history_reader=read_history)
+    # recent submissions feed the load forecast; a row whose time or width is not a number is left out
+    submissions = [(t, g) for t, g in subs if type(t) in (float, int) and type(g) is int]
+    return Snapshot(hosts, counts, jobs, runs, profiles, state, history, unlearned, submissions, models,
+                    history_reader=read_history)
 
 
 _FINISHED = (JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None), JobRow.end_time.is_not(None))
@@ -132,12 +134,18 @@ def _read_history(core: Any) -> list[tuple[HistoryRecord, float]]:
     covering index ix_jobs_finished: a store holds tens of thousands, and the fallback needs only its keys."""
     rows = list(map(HistoryRecord._make, core.execute(
         select(*HISTORY_COLUMNS).where(*_FINISHED).order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT))))
-    return [(j, _run_time(j)) for j in reversed(rows)]
+    return _with_run_times(reversed(rows))
 
 
-def _run_time(row: Any) -> float:
-    """How long a finished job ran, from its stored start and end (never negative)."""
-    return max(0.0, (row.end_time or 0.0) - (row.start_time or 0.0))
+def _with_run_times(rows: Iterable[Any]) -> list[tuple[Any, float]]:
+    """(row, how long the job ran) for finished jobs whose stored start and end are finite numbers: a time
+    hand-edited into text (SQLite keeps it) leaves that job out of the history instead of failing every round."""
+    out = []
+    for row in rows:
+        start, end = row.start_time, row.end_time
+        if type(start) in (float, int) and type(end) in (float, int) and math.isfinite(start - end):
+            out.append((row, max(0.0, end - start)))
+    return out
 
 
 def _submission_order(row: JobRow) -> tuple[int, float]:
@@ -230,8 +238,12 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, An
         if duration is not None:
             sources["duration"] = f"promoted version {version}"
             for row, seconds in snapshot.unlearned:
+                try:
+                    job = job_of(row)
+                except (ValueError, TypeError):  # a row another writer broke: the model learns the others
+                    continue
                 if (row.end_time or 0.0) > created:
-                    duration.observe(job_of(row), seconds)
+                    duration.observe(job, seconds)
     if duration is None:
         duration = HistoryDurationPredictor()
         history = snapshot.finished_jobs()

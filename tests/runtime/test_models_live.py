@@ -74,6 +74,37 @@ def test_a_promoted_model_learns_what_ended_after_it_and_a_lost_one_falls_back_t
     store.dispose()
 
 
+def test_a_finished_job_whose_stored_times_or_width_went_bad_is_left_out_of_the_history(tmp_path):
+    """Whatever is written into a finished job's row is untrusted: text in its start time (SQLite stores
+    it) or in its GPU count leaves that job out of what the models learn, and the round goes on."""
+    from sqlalchemy import text
+
+    from lucid_core.runtime.schema import JobRow
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    now = time.time()
+    with store.session() as s:
+        for i in range(5):
+            s.add(JobRow(job_id=f"h{i}", seq=i + 1, name="h", user="ann", vc="a", gpus=1, command="true", env={},
+                         state="COMPLETED", submit_time=now - 1000, start_time=now - 900, end_time=now - 800 + i))
+    with store.session() as s:
+        s.execute(text("UPDATE jobs SET start_time = 'x' WHERE job_id = 'h1'"))
+        s.execute(text("UPDATE jobs SET end_time = 'later' WHERE job_id = 'h3'"))
+    fallback = default_policy(LucidConfig(), load_snapshot(store, time.time()))
+    assert fallback.model_sources["duration"] == "history of 3 finished job(s)"
+    path = tmp_path / "duration.joblib"
+    joblib.dump(HistoryDurationPredictor(), path)
+    with store.session() as s:
+        s.add(ModelVersionRow(kind="duration", version="v1", path=str(path), created_at=now - 2000, active=True))
+    with store.session() as s:
+        s.execute(text("UPDATE jobs SET gpus = 'many' WHERE job_id = 'h4'"))
+    snapshot = load_snapshot(store, time.time())
+    assert sorted(row.job_id for row, _ in snapshot.unlearned) == ["h0", "h2", "h4"]
+    policy = default_policy(LucidConfig(), snapshot)  # h4's row cannot become a Job: learned without it
+    assert policy.model_sources["duration"] == "promoted version v1"
+    store.dispose()
+
+
 def test_explain_decomposes_a_ga2m_duration_into_term_contributions():
     import math
 
