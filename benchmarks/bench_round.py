@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -219,7 +220,6 @@ def round_with_history(n_pending: int, n_finished: int, since_promotion: int, du
     import joblib
 
     from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.round import RoundSettings, SchedulingRound
     from lucid_core.runtime.schema import JobRow, ModelVersionRow
     from lucid_core.runtime.store import Store
 
@@ -254,24 +254,36 @@ def round_with_history(n_pending: int, n_finished: int, since_promotion: int, du
                 joblib.dump(model, path)
                 s.add(ModelVersionRow(kind=kind, version="bench", path=path, created_at=promoted_at, active=True))
         store.set_state("last_mode_check", now + 1e9)  # keep the sharing-mode check out of the timing
-        totals, decides, asked = [], [], []
         counting = _count_predictions(type(duration))
-        for r in range(repeats):
-            if r:  # one more job ends between rounds: the history moves, as it does every minute in a fleet
-                with store.session() as s:
-                    s.add(JobRow(job_id=f"end{r}", seq=n_pending + n_finished + r, name="proj1-run1", user="user001",
-                                 vc="vc1", gpus=1, command="true", env={}, state="COMPLETED", submit_time=now - 900,
-                                 start_time=now - 600, end_time=now - 60 + r, profiled=False))
-            counting.clear()
-            report = SchedulingRound(store, InstantExecutor(), config,  # type: ignore[arg-type]
-                                     RoundSettings(holder=f"bench-h{r}")).run()
-            totals.append(report.total_ms)
-            decides.append(report.decide_ms)
-            asked.append(sum(counting))
-        _count_predictions(type(duration), stop=True)
-        store.dispose()
+        try:
+            totals, decides, asked = _history_rounds(store, config, repeats, n_pending + n_finished, now, counting)
+        finally:  # the class stays patched otherwise, and the store open
+            _count_predictions(type(duration), stop=True)
+            store.dispose()
     return {"first_round_ms": totals[0], "steady_round_ms": statistics.median(totals[1:]),
             "steady_decide_ms": statistics.median(decides[1:]), "steady_predicted": max(asked[1:])}
+
+
+def _history_rounds(store: Any, config: LucidConfig, repeats: int, last_seq: int, now: float,
+                    counting: list[int]) -> tuple[list[float], list[float], list[int]]:
+    """Section (3)'s rounds: total ms, policy ms and jobs predicted, per round."""
+    from lucid_core.runtime.round import RoundSettings, SchedulingRound
+    from lucid_core.runtime.schema import JobRow
+
+    totals, decides, asked = [], [], []
+    for r in range(repeats):
+        if r:  # one more job ends between rounds: the history moves, as it does every minute in a fleet
+            with store.session() as s:
+                s.add(JobRow(job_id=f"end{r}", seq=last_seq + r, name="proj1-run1", user="user001", vc="vc1", gpus=1,
+                             command="true", env={}, state="COMPLETED", submit_time=now - 900, start_time=now - 600,
+                             end_time=now - 60 + r, profiled=False))
+        counting.clear()
+        report = SchedulingRound(store, InstantExecutor(), config,  # type: ignore[arg-type]
+                                 RoundSettings(holder=f"bench-h{r}")).run()
+        totals.append(report.total_ms)
+        decides.append(report.decide_ms)
+        asked.append(sum(counting))
+    return totals, decides, asked
 
 
 _COUNTED: list[int] = []
@@ -280,10 +292,11 @@ _COUNTED: list[int] = []
 def _count_predictions(model_class: type, stop: bool = False) -> list[int]:
     """Counts the jobs each round's duration model predicts (the promoted model is loaded afresh by every
     round, so its class is wrapped; `stop` unwraps it)."""
-    original = model_class.__dict__["predict_duration"]
+    original = model_class.predict_duration  # type: ignore[attr-defined]
     inner = getattr(original, "__wrapped__", original)
     if stop:
-        model_class.predict_duration = inner  # type: ignore[attr-defined]
+        if "predict_duration" in model_class.__dict__ and original is not inner:
+            model_class.predict_duration = inner  # type: ignore[attr-defined]
         return _COUNTED
 
     def counted(self: object, jobs: Sequence[Job]) -> list[float]:

@@ -93,8 +93,8 @@ def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, shari
 
 def _no_fit_text(view: ClusterView, gpus: int, vc: str, job_vc: str = "") -> str:
     total = view.main.total_gpus_of(vc)
-    if not vc and job_vc and total < gpus:
-        # the job's VC has no main host, and the untagged ones cannot hold it: say what would let it run
+    if not vc and job_vc and total < gpus and total < view.main.total_gpus:
+        # hosts carry VCs, none the job's, and the untagged ones cannot hold it: say what would let it run
         return (f"no main host serves VC {job_vc}, and the hosts tagged with no VC have {total} GPU(s): it "
                 f"waits until a host with VC {job_vc} (or an untagged one) joins")
     where = f"main node of VC {vc}" if vc else "main node"

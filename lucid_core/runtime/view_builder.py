@@ -50,7 +50,8 @@ HistoryRecord = namedtuple("HistoryRecord", [c.key for c in HISTORY_COLUMNS])  #
 
 @dataclass
 class Snapshot:
-    """Everything one round reads from the store, loaded in one session."""
+    """Everything one round reads from the store, loaded in one session (the fallback's history aside: it
+    is read on demand, in a session of its own, by the round that needs it)."""
 
     hosts: list[HostRow]
     gpu_counts: dict[str, int]
@@ -109,7 +110,7 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
         if "duration" in models:  # a promoted model learns, in full, only what ended after it was made
             unlearned = _with_run_times(reversed(list(map(make, core.execute(
                 select(*JOB_COLUMNS).where(*_FINISHED, JobRow.end_time > models["duration"][2])
-                .order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT))))))
+                .order_by(*_NEWEST_FIRST).limit(HISTORY_LIMIT))))))
         else:  # the fallback will learn from the history: read it with the rest
             history = _read_history(core)
         subs = core.execute(select(JobRow.submit_time, JobRow.gpus)  # core rows: the ORM's cost 5x the read
@@ -127,23 +128,28 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
 
 
 _FINISHED = (JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None), JobRow.end_time.is_not(None))
+#: newest end first, ties broken by the rest of ix_jobs_finished down to the job id: deterministic, and the
+#: index's own order, so neither store sorts
+_NEWEST_FIRST = tuple(c.desc() for c in (JobRow.end_time, JobRow.start_time, JobRow.user, JobRow.gpus, JobRow.job_id))
 
 
 def _read_history(core: Any) -> list[tuple[HistoryRecord, float]]:
     """The latest finished jobs with their run times, in end order. Read narrow, newest first through the
     covering index ix_jobs_finished: a store holds tens of thousands, and the fallback needs only its keys."""
     rows = list(map(HistoryRecord._make, core.execute(
-        select(*HISTORY_COLUMNS).where(*_FINISHED).order_by(JobRow.end_time.desc()).limit(HISTORY_LIMIT))))
+        select(*HISTORY_COLUMNS).where(*_FINISHED).order_by(*_NEWEST_FIRST).limit(HISTORY_LIMIT))))
     return _with_run_times(reversed(rows))
 
 
 def _with_run_times(rows: Iterable[Any]) -> list[tuple[Any, float]]:
-    """(row, how long the job ran) for finished jobs whose stored start and end are finite numbers: a time
-    hand-edited into text (SQLite keeps it) leaves that job out of the history instead of failing every round."""
+    """(row, how long the job ran) for finished jobs whose stored start and end are finite numbers and whose
+    width is a whole number: a value hand-edited into text (SQLite keeps it) leaves that job out of the
+    history instead of failing every round."""
     out = []
     for row in rows:
         start, end = row.start_time, row.end_time
-        if type(start) in (float, int) and type(end) in (float, int) and math.isfinite(start - end):
+        if (type(start) in (float, int) and type(end) in (float, int) and math.isfinite(start - end)
+                and type(row.gpus) is int):
             out.append((row, max(0.0, end - start)))
     return out
 
@@ -311,7 +317,9 @@ def prediction_key(policy: SchedulingPolicy, snapshot: Snapshot) -> str | None:
     keeps them (nothing re-predicted), as a job in the simulator keeps the prediction it joined the queue
     with: a promotion changes the key, and so does the history fallback's history doubling (a job predicted
     from 3 finished jobs is predicted again from 6, not again on every job that ends, which in a busy fleet
-    is every round). None when the policy does not name its duration model (every round predicts afresh)."""
+    is every round). The history read stops at HISTORY_LIMIT, so past 32,768 finished jobs the fallback's key
+    stays as it is: its window slides, and queued jobs keep what they were predicted, as in the simulator.
+    None when the policy does not name its duration model (every round predicts afresh)."""
     sources = policy.describe().model_sources
     if "duration" not in sources:
         return None

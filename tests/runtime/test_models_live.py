@@ -99,9 +99,11 @@ def test_a_finished_job_whose_stored_times_or_width_went_bad_is_left_out_of_the_
     with store.session() as s:
         s.execute(text("UPDATE jobs SET gpus = 'many' WHERE job_id = 'h4'"))
     snapshot = load_snapshot(store, time.time())
-    assert sorted(row.job_id for row, _ in snapshot.unlearned) == ["h0", "h2", "h4"]
-    policy = default_policy(LucidConfig(), snapshot)  # h4's row cannot become a Job: learned without it
-    assert policy.model_sources["duration"] == "promoted version v1"
+    assert sorted(row.job_id for row, _ in snapshot.unlearned) == ["h0", "h2"]  # h4's width is text now
+    assert default_policy(LucidConfig(), snapshot).model_sources["duration"] == "promoted version v1"
+    path.unlink()  # and the fallback, reading the history on demand, leaves the same three out
+    assert default_policy(LucidConfig(), load_snapshot(store, time.time())).model_sources["duration"] == (
+        "history of 2 finished job(s)")
     store.dispose()
 
 

@@ -117,3 +117,10 @@ def test_a_job_whose_vc_has_no_host_is_told_so_by_name():
     assert "no main host serves VC speech" in reasons["s"][1]
     assert "research" not in reasons["s"][1]
     assert "no compact fit for 8 GPU(s): the largest free block on one main node of VC prod is 0" in reasons["p"][1]
+    untagged = ClusterView(config)  # no host carries a VC (a trace replay): a job too wide is told its width
+    untagged.add_nodes(Pool.MAIN, 1)
+    wide = Job("w", "u", "research", 16, 0.0, profile=Profile(90, 40, 20000), share_class=ShareClass.JUMBO,
+               predicted_duration=60.0)
+    untagged.add_job(wide)
+    untagged.enqueue_main(wide, (wide.priority, wide.submit_time, "w"))
+    assert "no compact fit for 16 GPU(s)" in pending_reasons(untagged, policy)["w"][1]
