@@ -375,7 +375,7 @@ def main() -> None:
         " per queued job is what the cold decision spends beyond inference.",
         "- (2) runs `SchedulingRound.run()` on a SQLite store with an executor that answers at once: store"
         " reads, view rebuild through the policy hooks (a queued job classified and predicted by an earlier"
-        " round with the same models and history is restored, not predicted again: `jobs.predicted_by`),"
+        " round with the same models is restored, not predicted again: `jobs.predicted_by`),"
         " the policy, and the writes. The first round launches its decisions; later rounds find the cluster"
         " full.",
         "- Medians of repeated runs on a machine shared with other work; repeated runs vary by tens of"
