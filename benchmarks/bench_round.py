@@ -163,29 +163,37 @@ class InstantExecutor:
         """Nothing to close."""
 
 
-def round_overhead(n_pending: int, duration: object, packing: object, repeats: int) -> dict[str, float]:
+def _fleet_store(path: str, n_pending: int, rng: np.random.Generator, now: float) -> Any:
+    """A SQLite store holding the benchmark cluster as 125 hosts (and 2 profiling hosts) and `n_pending`
+    queued, profiled jobs."""
     from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.round import RoundSettings, SchedulingRound
     from lucid_core.runtime.schema import JobRow
     from lucid_core.runtime.store import Store
+
+    store = Store(f"sqlite:///{path}")
+    for i in range(NODES):
+        add_host(store, HostSpec(f"node{i:03d}", executor="local", vc=f"vc{i % 4}", gpus=GPUS_PER_NODE))
+    for i in range(2):
+        add_host(store, HostSpec(f"prof{i}", executor="local", pool="profiling", vc="vc0", gpus=GPUS_PER_NODE))
+    with store.session() as s:
+        for i, job in enumerate(_jobs(n_pending, rng, now, "j")):
+            p = job.profile
+            s.add(JobRow(job_id=job.job_id, seq=i + 1, name=job.name, user=job.user, vc=job.vc, gpus=job.gpus,
+                         command="sleep 1", env={}, state="QUEUED", submit_time=job.submit_time, profiled=True,
+                         gpu_util=p.gpu_util, mem_util=p.mem_util, gpu_mem_mb=p.gpu_mem_mb,
+                         known_min_duration=200.0, amp=p.amp))
+    return store
+
+
+def round_overhead(n_pending: int, duration: object, packing: object, repeats: int) -> dict[str, float]:
+    from lucid_core.runtime.round import RoundSettings, SchedulingRound
     from lucid_core.runtime.view_builder import ReplayForecaster
 
     config = LucidConfig()
     rng = np.random.default_rng(7)
     now = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(f"sqlite:///{tmp}/bench.db")
-        for i in range(NODES):
-            add_host(store, HostSpec(f"node{i:03d}", executor="local", vc=f"vc{i % 4}", gpus=GPUS_PER_NODE))
-        for i in range(2):
-            add_host(store, HostSpec(f"prof{i}", executor="local", pool="profiling", vc="vc0", gpus=GPUS_PER_NODE))
-        with store.session() as s:
-            for i, job in enumerate(_jobs(n_pending, rng, now, "j")):
-                p = job.profile
-                s.add(JobRow(job_id=job.job_id, seq=i + 1, name=job.name, user=job.user, vc=job.vc, gpus=job.gpus,
-                             command="sleep 1", env={}, state="QUEUED", submit_time=job.submit_time, profiled=True,
-                             gpu_util=p.gpu_util, mem_util=p.mem_util, gpu_mem_mb=p.gpu_mem_mb,
-                             known_min_duration=200.0, amp=p.amp))
+        store = _fleet_store(f"{tmp}/bench.db", n_pending, rng, now)
         store.set_state("last_mode_check", now + 1e9)  # keep the sharing-mode check out of the timing
 
         def factory(cfg: LucidConfig, snapshot: object) -> LucidPolicy:
@@ -219,29 +227,17 @@ def round_with_history(n_pending: int, n_finished: int, since_promotion: int, du
     One more job finishes between rounds, as in a busy fleet; nothing else changes."""
     import joblib
 
-    from lucid_core.runtime.inventory import HostSpec, add_host
     from lucid_core.runtime.schema import JobRow, ModelVersionRow
-    from lucid_core.runtime.store import Store
 
     config = LucidConfig()
     rng = np.random.default_rng(11)
     now = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(f"sqlite:///{tmp}/bench.db")
-        for i in range(NODES):
-            add_host(store, HostSpec(f"node{i:03d}", executor="local", vc=f"vc{i % 4}", gpus=GPUS_PER_NODE))
-        for i in range(2):
-            add_host(store, HostSpec(f"prof{i}", executor="local", pool="profiling", vc="vc0", gpus=GPUS_PER_NODE))
+        store = _fleet_store(f"{tmp}/bench.db", n_pending, rng, now)
         promoted_at = now - 3600.0
         ends = np.sort(np.concatenate([rng.uniform(promoted_at - 7 * 86400, promoted_at, n_finished - since_promotion),
                                        rng.uniform(promoted_at, now - 60, since_promotion)]))
         with store.session() as s:
-            for i, job in enumerate(_jobs(n_pending, rng, now, "j")):
-                p = job.profile
-                s.add(JobRow(job_id=job.job_id, seq=i + 1, name=job.name, user=job.user, vc=job.vc, gpus=job.gpus,
-                             command="sleep 1", env={}, state="QUEUED", submit_time=job.submit_time, profiled=True,
-                             gpu_util=p.gpu_util, mem_util=p.mem_util, gpu_mem_mb=p.gpu_mem_mb,
-                             known_min_duration=200.0, amp=p.amp))
             for i, (job, end) in enumerate(zip(_jobs(n_finished, rng, now, "h"), ends, strict=True)):
                 p, run = job.profile, float(rng.lognormal(7.5, 1.5))
                 s.add(JobRow(job_id=job.job_id, seq=n_pending + i + 1, name=job.name, user=job.user, vc=job.vc,
