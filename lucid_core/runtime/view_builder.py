@@ -239,17 +239,16 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, An
     sources: dict[str, str] = {}
     duration = None
     if "duration" in snapshot.models:
-        version, path, created = snapshot.models["duration"]
+        version, path, _ = snapshot.models["duration"]
         duration = load_model(path, needs=("predict_duration", "observe"))
         if duration is not None:
             sources["duration"] = f"promoted version {version}"
-            for row, seconds in snapshot.unlearned:
+            for row, seconds in snapshot.unlearned:  # read as the jobs that ended after the promotion
                 try:
                     job = job_of(row)
                 except (ValueError, TypeError):  # a row another writer broke: the model learns the others
                     continue
-                if (row.end_time or 0.0) > created:
-                    duration.observe(job, seconds)
+                duration.observe(job, seconds)
     if duration is None:
         duration = HistoryDurationPredictor()
         history = snapshot.finished_jobs()

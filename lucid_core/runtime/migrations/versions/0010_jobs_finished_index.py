@@ -1,5 +1,5 @@
-"""ix_jobs_finished on jobs (state, end_time): a round's history read walks it instead of sorting every
-finished job
+"""ix_jobs_finished on jobs (state, end_time, start_time, user, gpus, job_id): a round's history read walks
+it, covered, instead of sorting every finished job
 
 Revision ID: 0010
 Revises: 0009
