@@ -41,14 +41,14 @@ from loopback_fleet import DelayedLink, SilentPort, SshdFleet  # noqa: E402
 
 from lucid_core.config import LucidConfig  # noqa: E402
 from lucid_core.domain import JobState, RunState  # noqa: E402
-from lucid_core.runtime.executor import LaunchSpec  # noqa: E402
-from lucid_core.runtime.host_calls import HostCall, HostCallPool  # noqa: E402
-from lucid_core.runtime.inventory import HostSpec, add_host, host_address  # noqa: E402
-from lucid_core.runtime.round import RoundSettings, SchedulingRound  # noqa: E402
-from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, RunRow  # noqa: E402
-from lucid_core.runtime.ssh_executor import ssh_executor  # noqa: E402
-from lucid_core.runtime.store import Store  # noqa: E402
-from lucid_core.runtime.submission import JobRequest, submit  # noqa: E402
+from lucid_core.runtime.hosts.calls import HostCall, HostCallPool  # noqa: E402
+from lucid_core.runtime.hosts.executor import LaunchSpec  # noqa: E402
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host, host_address  # noqa: E402
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor  # noqa: E402
+from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound  # noqa: E402
+from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, RunRow  # noqa: E402
+from lucid_core.runtime.store.store import Store  # noqa: E402
+from lucid_core.runtime.surfaces.submission import JobRequest, submit  # noqa: E402
 
 PG_ADMIN = os.environ.get("LUCID_TEST_PG_ADMIN", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 GPUS = 8

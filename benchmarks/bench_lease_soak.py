@@ -42,7 +42,7 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 def loop_child(index: int, loops: int, stall_s: float, stall_log: Path, argv: list[str]) -> int:
     """One `lucid round --every` loop whose round stalls after its snapshot when its turn of the minute comes."""
     from lucid_core.cli import main as lucid
-    from lucid_core.runtime.round import SchedulingRound
+    from lucid_core.runtime.round.scheduling_round import SchedulingRound
 
     original = SchedulingRound._crash
     stalled_minutes: set[int] = set()
@@ -67,7 +67,7 @@ def ledger_job(ledger: Path, seconds: float) -> str:
 
 def audit(store, ledger: Path, jobs: list[str]) -> dict[str, int]:
     """Count the three violations from the hosts' ledger and the store."""
-    from lucid_core.runtime.schema import JobEventRow, JobRow, RunRow
+    from lucid_core.runtime.store.schema import JobEventRow, JobRow, RunRow
 
     with store.session() as s:
         rows = {j.job_id: j for j in s.scalars(sa.select(JobRow).where(JobRow.job_id.in_(jobs)))}
@@ -103,24 +103,25 @@ def audit(store, ledger: Path, jobs: list[str]) -> dict[str, int]:
 
 def admin_loop(store, root: Path, stop: threading.Event, counts: Counter) -> None:
     """Add a host, drain it to be removed (a round deletes it once empty) or remove it outright; again."""
-    from lucid_core.runtime.inventory import HostSpec, InventoryError, add_host, drain_host, list_hosts, remove_host
-    from lucid_core.runtime.lease import LeaseHeld
+    from lucid_core.runtime.hosts import inventory
+    from lucid_core.runtime.store.lease import LeaseHeld
 
     rng = random.Random(7)
     while not stop.is_set():
         try:
-            names = {h["name"] for h in list_hosts(store)}
+            names = {h["name"] for h in inventory.list_hosts(store)}
             if "x0" not in names:
-                add_host(store, HostSpec("x0", executor="local", vc="vc-a", telemetry="emulated", gpus=2,
-                                         workdir=str(root / "hosts" / "x0")), wait_s=10)
+                spec = inventory.HostSpec("x0", executor="local", vc="vc-a", telemetry="emulated", gpus=2,
+                                          workdir=str(root / "hosts" / "x0"))
+                inventory.add_host(store, spec, wait_s=10)
                 counts["add"] += 1
             elif rng.random() < 0.5:
-                drain_host(store, "x0", remove=True, wait_s=10)
+                inventory.drain_host(store, "x0", remove=True, wait_s=10)
                 counts["drain"] += 1
             else:
-                remove_host(store, "x0", wait_s=10)
+                inventory.remove_host(store, "x0", wait_s=10)
                 counts["remove"] += 1
-        except (InventoryError, LeaseHeld) as exc:
+        except (inventory.InventoryError, LeaseHeld) as exc:
             counts["refused"] += 1
             counts[type(exc).__name__] += 1
         stop.wait(rng.uniform(2.0, 6.0))
@@ -141,9 +142,9 @@ def main() -> int:
         index, loops, stall_s, stall_log, *argv = args.child
         return loop_child(int(index), int(loops), float(stall_s), Path(stall_log), argv)
 
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
-    from lucid_core.runtime.submission import JobRequest, cancel, submit
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
     root = Path(tempfile.mkdtemp(prefix="lucid-soak-"))
     dbname = f"lucid_soak_{uuid.uuid4().hex[:8]}"
@@ -190,7 +191,7 @@ def main() -> int:
         stop.set()
         drain_began = time.monotonic()
         drain_deadline = time.monotonic() + args.drain
-        from lucid_core.runtime.schema import JobRow
+        from lucid_core.runtime.store.schema import JobRow
 
         while time.monotonic() < drain_deadline:
             with store.session() as s:
@@ -213,7 +214,7 @@ def main() -> int:
     failures = sum(log.read_text().count("round failed") for log in root.glob("loop*.err"))
     result = audit(store, ledger, jobs)
     stalls = len(stall_log.read_text().splitlines()) if stall_log.exists() else 0
-    from lucid_core.runtime.schema import RoundRow
+    from lucid_core.runtime.store.schema import RoundRow
 
     with store.session() as s:
         fenced = s.scalar(sa.select(sa.func.count()).where(RoundRow.fenced.is_(True)))

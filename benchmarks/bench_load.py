@@ -39,11 +39,11 @@ import httpx
 from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
-from lucid_core.runtime.executor import HostAddress, LaunchResult, LaunchSpec, RunStatus
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.round import RoundSettings, SchedulingRound
-from lucid_core.runtime.schema import JobRow, RunRow
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.hosts.executor import HostAddress, LaunchResult, LaunchSpec, RunStatus
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+from lucid_core.runtime.store.schema import JobRow, RunRow
+from lucid_core.runtime.store.store import Store
 
 MAIN_HOSTS, PROF_HOSTS, GPUS_PER_HOST, VCS = 125, 2, 8, 4
 
@@ -79,7 +79,7 @@ def job_body(i: int) -> dict:
 
 
 def serve(url: str, port: int) -> subprocess.Popen:
-    code = ("import uvicorn; from lucid_core.runtime.api import create_app; "
+    code = ("import uvicorn; from lucid_core.runtime.surfaces.api import create_app; "
             f"uvicorn.run(create_app({url!r}), host='127.0.0.1', port={port}, log_level='warning')")
     server = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(Path.cwd())})
     deadline = time.monotonic() + 60

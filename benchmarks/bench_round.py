@@ -30,7 +30,7 @@ from lucid_core.domain import GpuRef, Job, Pool, Profile
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.predictors import HistoryDurationPredictor
 from lucid_core.policy.view import ClusterView
-from lucid_core.runtime.executor import LaunchResult, RunStatus
+from lucid_core.runtime.hosts.executor import LaunchResult, RunStatus
 
 NODES, GPUS_PER_NODE = 125, 8
 
@@ -166,9 +166,9 @@ class InstantExecutor:
 def _fleet_store(path: str, n_pending: int, rng: np.random.Generator, now: float) -> Any:
     """A SQLite store holding the benchmark cluster as 125 hosts (and 2 profiling hosts) and `n_pending`
     queued, profiled jobs."""
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.schema import JobRow
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import Store
 
     store = Store(f"sqlite:///{path}")
     for i in range(NODES):
@@ -186,8 +186,8 @@ def _fleet_store(path: str, n_pending: int, rng: np.random.Generator, now: float
 
 
 def round_overhead(n_pending: int, duration: object, packing: object, repeats: int) -> dict[str, float]:
-    from lucid_core.runtime.round import RoundSettings, SchedulingRound
-    from lucid_core.runtime.view_builder import ReplayForecaster
+    from lucid_core.runtime.round.live_models import ReplayForecaster
+    from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
 
     config = LucidConfig()
     rng = np.random.default_rng(7)
@@ -227,7 +227,7 @@ def round_with_history(n_pending: int, n_finished: int, since_promotion: int, du
     One more job finishes between rounds, as in a busy fleet; nothing else changes."""
     import joblib
 
-    from lucid_core.runtime.schema import JobRow, ModelVersionRow
+    from lucid_core.runtime.store.schema import JobRow, ModelVersionRow
 
     config = LucidConfig()
     rng = np.random.default_rng(11)
@@ -263,8 +263,8 @@ def round_with_history(n_pending: int, n_finished: int, since_promotion: int, du
 def _history_rounds(store: Any, config: LucidConfig, repeats: int, last_seq: int, now: float,
                     counting: list[int]) -> tuple[list[float], list[float], list[int]]:
     """Section (3)'s rounds: total ms, policy ms and jobs predicted, per round."""
-    from lucid_core.runtime.round import RoundSettings, SchedulingRound
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+    from lucid_core.runtime.store.schema import JobRow
 
     totals, decides, asked = [], [], []
     for r in range(repeats):

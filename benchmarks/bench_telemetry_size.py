@@ -1,6 +1,6 @@
 """Size of a watched job's telemetry.jsonl on its host: shared and unshared, for a given agent version.
 
-The agent (lucid_core/runtime/telemetry_agent.py, or an older copy given with --agent) runs its own sample
+The agent (lucid_core/runtime/hosts/telemetry_agent.py, or an older copy given with --agent) runs its own sample
 loop with the emulated backend on a simulated clock: a job placed on the main pool after profiling,
 watched every `--interval` seconds on `--gpus` GPUs for `--hours` (with `--window`, one profiled in
 place: the round keeps its agent at the window's 1 s interval for its whole life); "shared" has another live job on

@@ -7,7 +7,7 @@ the store (keys stay in the secrets backend). Every decision is written before i
 so a round killed between steps is repaired by the next round's reconcile.
 
 Each task's execution_timeout, and the run's, come from the host call deadline (runtime.host_call_deadline_s,
-`lucid_core.runtime.round_deadlines`), which also sets the least lease TTL: a task's host calls fan out to
+`lucid_core.runtime.round.deadlines`), which also sets the least lease TTL: a task's host calls fan out to
 all hosts at once, each host's batch is given up past its deadline, so a task's time is bounded and the
 lease it renews before every fan-out cannot lapse while it works.
 """
@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import dag, task
 
 from lucid_core.config import ConfigError, load_config
-from lucid_core.runtime.round_deadlines import RoundDeadlines
+from lucid_core.runtime.round.deadlines import RoundDeadlines
 
 # "@continuous" runs rounds back to back (the embedded demo); the default is one round a minute.
 ROUND_SCHEDULE = os.environ.get("LUCID_ROUND_SCHEDULE") or timedelta(minutes=1)

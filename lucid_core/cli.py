@@ -173,11 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = LucidParser(prog="lucid", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_simulate_parser(sub)
-    from lucid_core.sim import sample, traces
+    from lucid_core.sim import check_trace, sample
 
-    traces.add_parser(sub)
+    check_trace.add_parser(sub)
     sample.add_parser(sub)
-    for module in ("lucid_core.models.cli", "lucid_core.runtime.cli", "lucid_core.calibration.cli",
+    for module in ("lucid_core.models.cli", "lucid_core.runtime.surfaces.cli.commands", "lucid_core.calibration.cli",
                    "lucid_core.tuner"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
@@ -193,7 +193,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     """Errors a user's input or the fleet can cause: said in one line with exit 2, never as a traceback."""
     from sqlalchemy.exc import ArgumentError, OperationalError
 
-    from lucid_core.runtime.executor import HostCommandFailed, HostUnreachable
+    from lucid_core.runtime.hosts.executor import HostCommandFailed, HostUnreachable
 
     # ImportError: a store URL naming a database driver that is not installed
     return (ConfigError, ValueError, LookupError, OSError, HostUnreachable, HostCommandFailed, OperationalError,

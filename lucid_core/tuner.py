@@ -499,8 +499,8 @@ def _toml_value(value: Any) -> str:
 
 def inventory_fleet(store_url: str | None) -> Fleet:
     """The live inventory of the store as a fleet; an error naming what to do when it has no host."""
-    from lucid_core.runtime.inventory import list_hosts
-    from lucid_core.runtime.store import open_store
+    from lucid_core.runtime.hosts.inventory import list_hosts
+    from lucid_core.runtime.store.store import open_store
 
     store = open_store(store_url)
     try:

@@ -24,7 +24,7 @@ import pandas as pd
 from lucid_core.alerts import check_drift
 
 if TYPE_CHECKING:
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
 
 JOB_COLUMNS = ["job_id", "user", "vc", "name", "gpus", "submit_time", "start_time", "end_time", "duration", "state",
                "gpu_util", "mem_util", "gpu_mem_mb", "amp"]
@@ -38,7 +38,7 @@ THROUGHPUT_INPUTS = ("submit_gpu_job",)
 def _opened(store_url: str) -> Iterator[Store]:
     """The store at `store_url` as it is, disposed after use: the Update Engine reads it through
     `runtime.queries` and writes it through the store's functions, and never migrates it."""
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
 
     store = Store(store_url, migrate=False)
     try:
@@ -65,7 +65,7 @@ class Batch:
 
 def extract_job_log(store_url: str, since: float | None = None, until: float | None = None) -> pd.DataFrame:
     """Finished jobs submitted in [since, until) with their profile, one row per job (duration = end - start)."""
-    from lucid_core.runtime.queries import JOB_LOG_FIELDS, finished_job_log
+    from lucid_core.runtime.surfaces.queries import JOB_LOG_FIELDS, finished_job_log
 
     with _opened(store_url) as store:
         rows = finished_job_log(store, since, until)
@@ -288,7 +288,7 @@ def _sample(values: np.ndarray) -> list[float]:
 
 def registry_root() -> Path:
     """LUCID_HOME/models/registry: the model registry the Update Engine promotes into."""
-    from lucid_core.runtime.store import lucid_home
+    from lucid_core.runtime.store.store import lucid_home
 
     return lucid_home() / "models" / "registry"
 
@@ -300,7 +300,7 @@ def _artifact(name: str, version: int) -> Path:
 
 def _reference(store_url: str, kind: str, version: int) -> dict[str, Any]:
     """Drift reference (errors and inputs at promotion) kept in the store's model_versions row."""
-    from lucid_core.runtime.queries import model_version_metrics
+    from lucid_core.runtime.surfaces.queries import model_version_metrics
 
     with _opened(store_url) as store:
         return model_version_metrics(store, kind, str(version))
@@ -358,7 +358,7 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
     The registry's PROMOTED pointer moves; the store's model_versions gets the version with its drift
     reference (the candidate's recent errors and training inputs) and becomes the active row."""
     from lucid_core.models.registry import ModelRegistry
-    from lucid_core.runtime.store import record_promotion
+    from lucid_core.runtime.store.store import record_promotion
 
     registry = ModelRegistry(registry_root())
     decisions: dict[str, Any] = {}

@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         "[profiler]\ntprof_s = 6.0\nin_place = false\n[binder]\nsharing = \"on\"\n"
         "[forecast]\nmode_check_interval_s = 30.0\n")
     sys.path.insert(0, str(REPO))
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     store = Store(f"sqlite:///{home / 'lucid' / 'lucid.db'}")
     for name, pool, gpus in (("prof0", "profiling", 2), ("main0", "main", 2), ("main1", "main", 2)):
@@ -152,7 +152,7 @@ def _unpause(airflow: str, env: dict[str, str], dag_id: str) -> bool:
 
 
 def _jobs(store) -> list[dict]:
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store.schema import JobRow
 
     with store.session() as s:
         return [{c: getattr(j, c) for c in ("job_id", "name", "user", "gpus", "state", "submit_time", "end_time",
@@ -161,7 +161,7 @@ def _jobs(store) -> list[dict]:
 
 
 def _print_summary(store, port: int, home: Path) -> None:
-    from lucid_core.runtime.schema import DecisionRow, RunRow
+    from lucid_core.runtime.store.schema import DecisionRow, RunRow
 
     jobs = _jobs(store)
     print("\n== JCT per job ==")

@@ -155,7 +155,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(store_url: str):
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
 
     s = Store(store_url)
     yield s

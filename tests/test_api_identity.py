@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import HTTPException, Request
 from fastapi.testclient import TestClient
 
-from lucid_core.runtime.api import create_app
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.api import create_app
 
 PEOPLE = {"ana-token": ("ana", False), "bob-token": ("bob", False), "ops-token": ("olga", True)}
 

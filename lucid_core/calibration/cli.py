@@ -68,7 +68,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from lucid_core.calibration.compare import compare_labels, comparison_markdown
     from lucid_core.calibration.emulation import EmulatedProfiles
     from lucid_core.calibration.harness import CalibrationSettings, CalibrationTarget, Calibrator, TrialFailed
-    from lucid_core.runtime.executor import HostAddress, HostCommandFailed, HostUnreachable
+    from lucid_core.runtime.hosts.executor import HostAddress, HostCommandFailed, HostUnreachable
 
     gpus = [g for g in str(args.gpus).split(",") if g.strip()]
     if len(gpus) != 1 or not gpus[0].strip().isdigit():
@@ -90,11 +90,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
                        python=args.python or (sys.executable if local else "python3"),
                        executor="local" if local else "ssh")
     if local:
-        from lucid_core.runtime.local_executor import local_executor
+        from lucid_core.runtime.hosts.local_executor import local_executor
 
         executor = local_executor(timeout_s=60.0)
     else:
-        from lucid_core.runtime.ssh_executor import ssh_executor
+        from lucid_core.runtime.hosts.ssh_executor import ssh_executor
 
         executor = ssh_executor(args.known_hosts, timeout_s=60.0)
     emulation = None

@@ -33,9 +33,9 @@ from lucid_core.calibration.journal import (
     trial_id,
 )
 from lucid_core.calibration.workloads.protocol import WorkloadResult, parse_events, parse_results
-from lucid_core.runtime import telemetry, telemetry_agent
-from lucid_core.runtime.executor import HostAddress, HostExecutor, LaunchSpec, RunStatus
-from lucid_core.runtime.host_launch import TelemetryLaunch
+from lucid_core.runtime.hosts import telemetry, telemetry_agent
+from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor, LaunchSpec, RunStatus
+from lucid_core.runtime.hosts.launch import TelemetryLaunch
 
 TAGS = ("A", "B")
 

@@ -39,8 +39,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lucid_core.sim.elastic import Counts, ElasticCluster, ElasticJob, compact_placement, pack
-from lucid_core.sim.elastic_apps import EPS, Application
+from lucid_core.policy.elastic_view import Counts, ElasticCluster, ElasticJob, compact_placement, pack
+from lucid_core.policy.goodput import EPS, Application
 
 CANDIDATE_BATCH_SIZES = 50
 P_FAIRNESS = -1.0  # exponent of the power mean: more negative is fairer

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from lucid_core.config import LucidConfig
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.baselines import FifoPolicy, SjfPolicy, TiresiasPolicy
+from lucid_core.policy.elastic_view import compact_placement
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.pollux import PolluxPolicy
 from lucid_core.policy.predictors import HistoryDurationPredictor
 from lucid_core.sim.catalog import WorkloadCatalog
-from lucid_core.sim.elastic import compact_placement, fixed_run_seconds, simulate_elastic
+from lucid_core.sim.elastic import fixed_run_seconds, simulate_elastic
 from lucid_core.sim.engine import SimResult, simulate
 from lucid_core.sim.experiment import history_jobs, profiling_pool_nodes
 from lucid_core.sim.metrics import compute_metrics

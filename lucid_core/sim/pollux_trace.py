@@ -28,22 +28,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lucid_core.sim.elastic_apps import Application, load_applications
+from lucid_core.policy.elastic_view import ElasticJobSpec
+from lucid_core.policy.goodput import Application
+from lucid_core.sim.elastic_apps import load_applications
 from lucid_core.sim.traces import MAX_GPUS, RowProblem, TraceFormatError
 
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 MAX_SUBMIT_S = 366 * 24 * 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class ElasticJobSpec:
-    """One job of a Pollux-format workload."""
-
-    name: str
-    submit_time: float
-    application: str
-    replicas: int  # what a user asks for (fixed-size policies)
-    batch_size: int
 
 
 @dataclass(slots=True)

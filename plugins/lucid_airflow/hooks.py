@@ -15,8 +15,8 @@ from airflow.sdk import BaseHook
 from lucid_airflow.connections import STORE_CONN_ID, sqlalchemy_url
 
 if TYPE_CHECKING:
-    from lucid_core.runtime.store import Store
-    from lucid_core.runtime.submission import JobRequest
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import JobRequest
 
 
 class LucidJobTimeout(TimeoutError):
@@ -58,7 +58,7 @@ class LucidHook(BaseHook):
     def get_conn(self) -> Store:
         """The store (opened once per hook, never migrated from here)."""
         if self._store is None:
-            from lucid_core.runtime.store import Store
+            from lucid_core.runtime.store.store import Store
 
             self._store = Store(self.store_url(), migrate=False)
         return self._store
@@ -70,19 +70,19 @@ class LucidHook(BaseHook):
 
     def submit_job(self, request: JobRequest) -> str:
         """Record the job (or find the one already submitted with the request's idempotency key); its id."""
-        from lucid_core.runtime.submission import submit
+        from lucid_core.runtime.surfaces.submission import submit
 
         return submit(self.get_conn(), request)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        """The job's status record: state, exit code, end reason, runs (lucid_core.runtime.queries.status)."""
-        from lucid_core.runtime.queries import status
+        """The job's status record: state, exit code, end reason, runs (lucid_core.runtime.surfaces.queries.status)."""
+        from lucid_core.runtime.surfaces.queries import status
 
         return status(self.get_conn(), job_id)
 
     def cancel_job(self, job_id: str) -> str:
         """Ask the scheduler to stop the job (the next round does); its state at the time of asking."""
-        from lucid_core.runtime.submission import cancel
+        from lucid_core.runtime.surfaces.submission import cancel
 
         return cancel(self.get_conn(), job_id)
 
@@ -102,7 +102,7 @@ class LucidHook(BaseHook):
     async def aget_conn(self) -> Store:
         """The store from inside a trigger: connection lookup and engine set-up stay off the event loop."""
         if self._store is None:
-            from lucid_core.runtime.store import Store
+            from lucid_core.runtime.store.store import Store
 
             url = await self.astore_url()
             self._store = await asyncio.to_thread(Store, url, migrate=False)
@@ -111,13 +111,13 @@ class LucidHook(BaseHook):
     async def aget_job(self, job_id: str) -> dict[str, Any]:
         """The job's status from a trigger: the query runs in a worker thread, not in the event loop."""
         store = await self.aget_conn()
-        from lucid_core.runtime.queries import status
+        from lucid_core.runtime.surfaces.queries import status
 
         return await asyncio.to_thread(status, store, job_id)
 
     async def acancel_job(self, job_id: str) -> str:
         store = await self.aget_conn()
-        from lucid_core.runtime.submission import cancel
+        from lucid_core.runtime.surfaces.submission import cancel
 
         return await asyncio.to_thread(cancel, store, job_id)
 

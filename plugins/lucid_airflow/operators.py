@@ -84,7 +84,7 @@ class LucidSubmitJobOperator(BaseOperator):
 
     def build_request(self, context: Mapping[str, Any]) -> Any:
         """The JobRequest for this try of this task instance, keyed so that a re-run of the try reattaches."""
-        from lucid_core.runtime.submission import JobRequest
+        from lucid_core.runtime.surfaces.submission import JobRequest
 
         ti = context["ti"]
         key = task_idempotency_key(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
@@ -99,7 +99,7 @@ class LucidSubmitJobOperator(BaseOperator):
             self.hook.close()
 
     def _submit_and_wait(self, context: Mapping[str, Any]) -> str:
-        from lucid_core.runtime.submission import SubmissionError
+        from lucid_core.runtime.surfaces.submission import SubmissionError
 
         try:
             self.job_id = self.hook.submit_job(self.build_request(context))

@@ -45,7 +45,7 @@ class ConnectionTransport:
     """SSH transport whose address, user, key and host key come from the host's Airflow connection."""
 
     def __init__(self, known_hosts_dir: Path, deadline_s: float = 20.0) -> None:
-        from lucid_core.runtime.ssh_executor import SshTransport, default_known_hosts
+        from lucid_core.runtime.hosts.ssh_executor import SshTransport, default_known_hosts
 
         self.dir = known_hosts_dir
         self.known_hosts = known_hosts_dir / "known_hosts"
@@ -96,10 +96,10 @@ class ConnectionTransport:
 
 def _round(url: str, workdir: Path):
     from lucid_core.config import load_live_config
-    from lucid_core.runtime.executor import HostExecutor
-    from lucid_core.runtime.local_executor import LocalTransport
-    from lucid_core.runtime.round import RoundSettings, SchedulingRound
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.hosts.executor import HostExecutor
+    from lucid_core.runtime.hosts.local_executor import LocalTransport
+    from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+    from lucid_core.runtime.store.store import Store
 
     config = load_live_config()
     settings = RoundSettings.from_config(config, holder=_holder())
@@ -124,7 +124,7 @@ def _summary(rnd, step: str, **extra: Any) -> dict[str, Any]:
 
 def reconcile(url: str) -> dict[str, Any]:
     """Take the lease, finish what a crashed round left pending, poll every host."""
-    from lucid_core.runtime.lease import Fenced
+    from lucid_core.runtime.store.lease import Fenced
 
     with tempfile.TemporaryDirectory(prefix="lucid-ssh-") as tmp:
         rnd = _round(url, Path(tmp))
@@ -151,7 +151,7 @@ def profile_bind_and_place(url: str, reconciled: dict[str, Any]) -> dict[str, An
 
     The lease is taken again with a new generation, so a retried try of this task fences the one before.
     """
-    from lucid_core.runtime.lease import Fenced
+    from lucid_core.runtime.store.lease import Fenced
 
     if not reconciled.get("acquired") or reconciled.get("fenced"):
         return {"step": "decide", "acquired": False, "decisions": []}
@@ -183,7 +183,7 @@ def profile_bind_and_place(url: str, reconciled: dict[str, Any]) -> dict[str, An
 
 def carry_out(url: str, decided: dict[str, Any]) -> dict[str, Any]:
     """Launch and stop what was recorded; remove drained hosts that emptied; give the lease back."""
-    from lucid_core.runtime.lease import Fenced
+    from lucid_core.runtime.store.lease import Fenced
 
     if not decided.get("acquired") or decided.get("fenced"):
         return {"step": "carry_out", "acquired": False}

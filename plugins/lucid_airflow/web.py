@@ -78,7 +78,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @cache
     def store():
-        from lucid_core.runtime.store import Store
+        from lucid_core.runtime.store.store import Store
 
         return Store(store_url(), migrate=False)
 
@@ -90,7 +90,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/queue", response_class=HTMLResponse)
     def queue() -> HTMLResponse:
-        from lucid_core.runtime.queries import waiting
+        from lucid_core.runtime.surfaces.queries import waiting
 
         jobs = waiting(store())
         rows = []
@@ -110,7 +110,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/running", response_class=HTMLResponse)
     def running() -> HTMLResponse:
-        from lucid_core.runtime.queries import gpu_map
+        from lucid_core.runtime.surfaces.queries import gpu_map
 
         found = gpu_map(store())
         runs, shared, hosts, gpus, names = found.runs, found.shared, found.hosts, found.gpus, found.names
@@ -146,7 +146,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
     @app.get("/jobs", response_class=HTMLResponse)
     def job_history(user: str = "", vc: str = "", state: str = "", since: str = "", until: str = "",
                     number: int = Query(1, alias="page")) -> HTMLResponse:
-        from lucid_core.runtime.queries import HistoryQuery, history
+        from lucid_core.runtime.surfaces.queries import HistoryQuery, history
 
         number = max(1, number)
         try:
@@ -197,8 +197,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job_detail(job_id: str) -> HTMLResponse:
-        from lucid_core.runtime.queries import job_record
-        from lucid_core.runtime.submission import UnknownJob
+        from lucid_core.runtime.surfaces.queries import job_record
+        from lucid_core.runtime.surfaces.submission import UnknownJob
 
         try:
             record = job_record(store(), job_id)
@@ -208,7 +208,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         fields = ["job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
                   "exit_code", "end_reason", "ended_in_profiling", "gpu_util", "mem_util", "gpu_mem_mb",
                   "share_class", "predicted_duration", "pending_reason"]
-        from lucid_core.runtime.pending import pending_text
+        from lucid_core.runtime.round.pending import pending_text
 
         values = {f: getattr(job, f) for f in fields}
         values["pending_reason"] = pending_text(job)
@@ -224,7 +224,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/models", response_class=HTMLResponse)
     def models() -> HTMLResponse:
-        from lucid_core.runtime.queries import model_versions
+        from lucid_core.runtime.surfaces.queries import model_versions
 
         versions = model_versions(store())
         rows = [[esc(v.kind), esc(v.version), "yes" if v.active else "", esc(json.dumps(v.metrics)[:300]),
@@ -359,8 +359,8 @@ def _explanation(url: str, job_id: str) -> str:
     """The runtime's explanation of a job (the same models the round uses), as lines a person reads."""
     try:
         from lucid_core.config import load_live_config
-        from lucid_core.runtime.explain import explain
-        from lucid_core.runtime.store import Store
+        from lucid_core.runtime.store.store import Store
+        from lucid_core.runtime.surfaces.explain import explain
 
         store = Store(url, migrate=False)
         try:
@@ -375,7 +375,7 @@ def _explanation(url: str, job_id: str) -> str:
 def explanation_text(data: dict[str, Any]) -> str:
     """Priority, its duration terms, packing class and tree path, partner and pending reason."""
     lines = []
-    from lucid_core.runtime.explain import duration_words, explain_terms
+    from lucid_core.runtime.round.prediction_words import duration_words, explain_terms
 
     priority = data.get("priority") or {}
     if priority.get("value_gpu_s") is not None:
@@ -404,7 +404,7 @@ def explanation_text(data: dict[str, Any]) -> str:
     if partner:
         lines.append(f"Shares GPUs with {partner['job_id']}: {partner.get('why') or ''}")
     if data.get("shared"):
-        from lucid_core.runtime.explain import shared_speed_line
+        from lucid_core.runtime.surfaces.explain import shared_speed_line
 
         lines.append(shared_speed_line(data["shared"]) or "")
     pending = data.get("pending")
@@ -415,7 +415,7 @@ def explanation_text(data: dict[str, Any]) -> str:
 
 def _runtime_api(url: str):
     from lucid_core.config import load_live_config
-    from lucid_core.runtime.api import create_app
+    from lucid_core.runtime.surfaces.api import create_app
 
     return create_app(url, config=load_live_config())
 

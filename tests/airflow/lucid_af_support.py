@@ -11,8 +11,8 @@ SAMPLE_TRACE = REPO / "include" / "sample" / "trace.csv"
 def seed_finished_jobs(url: str, *, scale: float = 1.0, gpus: int | None = None, limit: int | None = None,
                        offset_s: float = 0.0, prefix: str = "") -> int:
     """Write the sample trace's jobs into the store as finished jobs with emulated profiles."""
-    from lucid_core.runtime.schema import JobRow
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import Store
     from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.traces import read_trace
 

@@ -30,7 +30,7 @@ def test_every_dag_parses_without_errors_within_budget():
     round_dag = bag.dags["lucid_scheduling_round"]
     assert round_dag.max_active_runs == 1 and not round_dag.catchup
     from lucid_core.config import load_config
-    from lucid_core.runtime.round_deadlines import RoundDeadlines
+    from lucid_core.runtime.round.deadlines import RoundDeadlines
 
     path = os.environ.get("LUCID_CONFIG")  # what the DAG file reads
     deadlines = RoundDeadlines.from_runtime(load_config(path if path and os.path.isfile(path) else None).runtime)
@@ -129,8 +129,8 @@ def test_tuner_replays_the_stores_finished_jobs_when_no_trace_is_given(airflow_d
 
 def test_tuner_with_the_forms_defaults_replays_the_store_on_the_live_inventory(airflow_db, lucid_home, monkeypatch):
     """No trace and no node count: the store's finished jobs on the inventory's hosts, VCs and pool."""
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
 
     url = _store_connection(lucid_home, monkeypatch)
     seeded = seed_finished_jobs(url, limit=60, gpus=1)
@@ -217,8 +217,9 @@ def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid
     assert registry.promoted_version("duration") is not None and registry.versions("duration") == [1, 2]
     # the live round picks the promoted models up from the store
     from lucid_core.config import LucidConfig
-    from lucid_core.runtime.store import Store
-    from lucid_core.runtime.view_builder import load_snapshot, policy_models
+    from lucid_core.runtime.round.live_models import policy_models
+    from lucid_core.runtime.round.snapshot import load_snapshot
+    from lucid_core.runtime.store.store import Store
 
     store = Store(url)
     duration_model, _, forecaster, sources = policy_models(LucidConfig(), load_snapshot(store, time.time()))
@@ -232,7 +233,7 @@ def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid
 
 def test_update_engine_skips_when_the_store_has_no_finished_job(airflow_db, lucid_home, monkeypatch):
     url = _store_connection(lucid_home, monkeypatch)
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
 
     Store(url).dispose()  # an empty, migrated store
     run = _dagbag().dags["lucid_update_engine"].test(run_conf={"mode": "finetune"})

@@ -132,9 +132,9 @@ def airflow_stack(tmp_path_factory):
 
 
 def _seed_queue(url: str) -> None:
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     store = Store(url)
     add_host(store, HostSpec("main0", executor="local", telemetry="emulated", gpus=2,
@@ -315,8 +315,8 @@ def _the_users_fleet_with_recent_jobs(root: Path) -> int:
     """The demo's fleet (prof0 profiling, main0 and main1 main, 2 GPUs each) and jobs that ended this week."""
     from lucid_af_support import seed_finished_jobs
 
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
     from lucid_core.sim.traces import read_trace
 
     url = f"sqlite:///{root / 'lucid' / 'lucid.db'}"

@@ -25,9 +25,9 @@ class RoundLoop:
 
     def __init__(self, url: str) -> None:
         from lucid_core.config import LucidConfig
-        from lucid_core.runtime.local_executor import local_executor
-        from lucid_core.runtime.round import RoundSettings, SchedulingRound
-        from lucid_core.runtime.store import Store
+        from lucid_core.runtime.hosts.local_executor import local_executor
+        from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+        from lucid_core.runtime.store.store import Store
 
         self.store = Store(url)
         config = LucidConfig().with_overrides({"profiler.tprof_s": 1, "profiler.in_place": False,
@@ -61,8 +61,8 @@ class RoundLoop:
 def lucid_store(airflow_db, lucid_home, tmp_path, monkeypatch):
     """A migrated SQLite store with a 1-GPU local profiling host and a 2-GPU local main host in VC default,
     reached by the tasks through the `lucid_db` connection."""
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
 
     db = lucid_home / "lucid.db"
     monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))
@@ -75,7 +75,7 @@ def lucid_store(airflow_db, lucid_home, tmp_path, monkeypatch):
 
 
 def _jobs(store) -> dict:
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store.schema import JobRow
 
     with store.session() as s:
         return {j.job_id: j for j in s.query(JobRow).all()}
@@ -208,7 +208,7 @@ def test_executing_the_same_try_again_reattaches_to_its_job(lucid_store, tmp_pat
 def test_idempotency_key_is_per_try_and_fits_the_store():
     from lucid_airflow.operators import task_idempotency_key
 
-    from lucid_core.runtime.submission import MAX_IDEMPOTENCY_KEY
+    from lucid_core.runtime.surfaces.submission import MAX_IDEMPOTENCY_KEY
 
     key = task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 7, 1)
     assert len(key) <= MAX_IDEMPOTENCY_KEY
@@ -222,7 +222,7 @@ def test_idempotency_key_is_per_try_and_fits_the_store():
 def test_trigger_serializes_reports_unknown_jobs_cancels_on_kill_and_fires_on_the_end(lucid_store):
     from lucid_airflow.triggers import LucidJobTrigger
 
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     trigger = LucidJobTrigger(job_id="j404", poll_interval=0.1)
     classpath, kwargs = trigger.serialize()
@@ -266,7 +266,7 @@ def test_sensor_waits_in_the_triggerer_for_a_job_submitted_elsewhere(lucid_store
     from airflow.sdk.exceptions import AirflowException
     from lucid_airflow.operators import LucidJobSensor
 
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     (tmp_path / "sensor_dag.py").write_text(SENSOR_DAG)
     bag = DagBag(dag_folder=str(tmp_path / "sensor_dag.py"))
@@ -308,7 +308,7 @@ def test_hook_reads_the_store_url_from_sqlite_postgres_and_lucid_connections(tmp
 def test_killing_the_waiting_task_cancels_its_job(lucid_store):
     from lucid_airflow.operators import LucidSubmitJobOperator
 
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     job = submit(lucid_store, JobRequest("sleep 30", gpus=1, user="ann", vc="default", name="train"))
     operator = LucidSubmitJobOperator(task_id="train", command="sleep 30", deferrable=False)

@@ -16,10 +16,10 @@ def _dag():
 
 
 def test_round_dag_profiles_places_and_finishes_jobs(airflow_db, lucid_home, tmp_path, monkeypatch):
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.schema import DecisionRow, JobRow
-    from lucid_core.runtime.store import Store
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.schema import DecisionRow, JobRow
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     db = lucid_home / "lucid.db"
     monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))
@@ -67,8 +67,8 @@ def _ssh_connection_env(monkeypatch, cluster, name: str, host_key: str | None = 
 
 
 def _ssh_store(tmp_path, lucid_home, monkeypatch, cluster):
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
 
     db = lucid_home / "lucid.db"
     monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))
@@ -88,8 +88,8 @@ def _ssh_store(tmp_path, lucid_home, monkeypatch, cluster):
 
 def test_round_dag_reaches_ssh_hosts_through_airflow_connections(airflow_db, lucid_home, tmp_path, monkeypatch,
                                                                  sshd_hosts):
-    from lucid_core.runtime.schema import JobRow
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     store = _ssh_store(tmp_path, lucid_home, monkeypatch, sshd_hosts)
     for name in ("prof0", "main0"):
@@ -113,8 +113,8 @@ def test_round_dag_reaches_ssh_hosts_through_airflow_connections(airflow_db, luc
 
 def test_round_dag_refuses_a_host_whose_key_does_not_match_its_connection(airflow_db, lucid_home, tmp_path,
                                                                           monkeypatch, sshd_hosts):
-    from lucid_core.runtime.schema import HostRow, JobRow
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.store.schema import HostRow, JobRow
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     store = _ssh_store(tmp_path, lucid_home, monkeypatch, sshd_hosts)
     other = Path(str(sshd_hosts.hosts["main1"].host_key) + ".pub").read_text()
@@ -127,7 +127,7 @@ def test_round_dag_refuses_a_host_whose_key_does_not_match_its_connection(airflo
         prof = s.get(HostRow, "prof0")
         row = s.get(JobRow, job)
         reachable, error, state = prof.reachable, prof.last_error or "", row.state
-    from lucid_core.runtime.schema import JobEventRow
+    from lucid_core.runtime.store.schema import JobEventRow
 
     with store.session() as s:
         events = [(e.kind, e.message) for e in s.query(JobEventRow).filter(JobEventRow.job_id == job)]

@@ -192,8 +192,8 @@ def test_tune_cli_replays_on_the_stores_inventory_with_fleet(tmp_path, capsys):
     from lucid_af_support import SAMPLE_TRACE
 
     from lucid_core import tuner
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
 
     url = f"sqlite:///{tmp_path / 'lucid.db'}"
     store = Store(url)
@@ -265,7 +265,7 @@ def test_the_tuners_apply_changes_what_the_next_round_reads(tmp_path, monkeypatc
     from lucid_airflow import round_steps, tuning
 
     from lucid_core.config import live_config_path, load_live_config
-    from lucid_core.runtime.cli_context import config_of
+    from lucid_core.runtime.surfaces.cli.context import config_of
     from lucid_core.tuner import write_config_toml
 
     monkeypatch.delenv("LUCID_CONFIG", raising=False)

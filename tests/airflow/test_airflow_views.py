@@ -14,9 +14,9 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     from lucid_airflow.web import create_lucid_app
 
     from lucid_core.alerts import check_drift
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.store import Store
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
     from lucid_core.sim.traces import read_trace
     from lucid_core.tuner import TunerSettings, run_configuration, write_report
     from lucid_core.update import save_drift_history
@@ -82,7 +82,7 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     # tests/runtime/test_pair_speed_live.py): a waiting job is entered as the running one's partner
     from sqlalchemy import select, update
 
-    from lucid_core.runtime.schema import RunRow
+    from lucid_core.runtime.store.schema import RunRow
 
     with store.session() as s:
         [alone] = s.scalars(select(RunRow).where(RunRow.kind == "main", RunRow.state == "running")).all()
@@ -107,8 +107,8 @@ def test_job_history_page_filters_pages_and_links_each_job(lucid_home, tmp_path)
     from lucid_af_support import seed_finished_jobs
     from lucid_airflow.web import HISTORY_PAGE_SIZE, create_lucid_app
 
-    from lucid_core.runtime.queries import HistoryQuery, history
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.queries import HistoryQuery, history
 
     url = f"sqlite:///{lucid_home / 'lucid.db'}"
     seeded = seed_finished_jobs(url, limit=120)
@@ -138,7 +138,7 @@ def test_empty_models_and_drift_pages_say_how_they_get_filled(lucid_home):
     from fastapi.testclient import TestClient
     from lucid_airflow.web import create_lucid_app
 
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
 
     url = f"sqlite:///{lucid_home / 'lucid.db'}"
     Store(url).dispose()
@@ -156,7 +156,7 @@ def test_api_reference_is_served_without_internet(lucid_home):
     from fastapi.testclient import TestClient
     from lucid_airflow.web import create_lucid_app
 
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
 
     url = f"sqlite:///{lucid_home / 'lucid.db'}"
     Store(url).dispose()

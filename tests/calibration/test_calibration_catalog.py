@@ -23,7 +23,7 @@ from lucid_core.calibration.journal import JOURNAL_NAME, FailedTrial, Journal, P
 from lucid_core.calibration.workloads.protocol import WorkloadResult
 from lucid_core.domain import ShareClass
 from lucid_core.models.datasets import shared_data_dir
-from lucid_core.runtime.executor import HostAddress
+from lucid_core.runtime.hosts.executor import HostAddress
 
 ARTIFACT = shared_data_dir() / "lucid_artifact" / "single_data.csv"
 RESNET = WorkloadConfig("resnet18", 32)

@@ -19,8 +19,8 @@ from lucid_core.calibration.emulation import EmulatedProfiles
 from lucid_core.calibration.harness import CalibrationSettings, CalibrationTarget, Calibrator, Trial
 from lucid_core.calibration.journal import Journal
 from lucid_core.models.datasets import shared_data_dir
-from lucid_core.runtime.executor import HostAddress
-from lucid_core.runtime.ssh_executor import ssh_executor
+from lucid_core.runtime.hosts.executor import HostAddress
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACT = shared_data_dir() / "lucid_artifact" / "single_data.csv"

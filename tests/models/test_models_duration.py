@@ -195,7 +195,7 @@ def test_live_rows_equal_the_training_replay_rows(log):
 
 def test_the_round_notes_a_batch_of_predictions_in_words(fitted, log):
     """What the round records for explain: the prediction rounded, by which model, its largest terms."""
-    from lucid_core.runtime.explain import prediction_notes
+    from lucid_core.runtime.round.prediction_words import prediction_notes
 
     model, _, _ = fitted
     last = float(log["submit_time"].max())

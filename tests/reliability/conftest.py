@@ -114,7 +114,7 @@ def fresh_pg_store(throwaway_pg: ThrowawayPostgres):
     """A Store on the throwaway server with an empty schema."""
     import sqlalchemy as sa
 
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
 
     engine = sa.create_engine(throwaway_pg.url)
     for _ in range(50):  # the server may still be coming back from an earlier test's restart

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store.store import Store
 
 
 def add_local_hosts(store: Store, root: Path) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from lucid_core.runtime.schema import JobEventRow, JobRow, RunRow
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.store.schema import JobEventRow, JobRow, RunRow
+from lucid_core.runtime.store.store import Store
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 TERMINAL_EVENTS = ("completed", "failed", "cancelled")

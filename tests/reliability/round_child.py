@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 from runtime_helpers import fast_config
 
-from lucid_core.runtime.executor import HostExecutor
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import RoundSettings, SchedulingRound
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.hosts.executor import HostExecutor
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+from lucid_core.runtime.store.store import Store
 
 
 def die() -> None:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from lucid_core.runtime.round import SchedulingRound
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
 
 REPO = Path(__file__).resolve().parents[2]
 

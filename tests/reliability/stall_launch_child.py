@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from lucid_core.runtime.executor import HostExecutor
+from lucid_core.runtime.hosts.executor import HostExecutor
 
 
 def stall_first_launch(go: Path) -> None:

@@ -16,15 +16,15 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from lucid_core.runtime.api import create_app
-from lucid_core.runtime.executor import HostAddress, LaunchSpec
-from lucid_core.runtime.host_inputs import check_run_id
-from lucid_core.runtime.host_reads import read_script
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.schema import JobEventRow, JobRow, RunRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, submit
+from lucid_core.runtime.hosts.executor import HostAddress, LaunchSpec
+from lucid_core.runtime.hosts.inputs import check_run_id
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.hosts.reads import read_script
+from lucid_core.runtime.store.schema import JobEventRow, JobRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.api import create_app
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENS = {"admin-token": "admin", "viewer-token": "viewer"}
@@ -112,7 +112,7 @@ sys.path.insert(0, {plugins!r})
 from fastapi.testclient import TestClient
 from airflow.api_fastapi.app import init_auth_manager
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.store.store import Store
 from lucid_airflow.web import create_lucid_app
 
 Store({url!r}).dispose()  # an empty, migrated store behind the pages
@@ -201,7 +201,7 @@ def test_plugin_file_routes_stay_inside_the_reports_directory(tmp_path):
 
 
 def test_log_reads_refuse_names_and_ids_that_leave_the_run_directory():
-    from lucid_core.runtime.queries import logs
+    from lucid_core.runtime.surfaces.queries import logs
 
     for name in ["../stdout.log", "/etc/passwd", "stdout.log/../../x", "pid", ""]:
         with pytest.raises(ValueError):
@@ -218,7 +218,7 @@ def _finished_job_with(tmp_path: Path, body: str) -> tuple[Store, str]:
     purpose: its working directory is elsewhere), then ends."""
     from runtime_helpers import SETTINGS, fast_config
 
-    from lucid_core.runtime.round import SchedulingRound
+    from lucid_core.runtime.round.scheduling_round import SchedulingRound
 
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
@@ -238,7 +238,7 @@ def _finished_job_with(tmp_path: Path, body: str) -> tuple[Store, str]:
 
 def test_a_job_cannot_make_its_log_download_read_outside_its_run_directory(tmp_path):
     """The job swaps its stdout.log for a symlink to a host file; `lucid logs` must not follow it."""
-    from lucid_core.runtime.queries import logs
+    from lucid_core.runtime.surfaces.queries import logs
 
     secret = tmp_path / "outside" / "stdout.log"
     secret.parent.mkdir()

@@ -13,13 +13,13 @@ from runtime_helpers import SETTINGS, fast_config, jobs_by_id
 from sqlalchemy import delete, select, update
 from test_lease_fencing import HERE, _env
 
-from lucid_core.runtime import lease
-from lucid_core.runtime.inventory import InventoryError, drain_host, list_hosts, remove_host
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.schema import GpuRow, HostRow, JobRow, RunRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, submit
+from lucid_core.runtime.hosts.inventory import InventoryError, drain_host, list_hosts, remove_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store import lease
+from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 CONFIG = fast_config(**{"binder.sharing": "off"})
 

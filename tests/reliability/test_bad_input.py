@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from lucid_core.config import ConfigError, LucidConfig, describe_knobs, load_config
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.schema import JobEventRow, JobRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, SubmissionError, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.store.schema import JobEventRow, JobRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, submit
 from lucid_core.sim.traces import TraceFormatError, read_trace
 
 FIXTURE_SETTINGS = settings(max_examples=40, deadline=None,
@@ -103,7 +103,7 @@ def test_python_submission_names_every_bad_field_and_writes_nothing(shared_store
 def test_http_submission_names_every_bad_field_and_writes_nothing(shared_store, choice):
     from fastapi.testclient import TestClient
 
-    from lucid_core.runtime.api import create_app
+    from lucid_core.runtime.surfaces.api import create_app
 
     client = TestClient(create_app(shared_store.url, store=shared_store))
     body = {name: value for name, (value, _) in choice.items() if value is not None or name != "workload"}

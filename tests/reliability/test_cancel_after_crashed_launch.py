@@ -16,12 +16,12 @@ from fault_injection import add_local_hosts
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, runs_of
 from test_faults_round import CHILD
 
-from lucid_core.runtime.inventory import host_address
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.schema import HostRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.hosts.inventory import host_address
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store.schema import HostRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -19,12 +19,12 @@ from lucid_invariants import TERMINAL, check_invariants, ledger_command
 from runtime_helpers import fast_config, jobs_by_id
 from sqlalchemy import select
 
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import RoundSettings, SchedulingRound
-from lucid_core.runtime.schema import JobEventRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+from lucid_core.runtime.store.schema import JobEventRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 SETTINGS = RoundSettings(stop_grace_s=1.0, telemetry_interval_s=0.2, launch_grace_s=3, lease_ttl_s=5,
                          holder="reliability")
@@ -160,7 +160,7 @@ def test_a_job_refused_by_a_full_host_runs_on_a_healthy_one(tmp_path, full_disk)
 
 def test_a_launch_on_a_full_disk_is_refused_with_the_reason_and_runs_nothing(tmp_path, full_disk):
     """Run files that cannot be written must not be run (a cut-short command.sh would run a prefix)."""
-    from lucid_core.runtime.executor import HostAddress, HostCommandFailed, LaunchSpec
+    from lucid_core.runtime.hosts.executor import HostAddress, HostCommandFailed, LaunchSpec
 
     (full_disk / "filler").write_bytes(b"x" * (256 * 1024))  # ENOSPC comes before the file is whole
     host = HostAddress("full", executor="local", workdir=str(full_disk / "runs"))
@@ -176,7 +176,7 @@ def test_a_launch_on_a_full_disk_is_refused_with_the_reason_and_runs_nothing(tmp
 
 def test_a_job_that_succeeds_while_the_log_disk_fills_up_still_completes(tmp_path, full_disk):
     """The disk fills after launch (another tenant's logs): the job's exit code must still be recorded."""
-    from lucid_core.runtime.executor import HostAddress, LaunchSpec
+    from lucid_core.runtime.hosts.executor import HostAddress, LaunchSpec
 
     host = HostAddress("full", executor="local", workdir=str(full_disk / "runs"))
     executor = local_executor()
@@ -202,7 +202,7 @@ def test_a_stop_on_a_full_disk_is_still_known_as_a_stop(tmp_path, full_disk):
     """A profiling window ending (or a preemption) on a host whose disk is full is a stop, not the job
     failing with 143. The stop's marks are files whose presence is the mark: creating one needs an inode,
     not a block, so they survive a full disk (empty)."""
-    from lucid_core.runtime.executor import HostAddress, LaunchSpec
+    from lucid_core.runtime.hosts.executor import HostAddress, LaunchSpec
 
     host = HostAddress("full", executor="local", workdir=str(full_disk / "runs"))
     executor = local_executor()

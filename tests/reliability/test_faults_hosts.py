@@ -18,11 +18,11 @@ from lucid_invariants import TERMINAL, check_invariants, ledger_command
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, pid_alive, register, runs_of
 from sqlalchemy import select
 
-from lucid_core.runtime.host_loss import LOST_RUN_STATE
-from lucid_core.runtime.round import RoundSettings
-from lucid_core.runtime.schema import JobEventRow, RunRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.hosts.loss import LOST_RUN_STATE
+from lucid_core.runtime.round.scheduling_round import RoundSettings
+from lucid_core.runtime.store.schema import JobEventRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 pytestmark = pytest.mark.ssh
 
@@ -212,7 +212,7 @@ def test_a_partitioned_host_that_returns_has_its_lost_run_stopped(live):
 def test_an_idle_unreachable_host_stays_unreachable_until_it_answers(live):
     store, cluster, _ = live
     cluster.hosts["main1"].stop()
-    from lucid_core.runtime.schema import HostRow
+    from lucid_core.runtime.store.schema import HostRow
 
     with store.session() as s:  # main1 failed to answer earlier and has nothing running now
         s.get(HostRow, "main1").reachable = False

@@ -18,10 +18,10 @@ from fault_injection import RestartingRound, add_local_hosts
 from lucid_invariants import TERMINAL, check_invariants, ledger_command
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id
 
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, submit
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 CHILD = Path(__file__).with_name("round_child.py")
 KILL_STEPS = ["after_repair", "after_reconcile", "during_decide", "during_record", "after_record",

@@ -17,11 +17,11 @@ from lucid_invariants import check_invariants, ledger_command
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, pid_alive, register, rounds_until, runs_of
 from sqlalchemy import select
 
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.schema import JobEventRow
-from lucid_core.runtime.ssh_executor import ssh_executor
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, submit
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store.schema import JobEventRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 pytestmark = pytest.mark.ssh
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from lucid_invariants import check_invariants
 
-from lucid_core.runtime.schema import JobEventRow, JobRow, RunRow
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.store.schema import JobEventRow, JobRow, RunRow
+from lucid_core.runtime.store.store import Store
 
 
 @pytest.fixture

@@ -20,15 +20,15 @@ from lucid_invariants import TERMINAL, check_invariants
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, marked_processes, runs_of
 from sqlalchemy import select
 
-from lucid_core.runtime.executor import HostAddress, HostExecutor, LaunchConflict, LaunchSpec, ScriptResult
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.local_executor import LocalTransport, local_executor
-from lucid_core.runtime.round import RoundReport, SchedulingRound
-from lucid_core.runtime.run_records import RUN_MARKER
-from lucid_core.runtime.schema import HostRow, JobEventRow, JobRow, RunRow
-from lucid_core.runtime.ssh_executor import ssh_executor
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor, LaunchConflict, LaunchSpec, ScriptResult
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import LocalTransport, local_executor
+from lucid_core.runtime.hosts.run_records import RUN_MARKER
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor
+from lucid_core.runtime.round.scheduling_round import RoundReport, SchedulingRound
+from lucid_core.runtime.store.schema import HostRow, JobEventRow, JobRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 # no profiling pool, no sharing: every run holds its GPUs alone, so any overlap on a GPU is a double booking
 CONFIG = {"profiler.enabled": False, "binder.sharing": "off"}

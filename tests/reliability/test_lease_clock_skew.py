@@ -19,7 +19,7 @@ import pytest
 from fault_injection import add_local_hosts
 from test_lease_fencing import HERE, REPO, _env
 
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.store.store import Store
 
 SKEWED_ROUND = ("import sys, time; real = time.time; time.time = lambda: real() + 45.0; "
                 "from lucid_core.cli import main; sys.exit(main(sys.argv[1:]))")

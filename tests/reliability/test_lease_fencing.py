@@ -25,11 +25,11 @@ from runtime_helpers import jobs_by_id
 from sqlalchemy import select
 
 from lucid_core.config import load_config
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import RoundSettings, SchedulingRound
-from lucid_core.runtime.schema import RoundRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, submit
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+from lucid_core.runtime.store.schema import RoundRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

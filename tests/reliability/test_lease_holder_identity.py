@@ -15,7 +15,7 @@ import pytest
 from fault_injection import add_local_hosts
 from test_lease_fencing import HERE, _env
 
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.store.store import Store
 
 
 def _as_pid_one(argv: list[str]) -> list[str]:

@@ -22,12 +22,12 @@ from sqlalchemy import select
 from test_lease_fencing import HERE, _env, ledger_job
 
 from lucid_core.config import load_config
-from lucid_core.runtime.inventory import HostSpec, add_host, host_address
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import RoundSettings, SchedulingRound
-from lucid_core.runtime.schema import HostRow, RunRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host, host_address
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+from lucid_core.runtime.store.schema import HostRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

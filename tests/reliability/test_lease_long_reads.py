@@ -16,18 +16,18 @@ from fault_injection import add_local_hosts
 from test_lease_fencing import REPO
 
 from lucid_core.config import load_config
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import RoundSettings, SchedulingRound
-from lucid_core.runtime.schema import JobRow, RunRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, submit
-from lucid_core.runtime.view_builder import load_snapshot
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
+from lucid_core.runtime.round.snapshot import load_snapshot
+from lucid_core.runtime.store.schema import JobRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 RIVAL = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from lucid_core.runtime import lease
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store import lease
+    from lucid_core.runtime.store.store import Store
     store, stop = Store(sys.argv[1], migrate=False), Path(sys.argv[2])
     print("READY", flush=True)
     while not stop.exists():

@@ -17,13 +17,13 @@ from lucid_invariants import TERMINAL
 from runtime_helpers import fast_config, jobs_by_id, one_round, register, runs_of
 from sqlalchemy import func, select
 
-from lucid_core.runtime.executor import HostAddress, HostKeyRejected, LaunchSpec
-from lucid_core.runtime.host_launch import launch_script
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.schema import HostRow, JobRow
-from lucid_core.runtime.ssh_executor import SshTransport
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, SubmissionError, submit
+from lucid_core.runtime.hosts.executor import HostAddress, HostKeyRejected, LaunchSpec
+from lucid_core.runtime.hosts.launch import launch_script
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.hosts.ssh_executor import SshTransport
+from lucid_core.runtime.store.schema import HostRow, JobRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, submit
 
 REPO = Path(__file__).resolve().parents[2]
 NASTY = ["$(touch {c})", "`touch {c}`", "'; touch {c}; '", '"; touch {c}; "', "x\ntouch {c}\n",
@@ -73,7 +73,7 @@ def test_metacharacters_in_name_user_env_and_argv_never_run_on_a_real_sshd_host(
 
 def test_env_names_with_metacharacters_are_refused_before_anything_is_written(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
-    from lucid_core.runtime.inventory import HostSpec, add_host
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
 
     add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1, workdir=str(tmp_path / "m0")))
     for key in ["A;touch x", "$(id)", "A B", "A=B", "1A", "A-B", "", "A\nB", "LUCID_JOB_ID", "CUDA_VISIBLE_DEVICES"]:
@@ -187,8 +187,8 @@ def test_no_secret_in_logs_decisions_errors_api_pages_or_cli(throwaway_pg, fresh
     from fault_injection import RestartingRound, add_local_hosts
     from sqlalchemy.engine import make_url
 
-    from lucid_core.runtime.inventory import HostSpec, add_host
-    from lucid_core.runtime.ssh_executor import ssh_executor
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.hosts.ssh_executor import ssh_executor
 
     caplog.set_level(logging.DEBUG)
     store = fresh_pg_store
@@ -199,15 +199,15 @@ def test_no_secret_in_logs_decisions_errors_api_pages_or_cli(throwaway_pg, fresh
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     add_host(store, HostSpec("gone", address="127.0.0.1", port=1, user="lucid", key_path=str(key), vc="vc-b",
                              gpus=1))  # an SSH host with a key that never answers
-    from lucid_core.runtime.inventory import drain_host
+    from lucid_core.runtime.hosts.inventory import drain_host
 
     drain_host(store, "gone")  # no work for it: its key only has to stay out of every page and error
     known = tmp_path / "known_hosts"
     known.write_text("")
     jobs = [submit(store, JobRequest(body, 1, "u", "vc-a", env={"API_TOKEN": SECRET_ENV}))
             for body in ("sleep 0.2", "sleep 2.3", "exit 7")]
-    from lucid_core.runtime.executor import HostUnreachable
-    from lucid_core.runtime.inventory import host_address
+    from lucid_core.runtime.hosts.executor import HostUnreachable
+    from lucid_core.runtime.hosts.inventory import host_address
 
     with store.session() as s:
         gone = host_address(s.get(HostRow, "gone"))
@@ -241,7 +241,7 @@ def test_no_secret_in_logs_decisions_errors_api_pages_or_cli(throwaway_pg, fresh
     # the HTTP API and the web pages
     from fastapi.testclient import TestClient
 
-    from lucid_core.runtime.api import create_app
+    from lucid_core.runtime.surfaces.api import create_app
 
     api = TestClient(create_app(store.url, store=store))
     for path in ["/queue", "/hosts", *[f"/jobs/{j}" for j in jobs], *[f"/jobs/{j}/explain" for j in jobs]]:

@@ -9,11 +9,11 @@ from pathlib import Path
 from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.round import RoundReport, RoundSettings, SchedulingRound
-from lucid_core.runtime.schema import JobRow, RunRow
-from lucid_core.runtime.ssh_executor import ssh_executor
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor
+from lucid_core.runtime.round.scheduling_round import RoundReport, RoundSettings, SchedulingRound
+from lucid_core.runtime.store.schema import JobRow, RunRow
+from lucid_core.runtime.store.store import Store
 
 FAST = {"profiler.tprof_s": 1, "profiler.in_place": False, "binder.sharing": "on",
         "forecast.mode_check_interval_s": 1}

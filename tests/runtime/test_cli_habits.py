@@ -8,9 +8,9 @@ import time
 import pytest
 
 from lucid_core.cli import main
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:

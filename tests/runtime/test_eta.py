@@ -15,7 +15,7 @@ from lucid_core.config import LucidConfig
 from lucid_core.domain import GpuRef, Job, Pool, Profile
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.view import ClusterView
-from lucid_core.runtime.eta import estimate_in_view
+from lucid_core.runtime.surfaces.eta import estimate_in_view
 
 NOW = 1000.0
 # 1 main node and 1 profiling node of 2 GPUs; 300 s windows; sharing always on

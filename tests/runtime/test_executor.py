@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from lucid_core.runtime.executor import HostAddress, LaunchSpec
-from lucid_core.runtime.host_inputs import check_run_id
-from lucid_core.runtime.host_launch import launch_script
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.ssh_executor import SshTransport, ssh_executor
-from lucid_core.runtime.telemetry import RECORD_BYTES_BOUND, parse_samples
+from lucid_core.runtime.hosts.executor import HostAddress, LaunchSpec
+from lucid_core.runtime.hosts.inputs import check_run_id
+from lucid_core.runtime.hosts.launch import launch_script
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.hosts.ssh_executor import SshTransport, ssh_executor
+from lucid_core.runtime.hosts.telemetry import RECORD_BYTES_BOUND, parse_samples
 
 NASTY = "it's \"quoted\" $HOME `date` \\ ; rm -rf /nonexistent"
 
@@ -79,8 +79,8 @@ def test_ssh_connection_is_reused_within_a_round_and_output_is_verbatim(sshd_hos
 
 
 def test_gpus_are_discovered_with_nvidia_smi_over_the_executor(tmp_path, monkeypatch):
-    from lucid_core.runtime.inventory import HostSpec, add_host, list_hosts
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host, list_hosts
+    from lucid_core.runtime.store.store import Store
 
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
@@ -93,7 +93,7 @@ def test_gpus_are_discovered_with_nvidia_smi_over_the_executor(tmp_path, monkeyp
         (0, "NVIDIA H200", 143771.0, "GPU-aaa"), (1, "NVIDIA H200", 143771.0, "GPU-bbb")]
     assert list_hosts(store)[0]["gpus"] == 2
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    from lucid_core.runtime.inventory import InventoryError
+    from lucid_core.runtime.hosts.inventory import InventoryError
 
     with pytest.raises(InventoryError, match="no NVIDIA GPU"):
         add_host(store, HostSpec("cpu0", executor="local"), local_executor())

@@ -15,13 +15,13 @@ from loopback_fleet import DelayedLink, SilentPort, SshdFleet, sshd_available
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id
 from sqlalchemy import select
 
-from lucid_core.runtime.host_calls import GRACE_S, CallResult, HostCall, HostCallPool
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.schema import HostRow, RunRow
-from lucid_core.runtime.ssh_executor import ssh_executor
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.hosts.calls import GRACE_S, CallResult, HostCall, HostCallPool
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store.schema import HostRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 pytestmark = pytest.mark.ssh
 DEADLINE_S = 6.0
@@ -134,8 +134,7 @@ def test_round_every_keeps_each_host_connection_across_rounds(sshd_hosts, tmp_pa
     from runtime_helpers import register
 
     from lucid_core.cli import main as lucid
-    from lucid_core.runtime import ssh_executor as ssh_module
-
+    from lucid_core.runtime.hosts import ssh_executor as ssh_module
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     register(store, sshd_hosts, tmp_path / "hosts")
     job = submit(store, JobRequest("sleep 20", 1, "u", "vc-a", name="long"))

@@ -11,11 +11,11 @@ import pytest
 import sqlalchemy as sa
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, runs_of
 
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, SubmissionError, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, submit
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -97,8 +97,8 @@ def test_idempotency_keys_are_scoped_by_user_as_a_pair_not_a_joined_string(tmp_p
 def test_the_migration_moves_stored_keys_to_the_pair(tmp_path):
     from alembic import command
 
-    from lucid_core.runtime.schema import JobRow
-    from lucid_core.runtime.store import _alembic_config
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import _alembic_config
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     old = Store(url, migrate=False)

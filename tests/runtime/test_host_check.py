@@ -9,12 +9,12 @@ import sys
 import pytest
 from runtime_helpers import register
 
-from lucid_core.runtime.host_check import check_host
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.schema import HostRow
-from lucid_core.runtime.ssh_executor import ssh_executor
-from lucid_core.runtime.store import Store
+from lucid_core.runtime.hosts.check import check_host
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor
+from lucid_core.runtime.store.schema import HostRow
+from lucid_core.runtime.store.store import Store
 
 
 def _items(report) -> dict[str, bool]:

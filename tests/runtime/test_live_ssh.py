@@ -17,10 +17,10 @@ from runtime_helpers import (
 from sqlalchemy import select, update
 
 from lucid_core.domain import JobState
-from lucid_core.runtime.round import InjectedCrash, RoundSettings
-from lucid_core.runtime.schema import DecisionRow, JobEventRow, LeaseRow, ProfileSampleRow, RunRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.round.scheduling_round import InjectedCrash, RoundSettings
+from lucid_core.runtime.store.schema import DecisionRow, JobEventRow, LeaseRow, ProfileSampleRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 pytestmark = pytest.mark.ssh
 
@@ -97,7 +97,7 @@ def test_two_tiny_jobs_share_one_gpu(sshd_hosts, tmp_path):
         main_b = next(r for r in runs_of(store, b) if r.kind == "main")
         assert (main_a.host, main_a.gpu_indices) == (main_b.host, main_b.gpu_indices) == ("main0", [0])
         assert {main_a.partner, main_b.partner} == {a, b}
-        from lucid_core.runtime.explain import explain
+        from lucid_core.runtime.surfaces.explain import explain
 
         for me, other in ((a, b), (b, a)):
             info = explain(store, me, fast_config(), time.time())
@@ -206,7 +206,7 @@ def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
     assert "prof0" in report.unreachable
     with store.session() as s:
         run = s.scalars(select(RunRow).where(RunRow.job_id == job)).one()
-        from lucid_core.runtime.schema import HostRow
+        from lucid_core.runtime.store.schema import HostRow
 
         host = s.get(HostRow, "prof0")
     assert run.state == "planned" and not host.reachable and "known_hosts" in (host.last_error or "")
@@ -215,7 +215,7 @@ def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
 
 
 def test_an_idle_unreachable_host_is_probed_and_stays_out_until_it_answers(live):
-    from lucid_core.runtime.schema import HostRow
+    from lucid_core.runtime.store.schema import HostRow
 
     store, cluster, _ = live
     host = cluster.hosts["main1"]

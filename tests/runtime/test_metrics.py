@@ -11,12 +11,12 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id
 
-from lucid_core.runtime.api import create_app
-from lucid_core.runtime.inventory import HostSpec, add_host, drain_host
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.prometheus import render
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host, drain_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.surfaces.api import create_app
+from lucid_core.runtime.surfaces.prometheus import render
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,10 @@ import joblib
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job
 from lucid_core.policy.predictors import HistoryDurationPredictor
-from lucid_core.runtime.schema import ModelVersionRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.view_builder import default_policy, load_snapshot
+from lucid_core.runtime.round.live_models import default_policy
+from lucid_core.runtime.round.snapshot import load_snapshot
+from lucid_core.runtime.store.schema import ModelVersionRow
+from lucid_core.runtime.store.store import Store
 
 
 class Wrapped:
@@ -46,7 +47,7 @@ def test_a_promoted_model_learns_what_ended_after_it_and_a_lost_one_falls_back_t
     """A round with a promoted duration model reads in full only the jobs that ended after the promotion
     (what the model must still learn); the history is read only when the fallback needs it, here because
     the promoted artifact is gone."""
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store.schema import JobRow
 
     store = Store(f"sqlite:///{tmp_path / 's.db'}")
     promoted = time.time() - 1000
@@ -79,7 +80,7 @@ def test_a_finished_job_whose_stored_times_or_width_went_bad_is_left_out_of_the_
     it) or in its GPU count leaves that job out of what the models learn, and the round goes on."""
     from sqlalchemy import text
 
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store.schema import JobRow
 
     store = Store(f"sqlite:///{tmp_path / 's.db'}")
     now = time.time()
@@ -112,7 +113,7 @@ def test_explain_decomposes_a_ga2m_duration_into_term_contributions():
 
     from lucid_core.models.duration import DurationModel
     from lucid_core.models.synthetic import synthetic_job_log
-    from lucid_core.runtime.explain import _duration_terms
+    from lucid_core.runtime.round.prediction_words import duration_terms as _duration_terms
 
     log = synthetic_job_log(1500, n_users=10, days=5, seed=1)
     model = DurationModel(interactions=2, outer_bags=1, max_rounds=100, n_jobs=1).fit(log)

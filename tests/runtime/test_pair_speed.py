@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from lucid_core.runtime import telemetry_agent
-from lucid_core.runtime.pair_speed import PairSpeedSettings, observe_pair_speeds, running_pairs
-from lucid_core.runtime.schema import JobRow, ProfileRow, RunRow
-from lucid_core.runtime.telemetry import estimate_shared_speed, first_window, parse_samples
-from lucid_core.runtime.telemetry_agent import EmulatedBackend, EmulatedDeviceTable, contention_speed
-from lucid_core.runtime.view_builder import Snapshot
+from lucid_core.runtime.hosts import telemetry_agent
+from lucid_core.runtime.hosts.telemetry import estimate_shared_speed, first_window, parse_samples
+from lucid_core.runtime.hosts.telemetry_agent import EmulatedBackend, EmulatedDeviceTable, contention_speed
+from lucid_core.runtime.round.pair_speed import PairSpeedSettings, observe_pair_speeds, running_pairs
+from lucid_core.runtime.round.snapshot import Snapshot
+from lucid_core.runtime.store.schema import JobRow, ProfileRow, RunRow
 
 
 def shared(t: float, sm: float | None, others: int = 1, emulated: bool = True) -> dict:

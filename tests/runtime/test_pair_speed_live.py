@@ -18,11 +18,11 @@ import pytest
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, pid_alive, register, rounds_until, runs_of
 from sqlalchemy import select
 
-from lucid_core.runtime.explain import explain
-from lucid_core.runtime.schema import DecisionRow, JobEventRow, JobRow, RunRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, cancel, submit
-from lucid_core.runtime.telemetry import parse_samples
+from lucid_core.runtime.hosts.telemetry import parse_samples
+from lucid_core.runtime.store.schema import DecisionRow, JobEventRow, JobRow, RunRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.explain import explain
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 pytestmark = pytest.mark.ssh
 
@@ -195,11 +195,11 @@ def test_a_measured_pair_speed_is_stored_shown_and_slows_the_eta(live_pair):
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
-    from lucid_core.runtime.api import create_app
-    from lucid_core.runtime.eta import estimate
-    from lucid_core.runtime.explain import shared_speed_line
-    from lucid_core.runtime.prometheus import render
-    from lucid_core.runtime.queries import status
+    from lucid_core.runtime.surfaces.api import create_app
+    from lucid_core.runtime.surfaces.eta import estimate
+    from lucid_core.runtime.surfaces.explain import shared_speed_line
+    from lucid_core.runtime.surfaces.prometheus import render
+    from lucid_core.runtime.surfaces.queries import status
 
     store, cluster, submit_gated, kwargs = live_pair
     config = fast_config(**{"binder.unstable_speed": 0.3})  # 0.62 is slow, but not slow enough to split

@@ -7,7 +7,7 @@ from lucid_core.config import LucidConfig
 from lucid_core.domain import Job, Pool, Profile, ShareClass
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.view import ClusterView
-from lucid_core.runtime.pending import describe_pending, pending_reasons
+from lucid_core.runtime.round.pending import describe_pending, pending_reasons
 
 
 def _queued(view: ClusterView, job_id: str, predicted: float, gpus: int = 8) -> Job:
@@ -75,9 +75,9 @@ def test_the_queue_listing_reads_text_stored_in_number_columns_without_failing(t
 
     from sqlalchemy import text
 
-    from lucid_core.runtime import queries
-    from lucid_core.runtime.schema import JobRow
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces import queries
 
     store = Store(f"sqlite:///{tmp_path}/q.db")
     now = time.time()

@@ -11,14 +11,14 @@ from fastapi import HTTPException, Request
 from fastapi.testclient import TestClient
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id
 
-from lucid_core.runtime.api import create_app
-from lucid_core.runtime.eta import estimate
-from lucid_core.runtime.explain import explain
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.queries import queue
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.submission import JobRequest, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.surfaces.api import create_app
+from lucid_core.runtime.surfaces.eta import estimate
+from lucid_core.runtime.surfaces.explain import explain
+from lucid_core.runtime.surfaces.queries import queue
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 
 def _local_cluster(store, root, main_gpus=1):
@@ -62,7 +62,7 @@ def test_round_profiles_places_and_explains_on_each_backend(store, tmp_path):
     running_a = estimate(store, a, fast_config(), time.time())
     assert running_a.end is not None and eta.start is not None
     assert eta.start == pytest.approx(running_a.end, abs=1.0)  # b starts when a is predicted to end
-    from lucid_core.runtime.submission import cancel
+    from lucid_core.runtime.surfaces.submission import cancel
 
     cancel(store, a)
     cancel(store, b)
@@ -70,8 +70,7 @@ def test_round_profiles_places_and_explains_on_each_backend(store, tmp_path):
 
 
 def test_two_rounds_never_decide_at_once(store, tmp_path):
-    from lucid_core.runtime import lease
-
+    from lucid_core.runtime.store import lease
     _local_cluster(store, tmp_path)
     assert lease.acquire(store, "someone-else", ttl_s=30, now=time.time())
     report = _round(store)
@@ -80,7 +79,7 @@ def test_two_rounds_never_decide_at_once(store, tmp_path):
 
 @pytest.fixture
 def api_store(tmp_path):
-    from lucid_core.runtime.store import Store
+    from lucid_core.runtime.store.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'api.db'}")
     _local_cluster(store, tmp_path, main_gpus=2)
@@ -117,7 +116,7 @@ def test_http_api_submit_queue_job_cancel_and_auth(api_store):
 def test_cli_submit_round_status_and_logs(tmp_path, capsys, monkeypatch):
     import argparse
 
-    from lucid_core.runtime.cli import add_parser
+    from lucid_core.runtime.surfaces.cli.commands import add_parser
 
     parser = argparse.ArgumentParser(prog="lucid")
     add_parser(parser.add_subparsers(dest="cmd", required=True))
@@ -176,7 +175,7 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
         time.sleep(0.25)
     jobs = jobs_by_id(store)
     assert jobs[pinned].state == "RUNNING" and jobs[blocked].state == "QUEUED"  # not preemptible: never stopped
-    from lucid_core.runtime.submission import cancel
+    from lucid_core.runtime.surfaces.submission import cancel
 
     cancel(store, pinned)
     _until(store, lambda j: j[pinned].state == "CANCELLED" and j[blocked].state == "COMPLETED",
@@ -195,7 +194,7 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
     assert runs[1].state == "running" and taker.started_at >= runs[0].ended_at  # it ran once the GPU was free
     from sqlalchemy import select
 
-    from lucid_core.runtime.schema import DecisionRow
+    from lucid_core.runtime.store.schema import DecisionRow
     with store.session() as s:
         placed = s.scalars(select(DecisionRow.reason).where(DecisionRow.job_id == short,
                                                             DecisionRow.kind == "Place")).all()
@@ -211,7 +210,7 @@ def test_queued_jobs_keep_their_class_and_prediction_until_the_models_change(sto
     from sqlalchemy import update
 
     from lucid_core.policy.lucid import LucidPolicy
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store.schema import JobRow
 
     add_host(store, HostSpec("m0", executor="local", vc="vc-b", telemetry="emulated", gpus=1,
                              workdir=str(tmp_path / "m0")))  # another VC's host: vc-a's jobs stay queued
@@ -255,7 +254,7 @@ def test_queued_jobs_keep_their_class_and_prediction_until_the_models_change(sto
 def test_the_history_fallback_predicts_queued_jobs_again_as_its_history_doubles(store, tmp_path):
     """Without a promoted model the round's fallback learns from the store's finished jobs. A queued job is
     predicted again when that history has doubled since (1, 2, 4, ... jobs), not on every job that ends."""
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store.schema import JobRow
 
     add_host(store, HostSpec("m0", executor="local", vc="vc-b", telemetry="emulated", gpus=1,
                              workdir=str(tmp_path / "m0")))  # another VC's host: vc-a's job stays queued
@@ -298,7 +297,7 @@ def test_a_stored_row_gone_bad_costs_that_job_alone(store, tmp_path):
     from sqlalchemy import text
 
     from lucid_core.policy.lucid import LucidPolicy
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store.schema import JobRow
 
     add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
                              workdir=str(tmp_path / "m0")))

@@ -10,12 +10,12 @@ from dataclasses import replace
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, runs_of
 from sqlalchemy import select
 
-from lucid_core.runtime.inventory import HostSpec, add_host, drain_host
-from lucid_core.runtime.local_executor import local_executor
-from lucid_core.runtime.round import SchedulingRound
-from lucid_core.runtime.schema import JobEventRow
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, cancel, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host, drain_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store.schema import JobEventRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -89,7 +89,7 @@ def test_a_job_whose_launch_is_refused_fails_after_bounded_tries(tmp_path):
 
 
 def test_a_host_that_refuses_a_launch_cools_down_and_the_job_runs_elsewhere(tmp_path):
-    from lucid_core.runtime.schema import HostRow
+    from lucid_core.runtime.store.schema import HostRow
 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the work directory should be")
@@ -147,7 +147,7 @@ def test_every_job_ends_in_exactly_one_terminal_state_under_churn(tmp_path):
 
 
 def test_a_job_marked_running_without_any_run_is_queued_again_not_stranded(tmp_path):
-    from lucid_core.runtime.schema import JobRow
+    from lucid_core.runtime.store.schema import JobRow
 
     store = _store(tmp_path, [("m0", "main", 1)])
     job = submit(store, JobRequest("true", 1, "u", "vc-a"))

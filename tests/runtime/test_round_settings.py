@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lucid_core.config import ConfigError, LucidConfig, load_config
-from lucid_core.runtime.round import RoundSettings
+from lucid_core.runtime.round.scheduling_round import RoundSettings
 
 
 def test_round_settings_follow_the_runtime_section(tmp_path):
@@ -31,7 +31,7 @@ def test_lost_hosts_are_given_up_by_default_and_zero_waits_forever():
 def test_lease_ttl_and_step_timeouts_follow_the_host_call_deadline():
     """A round renews its lease before each fan-out of host calls: by default the lease outlasts the longest
     one (a call's deadline, the stop grace), and a round step's timeout covers its fan-outs."""
-    from lucid_core.runtime.round_deadlines import RoundDeadlines
+    from lucid_core.runtime.round.deadlines import RoundDeadlines
 
     slow_hosts = LucidConfig().with_overrides({"runtime.host_call_deadline_s": 90, "runtime.stop_grace_s": 10})
     settings = RoundSettings.from_config(slow_hosts)

@@ -23,14 +23,14 @@ from runtime_helpers import fast_config, jobs_by_id, marked_processes, runs_of
 from sqlalchemy import select
 
 from lucid_core.domain import JobState
-from lucid_core.runtime.inventory import HostSpec, add_host
-from lucid_core.runtime.queries import logs
-from lucid_core.runtime.round import RoundReport, RoundSettings, SchedulingRound
-from lucid_core.runtime.run_records import RUN_MARKER
-from lucid_core.runtime.schema import HostRow, JobEventRow
-from lucid_core.runtime.ssh_executor import ssh_executor
-from lucid_core.runtime.store import Store
-from lucid_core.runtime.submission import JobRequest, SubmissionError, cancel, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.run_records import RUN_MARKER
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor
+from lucid_core.runtime.round.scheduling_round import RoundReport, RoundSettings, SchedulingRound
+from lucid_core.runtime.store.schema import HostRow, JobEventRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.queries import logs
+from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, cancel, submit
 
 pytestmark = pytest.mark.ssh
 
@@ -346,8 +346,8 @@ def test_a_user_name_that_cannot_be_an_os_user_is_refused_at_submission(store, u
 
 @pytest.mark.parametrize("user", [None, "", "a;b", "$(id)", "-n", "root", "0"])
 def test_the_executor_refuses_a_bad_user_before_any_host_shell(tmp_path, user):
-    from lucid_core.runtime.executor import HostAddress, LaunchSpec, RunAsRefused
-    from lucid_core.runtime.local_executor import local_executor
+    from lucid_core.runtime.hosts.executor import HostAddress, LaunchSpec, RunAsRefused
+    from lucid_core.runtime.hosts.local_executor import local_executor
 
     host = HostAddress("sub0", executor="local", workdir=str(tmp_path / "runs"), run_as="submitter")
     with pytest.raises(RunAsRefused, match="host sub0 cannot run the job as user"):
@@ -379,7 +379,7 @@ def test_the_cli_adds_a_submitter_host_lists_it_and_refuses_a_bad_user_on_it(tmp
 def test_the_api_answers_422_naming_user_for_a_name_a_submitter_host_cannot_run(tmp_path):
     from fastapi.testclient import TestClient
 
-    from lucid_core.runtime.api import create_app
+    from lucid_core.runtime.surfaces.api import create_app
 
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     add_host(store, HostSpec("p0", executor="local", pool="profiling", gpus=1, run_as="submitter"))

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from lucid_core.runtime.executor import HostAddress, HostUnreachable
-from lucid_core.runtime.ssh_executor import SshTransport
+from lucid_core.runtime.hosts.executor import HostAddress, HostUnreachable
+from lucid_core.runtime.hosts.ssh_executor import SshTransport
 
 pytestmark = pytest.mark.ssh
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from runtime_helpers import marked_processes
 
-from lucid_core.runtime.executor import HostAddress, HostExecutor, LaunchSpec, RunStatus
-from lucid_core.runtime.run_records import RUN_MARKER
-from lucid_core.runtime.ssh_executor import ssh_executor
+from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor, LaunchSpec, RunStatus
+from lucid_core.runtime.hosts.run_records import RUN_MARKER
+from lucid_core.runtime.hosts.ssh_executor import ssh_executor
 
 pytestmark = pytest.mark.ssh
 
@@ -141,8 +141,8 @@ def test_a_job_that_ends_on_its_own_leaves_nothing_running(sshd_hosts, tmp_path)
     would otherwise keep its GPU memory after the scheduler gave the GPU to the next job."""
     from runtime_helpers import fast_config, jobs_by_id, one_round, register, runs_of
 
-    from lucid_core.runtime.store import Store
-    from lucid_core.runtime.submission import JobRequest, submit
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     register(store, sshd_hosts, tmp_path / "hosts", gpus={"main0": 1})

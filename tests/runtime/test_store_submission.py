@@ -6,10 +6,10 @@ import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
-from lucid_core.runtime import lease
-from lucid_core.runtime.inventory import HostSpec, InventoryError, add_host, drain_host, list_hosts, remove_host
-from lucid_core.runtime.store import MIGRATIONS_DIR, Store
-from lucid_core.runtime.submission import JobRequest, SubmissionError, UnknownJob, cancel, submit
+from lucid_core.runtime.hosts.inventory import HostSpec, InventoryError, add_host, drain_host, list_hosts, remove_host
+from lucid_core.runtime.store import lease
+from lucid_core.runtime.store.store import MIGRATIONS_DIR, Store
+from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, UnknownJob, cancel, submit
 
 HEAD = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()  # the newest packaged migration
 
@@ -55,7 +55,7 @@ def test_submission_validation_names_each_field(store):
     job = submit(store, JobRequest(["python", "-c", "print('a b')"], 8, "u", "vc-b"))
     assert job == "j000001"
     assert submit(store, JobRequest("x", 1, "u", "vc-a")) == "j000002"
-    from lucid_core.runtime.queries import status
+    from lucid_core.runtime.surfaces.queries import status
 
     assert status(store, job)["command"] == "python -c 'print('\"'\"'a b'\"'\"')'"
 
@@ -88,7 +88,7 @@ def test_every_take_of_the_lease_gets_a_higher_generation(store):
 
 
 def test_a_fenced_holder_writes_nothing_and_renewal_fails(store):
-    from lucid_core.runtime.schema import SchedulerStateRow
+    from lucid_core.runtime.store.schema import SchedulerStateRow
 
     old = lease.acquire(store, "a", ttl_s=2, now=100.0)
     stale = store.fenced(old, clock=lambda: 101.0)
@@ -139,7 +139,7 @@ def test_inventory_add_list_drain_remove(store):
 def test_upgrade_from_the_first_schema_keeps_the_data(tmp_path):
     from alembic import command
 
-    from lucid_core.runtime.store import _alembic_config
+    from lucid_core.runtime.store.store import _alembic_config
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     old = Store(url, migrate=False)
@@ -154,7 +154,7 @@ def test_upgrade_from_the_first_schema_keeps_the_data(tmp_path):
     hosts = list_hosts(new)
     assert [h["name"] for h in hosts] == ["h"]
     with new.session() as s:
-        from lucid_core.runtime.schema import HostRow
+        from lucid_core.runtime.store.schema import HostRow
 
         assert s.get(HostRow, "h").cooldown_until is None
         assert s.get(HostRow, "h").run_as == "account"  # hosts added before 0004 keep today's behaviour
@@ -186,7 +186,7 @@ def test_racing_holders_never_both_win_the_lease(store):
 
 
 def test_a_bare_postgresql_url_uses_the_installed_driver(pg_url):
-    from lucid_core.runtime.store import with_installed_driver
+    from lucid_core.runtime.store.store import with_installed_driver
 
     bare = "postgresql://" + pg_url.split("://", 1)[1]
     assert with_installed_driver(bare).startswith(("postgresql+psycopg2://", "postgresql+psycopg://"))

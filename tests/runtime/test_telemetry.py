@@ -9,9 +9,9 @@ import sys
 import types
 from pathlib import Path
 
-from lucid_core.runtime import telemetry_agent
-from lucid_core.runtime.telemetry import parse_samples, summarize
-from lucid_core.runtime.telemetry_agent import EmulatedBackend, NvmlBackend, sample_loop
+from lucid_core.runtime.hosts import telemetry_agent
+from lucid_core.runtime.hosts.telemetry import parse_samples, summarize
+from lucid_core.runtime.hosts.telemetry_agent import EmulatedBackend, NvmlBackend, sample_loop
 
 
 def test_emulated_samples_all_say_emulated_and_summarize_to_the_catalog_profile():

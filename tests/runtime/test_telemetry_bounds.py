@@ -16,16 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from lucid_core.runtime import telemetry_agent
-from lucid_core.runtime.pair_speed import TELEMETRY_TAIL_BYTES
-from lucid_core.runtime.telemetry import (
+from lucid_core.runtime.hosts import telemetry_agent
+from lucid_core.runtime.hosts.telemetry import (
     bounded_file_bytes,
     estimate_shared_speed,
     first_window,
     parse_samples,
     summarize,
 )
-from lucid_core.runtime.telemetry_agent import (
+from lucid_core.runtime.hosts.telemetry_agent import (
     KEPT_WATCH_BYTES,
     RECORD_BYTES_BOUND,
     EmulatedBackend,
@@ -33,6 +32,7 @@ from lucid_core.runtime.telemetry_agent import (
     TelemetryLog,
     sample_loop,
 )
+from lucid_core.runtime.round.pair_speed import TELEMETRY_TAIL_BYTES
 
 WINDOW_S = 205.0  # the profile's window as the round reads it (tprof + margin)
 KEPT_S = WINDOW_S + 1.0  # what the round tells the agent: one sample over

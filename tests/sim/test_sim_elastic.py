@@ -10,18 +10,11 @@ import numpy as np
 import pytest
 
 from lucid_core.cli import main
+from lucid_core.policy.elastic_view import ElasticCluster, ElasticJob, ElasticJobSpec, compact_placement, pack
 from lucid_core.policy.pollux import PolluxPolicy, _min_cost_counts, candidate_layouts
-from lucid_core.sim.elastic import (
-    ElasticCluster,
-    ElasticJob,
-    FixedGangPolicy,
-    compact_placement,
-    fixed_run_seconds,
-    pack,
-    simulate_elastic,
-)
+from lucid_core.sim.elastic import FixedGangPolicy, fixed_run_seconds, simulate_elastic
 from lucid_core.sim.elastic_apps import load_application
-from lucid_core.sim.pollux_trace import ElasticJobSpec, read_pollux_trace
+from lucid_core.sim.pollux_trace import read_pollux_trace
 from lucid_core.sim.traces import TraceFormatError
 
 REPO = Path(__file__).resolve().parents[2]

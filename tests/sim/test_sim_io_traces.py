@@ -169,7 +169,7 @@ def test_whole_philly_file_reads_fast_and_matches_its_published_shape():
 def test_check_trace_command_reports_bad_rows(tmp_path, capsys):
     import argparse
 
-    from lucid_core.sim.traces import add_parser
+    from lucid_core.sim.check_trace import add_parser
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))

@@ -18,7 +18,7 @@ from lucid_core.config import LucidConfig
 from lucid_core.domain import Job
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.view import ClusterView
-from lucid_core.runtime.eta import estimate_in_view
+from lucid_core.runtime.surfaces.eta import estimate_in_view
 from lucid_core.sim.engine import default_speeds, simulate
 from lucid_core.sim.records import TraceRecord, Workload
 from lucid_core.sim.start import StartState, Until

@@ -1,0 +1,159 @@
+"""Hosts and their GPUs: add (declared or discovered over the executor), list, drain, remove."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from lucid_core.domain import ACTIVE_RUN_STATES, Pool, RunState
+from lucid_core.runtime.hosts.executor import GpuInfo, HostAddress, HostExecutor
+from lucid_core.runtime.hosts.inputs import os_user_problem
+from lucid_core.runtime.store.lease import admin_lease
+from lucid_core.runtime.store.schema import GpuRow, HostRow, RunRow
+from lucid_core.runtime.store.store import Store
+
+ADMIN_WAIT_S = 60.0  # how long an inventory change waits for a running round to give the lease back
+RUN_AS_MODES = ("account", "submitter")  # whom a host runs jobs as: its SSH account, or each job's user
+
+
+class InventoryError(ValueError):
+    """A host operation was refused (unknown host, duplicate name, busy host, bad field)."""
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    address: str = "127.0.0.1"
+    port: int = 22
+    user: str = ""
+    key_path: str | None = None
+    vc: str = "default"
+    pool: str = "main"
+    executor: str = "ssh"
+    telemetry: str = "nvml"
+    workdir: str = "~/.lucid-runs"
+    python: str = "python3"
+    gpus: int | None = None  # declared count; None: discover over the executor
+    gpu_memory_mb: float = 24576.0
+    run_as: str = "account"  # submitter: each job runs as the OS user named by the job's `user` (sudo -n -u)
+
+
+def host_address(row: HostRow) -> HostAddress:
+    return HostAddress(row.name, row.address, row.port, row.user, row.key_path, row.workdir, row.python,
+                       row.executor, row.run_as or "account")
+
+
+def _check(spec: HostSpec) -> None:
+    problems = []
+    if not spec.name or len(spec.name) > 128 or any(c.isspace() for c in spec.name):
+        problems.append("name: must be 1-128 characters without spaces")
+    if spec.pool not in {p.value for p in Pool}:
+        problems.append(f"pool: {spec.pool!r} is not main or profiling")
+    if spec.executor not in {"ssh", "local"}:
+        problems.append(f"executor: {spec.executor!r} is not ssh or local")
+    if spec.telemetry not in {"nvml", "emulated"}:
+        problems.append(f"telemetry: {spec.telemetry!r} is not nvml or emulated")
+    if spec.run_as not in RUN_AS_MODES:
+        problems.append(f"run_as: {spec.run_as!r} is not account or submitter")
+    if not 0 < spec.port < 65536:
+        problems.append(f"port: {spec.port} is not a TCP port")
+    if spec.gpus is not None and not 1 <= spec.gpus <= 64:
+        problems.append(f"gpus: {spec.gpus} must be between 1 and 64")
+    if spec.gpu_memory_mb <= 0:
+        problems.append(f"gpu_memory_mb: {spec.gpu_memory_mb} must be positive")
+    if problems:
+        raise InventoryError("; ".join(problems))
+
+
+def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None, *,
+             wait_s: float = ADMIN_WAIT_S) -> list[GpuInfo]:
+    """Register a host; GPUs are declared (spec.gpus) or discovered with nvidia-smi over the executor.
+    Discovery runs before the lease is taken; the write is serialised with rounds."""
+    _check(spec)
+    row = HostRow(name=spec.name, address=spec.address, port=spec.port, user=spec.user, key_path=spec.key_path,
+                  vc=spec.vc, pool=spec.pool, executor=spec.executor, telemetry=spec.telemetry,
+                  workdir=spec.workdir, python=spec.python, gpu_memory_mb=spec.gpu_memory_mb,
+                  run_as=spec.run_as, added_at=time.time())
+    if spec.gpus is not None:
+        gpus = [GpuInfo(i, "declared", spec.gpu_memory_mb) for i in range(spec.gpus)]
+        declared = True
+    else:
+        if executor is None:
+            raise InventoryError("gpus: give a count, or an executor to discover them")
+        gpus = executor.discover_gpus(host_address(row))
+        if not gpus:
+            raise InventoryError(f"host {spec.name}: no NVIDIA GPU found; declare the count with gpus=N")
+        row.gpu_memory_mb = min(g.memory_mb for g in gpus)
+        declared = False
+    with admin_lease(store, f"add {spec.name}", wait_s=wait_s) as fenced, fenced.session() as s:
+        if s.get(HostRow, spec.name) is not None:
+            raise InventoryError(f"host {spec.name} already exists")
+        s.add(row)
+        s.flush()
+        for g in gpus:
+            s.add(GpuRow(host=spec.name, index=g.index, model=g.model, memory_mb=g.memory_mb, uuid=g.uuid,
+                         declared=declared))
+    return gpus
+
+
+def list_hosts(store: Store) -> list[dict[str, object]]:
+    with store.session() as s:
+        hosts = s.scalars(select(HostRow).order_by(HostRow.name)).all()
+        gpus = s.execute(select(GpuRow.host, GpuRow.index)).all()
+        busy = s.execute(select(RunRow.host, RunRow.gpu_indices).where(RunRow.state.in_(ACTIVE_RUN_STATES))).all()
+    count: dict[str, int] = {}
+    for host, _ in gpus:
+        count[host] = count.get(host, 0) + 1
+    used: dict[str, set[int]] = {}
+    for host, indices in busy:
+        used.setdefault(host, set()).update(indices)
+    return [{"name": h.name, "address": f"{h.address}:{h.port}", "user": h.user, "vc": h.vc, "pool": h.pool,
+             "executor": h.executor, "telemetry": h.telemetry, "run_as": h.run_as, "gpus": count.get(h.name, 0),
+             "busy_gpus": len(used.get(h.name, ())), "draining": h.draining, "reachable": h.reachable,
+             "last_error": h.last_error} for h in hosts]
+
+
+def submitter_user_problem(store: Store, user: str, vc: str) -> str | None:
+    """Why `user` cannot be a job's user in `vc` (None when it can): the job may land on a host that runs
+    jobs as their submitter (a main host of its VC, or any profiling host), so it must name an OS user."""
+    with store.session() as s:
+        hosts = s.scalars(select(HostRow.name).where(
+            HostRow.run_as == "submitter", (HostRow.vc == vc) | (HostRow.pool == Pool.PROFILING.value))
+            .order_by(HostRow.name).limit(1)).all()
+    if not hosts:
+        return None
+    problem = os_user_problem(user)
+    return None if problem is None else f"{problem} (host {hosts[0]} runs each job as its user)"
+
+
+def drain_host(store: Store, name: str, draining: bool = True, *, remove: bool = False,
+               wait_s: float = ADMIN_WAIT_S) -> None:
+    """A draining host keeps its running jobs but gets no new ones; with `remove`, the round deletes it
+    once nothing of it is planned or running. Serialised with rounds through the lease."""
+    with admin_lease(store, f"drain {name}", wait_s=wait_s) as fenced, fenced.session() as s:
+        row = s.get(HostRow, name)
+        if row is None:
+            raise InventoryError(f"no host {name!r}")
+        row.draining = draining or remove
+        row.remove_when_empty = remove and draining
+
+
+def remove_host(store: Store, name: str, *, wait_s: float = ADMIN_WAIT_S) -> None:
+    """Forget a host that runs nothing (drain it and wait first).
+
+    Holds the round lease while it checks and deletes, so a round cannot place work on the host between
+    the check and the delete (a round's uncommitted placement is not visible to the check)."""
+    with admin_lease(store, f"remove {name}", wait_s=wait_s) as fenced, fenced.session() as s:
+        row = s.get(HostRow, name)
+        if row is None:
+            raise InventoryError(f"no host {name!r}")
+        active = s.scalars(select(RunRow.run_id).where(RunRow.host == name,
+                                                       RunRow.state.in_((*ACTIVE_RUN_STATES, RunState.LOST)))).all()
+        if active:
+            raise InventoryError(f"host {name} still runs {len(active)} job run(s) ({', '.join(active[:3])}); "
+                                 "drain it and wait for them to end (lucid hosts drain --remove does both)")
+        for gpu in s.scalars(select(GpuRow).where(GpuRow.host == name)).all():
+            s.delete(gpu)
+        s.delete(row)

@@ -1,0 +1,82 @@
+"""Scripts that only read a host: each run's status (poll), the tail or front of a run's file, the host's GPUs."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from lucid_core.runtime.hosts.inputs import check_run_id, quote_path
+from lucid_core.runtime.hosts.run_records import RECORD_CHECKS
+
+
+def _stop_flag() -> str:
+    return 'stopflag() { if [ -f "$1/stop_requested" ] && [ -f "$1/term_received" ]; then echo " stopped"; fi; }'
+
+
+def poll_script(workdir: str, run_ids: Sequence[str]) -> str:
+    """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc [disk_full] [stopped] | VANISHED pid|-
+    [stopped]; RUNNING and VANISHED lines end with `tampered=pid,exit_code` (what did not pass) when a
+    record failed its check, and a run whose control directory is gone while its wrapper lives is
+    `RUNNING pid tampered=records`."""
+    ids = " ".join(shlex.quote(check_run_id(r)) for r in run_ids)
+    return f"""W={quote_path(workdir)}
+{RECORD_CHECKS}
+{_stop_flag()}
+for r in {ids}; do
+  if ! setup "$r"; then
+    # its control directory is gone (removed by a job on purpose or by accident): alive while its wrapper is
+    if find_orphan "$r"; then echo "$r RUNNING $wp tampered=records"; else echo "$r MISSING"; fi
+    continue
+  fi
+  if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")"; continue; fi
+  if find_wrapper "$R" "$r"; then
+    if [ -f "$R/exit_code" ]; then bad="${{bad:+$bad,}}exit_code"; fi
+    echo "$r RUNNING $wp${{bad:+ tampered=$bad}}"; continue
+  fi
+  if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")"; continue; fi
+  if [ -f "$R/exit_code" ]; then bad="${{bad:+$bad,}}exit_code"; fi
+  if [ -z "$pv$bad" ] && [ ! -s "$R/pid.self" ]; then echo "$r NOPID"; continue; fi
+  case "$pv" in ''|*[!0-9]*) pv=- ;; esac
+  echo "$r VANISHED $pv$(stopflag "$R")${{bad:+ tampered=$bad}}"
+done
+echo END
+"""
+
+
+def read_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
+    """The last `max_bytes` of a file in the run directory (empty when absent)."""
+    return _run_file_script(workdir, run_id, name, f'tail -c {int(max_bytes)} -- "$f"')
+
+
+def read_front_lines_script(workdir: str, run_id: str, name: str, max_bytes: int, line_bytes: int,
+                            scan_bytes: int) -> str:
+    """The first `max_bytes` of the lines no longer than `line_bytes` among a file's first `scan_bytes`.
+
+    For a telemetry window, which sits at the front of its file: the job can append to its own run's
+    file, and neither what it appends after the window nor long lines it slips in can push the agent's
+    samples out of the read (a job that floods past `scan_bytes` only loses its own profile).
+    """
+    keep = f"LC_ALL=C awk 'length($0) <= {int(line_bytes)}'"
+    return _run_file_script(workdir, run_id, name,
+                            f'head -c {int(scan_bytes)} -- "$f" | {keep} | head -c {int(max_bytes)}')
+
+
+def _run_file_script(workdir: str, run_id: str, name: str, reader: str) -> str:
+    """Run `reader` on "$f", a file of the run directory (nothing when absent or when it resolves outside)."""
+    if name not in {"stdout.log", "stderr.log", "telemetry.jsonl", "telemetry.err", "command.sh"}:
+        raise ValueError(f"not a run file: {name!r}")
+    run = shlex.quote(check_run_id(run_id))
+    # the job owns its run directory and may swap a file (or the directory) for a symlink: read only
+    # what still resolves inside <workdir>/<run_id>/
+    return (f"W={quote_path(workdir)}\n"
+            'd=$(cd "$W" 2>/dev/null && pwd -P) || exit 0\n'
+            f'f=$(readlink -f -- "$d"/{run}/{shlex.quote(name)} 2>/dev/null) || exit 0\n'
+            f'case "$f" in "$d"/{run}/*) [ -f "$f" ] && {reader} ;; esac\n'
+            "exit 0\n")
+
+
+def discover_gpus_script() -> str:
+    """index, name, memory MiB, uuid per GPU via nvidia-smi; prints NO_NVIDIA_SMI when absent."""
+    return ("if command -v nvidia-smi >/dev/null 2>&1; then "
+            "nvidia-smi --query-gpu=index,name,memory.total,uuid --format=csv,noheader,nounits; "
+            "else echo NO_NVIDIA_SMI; fi\n")

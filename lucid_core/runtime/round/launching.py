@@ -1,0 +1,346 @@
+"""Round steps that carry out planned work on hosts: launching planned runs (first nodes, then the
+other nodes of wide jobs), stopping runs that have a stop reason, and what a refused launch means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import distinct, func, select
+
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, Pool, RunState
+from lucid_core.runtime.hosts.calls import CallResult
+from lucid_core.runtime.hosts.executor import (
+    HostCommandFailed,
+    HostUnreachable,
+    LaunchConflict,
+    LaunchResult,
+    LaunchSpec,
+    RunAsRefused,
+    RunStatus,
+)
+from lucid_core.runtime.hosts.inventory import host_address
+from lucid_core.runtime.hosts.launch import TelemetryLaunch
+from lucid_core.runtime.round.base import (
+    TERMINAL_VALUES,
+    WATCH_S,
+    RoundBase,
+    _log,
+    agent_source,
+    call_value,
+    pair_results,
+    update_unsynced,
+)
+from lucid_core.runtime.round.settings import (
+    emulated_profile_from_catalog,
+)
+from lucid_core.runtime.store import lease
+from lucid_core.runtime.store.schema import (
+    DecisionRow,
+    JobRow,
+    RunRow,
+)
+
+
+class LaunchSteps(RoundBase):
+    """Launch and stop steps of a round."""
+
+    # ------------------------------------------------------------------ carry out pending rows
+    def carry_out_pending(self) -> None:
+        """Launch planned runs and stop runs that have a stop reason; mark decisions done."""
+        with self.store.session() as s:
+            planned = list(s.scalars(select(RunRow).where(RunRow.state == RunState.PLANNED)
+                                     .order_by(RunRow.planned_at, RunRow.node_rank)))
+            stopping = list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING,
+                                                           RunRow.stop_reason.is_not(None))))
+        down = self._stop_runs(stopping, "stop")
+        still_stopping = {r.job_id for r in stopping if r.host in down}
+        # first nodes first: a run whose first node is refused never starts its others (wide jobs only)
+        for wave in ([r for r in planned if r.node_rank == 0], [r for r in planned if r.node_rank != 0]):
+            launches: list[RunRow] = []
+            batches: dict[str, list[Callable[[], LaunchResult]]] = {}
+            for run in wave:
+                if run.host in down or run.job_id in still_stopping:
+                    continue  # never start a job again while its previous run may still be alive
+                with self.store.session() as s:
+                    job = s.get(JobRow, run.job_id)
+                    still_planned = s.scalar(select(RunRow.state).where(
+                        RunRow.run_id == run.run_id, RunRow.host == run.host)) == RunState.PLANNED
+                if not still_planned:
+                    continue  # another node's launch failed this round and ended this one: nothing of it may start
+                if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
+                    self._abandon_planned(run)
+                    continue
+                address, spec = host_address(self._hosts[run.host]), self._launch_spec(run, job)
+                launches.append(run)
+                batches.setdefault(run.host, []).append(lambda a=address, sp=spec: self.executor.launch(a, sp))
+            if not launches:
+                continue
+            self.renew_lease()  # a round that lost its lease launches nothing
+            results = pair_results(launches, self._fan_out(batches))
+            self._crash("after_launch")  # the hosts run them, the store does not know yet
+            # record what started before handling refusals: a refusal ends the other nodes of its run
+            try:
+                for run, outcome in [*[r for r in results if r[1].ok], *[r for r in results if not r[1].ok]]:
+                    self._apply_launch(run, outcome, down)
+            except lease.Fenced:  # lost the lease between renewing it and the launches reaching their hosts
+                for run, outcome in results:
+                    if outcome.ok and outcome.value is not None and not outcome.value.already_launched:
+                        self._undo_stale_launch(run)
+                raise
+        self._close_decisions()
+
+    def _undo_stale_launch(self, run: RunRow) -> None:
+        """This round lost its lease between renewing it and its launch reaching the host: when the new holder
+        no longer expects the run (it ended it before launch), stop it, so no run lives that the store does not
+        know; a run still planned is the new holder's to launch (the host answers already_launched)."""
+        with self.raw_store.session() as s:
+            state = s.scalar(select(RunRow.state).where(RunRow.run_id == run.run_id, RunRow.host == run.host))
+        if state in ACTIVE_RUN_STATES:
+            return
+        _log.warning("round %s: run %s reached %s after the lease was lost (store: %s); stopping it",
+                     self.report.round_id, run.run_id, run.host, state or "no row")
+        self._on_host(run.host, lambda: self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
+                                                           "fenced", self.settings.stop_grace_s))
+
+    def _apply_launch(self, run: RunRow, outcome: CallResult[LaunchResult], down: set[str]) -> None:
+        """Record one launch's outcome in the store: started, host down (the run stays planned), or refused."""
+        error = outcome.error
+        if isinstance(error, HostUnreachable):
+            down.add(run.host)
+            self._host_failed(run.host, error)
+            return
+        if isinstance(error, LaunchConflict):  # the host's ledger says the store was behind: requeue, no cool-down
+            self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
+            self._launch_failed(run, str(error), conflict=True)
+            down.update(self._stop_started_peers(run.run_id))
+            return
+        if isinstance(error, RunAsRefused):  # the job's user cannot run there: no retry, the host stays in use
+            self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
+            self._launch_failed(run, str(error), final=True)
+            down.update(self._stop_started_peers(run.run_id))
+            return
+        if error is not None:
+            self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
+            self._cool_down(run.host, str(error))
+            self._launch_failed(run, str(error))
+            down.update(self._stop_started_peers(run.run_id))
+            return
+        result = outcome.value
+        assert result is not None
+        now = self.clock()
+        values: dict[str, Any] = {"state": RunState.RUNNING, "pid": result.pid, "started_at": now}
+        if run.profiling_until is not None and not result.already_launched:
+            # the window is the job's: it counts from the launch, not from when it was planned
+            values["profiling_until"] = now + (run.profiling_until - run.planned_at)
+        with self.store.session() as s:
+            s.execute(update_unsynced(RunRow)
+                .where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(**values))
+            row = s.get(JobRow, run.job_id)
+            if row is not None and run.node_rank == 0:
+                row.start_time = now  # start of the job's current run
+            self._event(s, run.job_id, "launched", f"{run.kind} run {run.run_id} on {run.host} "
+                        f"GPUs {run.gpu_indices} pid {result.pid}"
+                        + (" (already running: relaunch skipped)" if result.already_launched else ""))
+        if not result.already_launched:
+            self.report.launched.append(run.run_id)
+
+    def _close_decisions(self) -> None:
+        with self.store.session() as s:
+            open_ids = set(s.scalars(select(RunRow.decision_id).where(
+                RunRow.decision_id.is_not(None), RunRow.state == RunState.PLANNED)))
+            for decision in s.scalars(select(DecisionRow).where(DecisionRow.status == "pending")):
+                if decision.id not in open_ids and decision.kind in {"StartProfiling", "Place"}:
+                    decision.status, decision.executed_at = "done", self.clock()
+                elif decision.kind in {"StopProfiling", "Preempt"}:
+                    busy = s.scalar(select(RunRow.run_id).where(
+                        RunRow.job_id == decision.job_id, RunRow.state == RunState.RUNNING,
+                        RunRow.stop_reason.is_not(None)).limit(1))
+                    if busy is None:
+                        decision.status, decision.executed_at = "done", self.clock()
+
+    def _launch_spec(self, run: RunRow, job: JobRow) -> LaunchSpec:
+        host = self._hosts[run.host]
+        with self.store.session() as s:
+            peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run.run_id).order_by(RunRow.node_rank)))
+        master = self._hosts[peers[0].host].address if peers else host.address
+        env = dict(job.env or {})
+        env.update({
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in run.gpu_indices),
+            "LUCID_JOB_ID": job.job_id, "LUCID_RUN_ID": run.run_id,
+            "LUCID_NODE_RANK": str(run.node_rank), "LUCID_NUM_NODES": str(max(1, len(peers))),
+            "LUCID_MASTER_ADDR": master, "LUCID_NUM_GPUS": str(job.gpus),
+        })
+        telemetry = None
+        windowed = run.profiling_until is not None
+        # main runs that may share are watched for their whole life: their speed beside a partner
+        watched = run.pool == Pool.MAIN.value and not job.no_share and (job.profiled or windowed)
+        if (windowed or watched) and run.node_rank == 0:
+            source, digest = agent_source()
+            emulated = None
+            if host.telemetry == "emulated":
+                emulated = self._emulated(job)
+            telemetry = TelemetryLaunch(
+                agent_source=source, agent_name=f"lucid_telemetry_{digest}.py", python=host.python,
+                gpu_indices=tuple(run.gpu_indices),
+                interval_s=self.settings.telemetry_interval_s if windowed else self.settings.monitor_interval_s,
+                duration_s=WATCH_S if watched else self._window_s(run) + self.settings.telemetry_margin_s,
+                emulated=emulated, seed=job.seq,
+                # a watching agent bounds its file: the profiling window whole, then speed samples only
+                keep_all_s=(self._kept_window_s(run) if windowed else 0.0) if watched else None,
+                # profiled in place and watched: dense samples for the window, the watch's rate after it
+                watch_interval_s=self.settings.monitor_interval_s if windowed and watched else None)
+        return LaunchSpec(run.run_id, job.command, env, telemetry, user=job.user, job_id=job.job_id,
+                          gpu_indices=tuple(run.gpu_indices), partner=run.partner)
+
+    @staticmethod
+    def _window_s(run: RunRow) -> float:
+        """Length of a run's profiling window (its end is rebased to the launch once launched)."""
+        begin = run.started_at if run.started_at is not None else run.planned_at
+        return max(1.0, (run.profiling_until or begin) - begin)
+
+    def _kept_window_s(self, run: RunRow) -> float:
+        """How long from its start a watching agent keeps every sample: the profile's window, a sample over."""
+        return self._window_s(run) + self.settings.telemetry_margin_s + self.settings.telemetry_interval_s
+
+    def _emulated(self, job: JobRow) -> tuple[float, float, float]:
+        if self._emulated_profile is None:
+            from lucid_core.sim.catalog import WorkloadCatalog
+
+            catalog = (WorkloadCatalog.from_artifact(self.settings.catalog_dir) if self.settings.catalog_dir
+                       else WorkloadCatalog.synthetic())
+            self._emulated_profile = emulated_profile_from_catalog(catalog)
+        return self._emulated_profile(job)
+
+    def _abandon_planned(self, run: RunRow) -> None:
+        """End a planned run of a job that ended or was cancelled. A round that died between a launch and
+        its record may have started it: stop it on its host first (MISSING when it never started); a host
+        that does not answer keeps the run planned for a later round."""
+        host = self._hosts.get(run.host)
+        if host is not None:
+            self.renew_lease()
+            status = self._on_host(run.host, lambda: self.executor.stop(host_address(host), run.run_id, "cancel",
+                                                                        self.settings.stop_grace_s))
+            if status is None:
+                return
+            if status.state != "MISSING":
+                self._abandon(run, f"stopped ({status.state}): its job was cancelled after a round that died "
+                                   "had launched it")
+                return
+        self._abandon(run, "job cancelled before launch")
+
+    def _abandon(self, run: RunRow, why: str) -> None:
+        with self.store.session() as s:
+            s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
+                state=RunState.ENDED, ended_at=self.clock(), outcome=why))
+
+    def _launch_failed(self, run: RunRow, why: str, final: bool = False, conflict: bool = False) -> None:
+        """The host refused the launch: end the run and put the job back where it waits (or fail it when
+        `final`: trying again cannot help). A `conflict` (the host's ledger of live runs refused it) ends
+        the run with outcome 'conflict: ...' and never counts as one of the job's launch failures.
+
+        Other nodes of a wide job that did start are only marked for a stop (`peer_ended`): they count as
+        ended once the stop has reached their host, so a requeued job never runs beside its old copy.
+        """
+        with self.store.session() as s:
+            for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
+                if peer.state == RunState.RUNNING and peer.host != run.host:
+                    peer.stop_reason = peer.stop_reason or "peer_ended"
+                elif peer.state in ACTIVE_RUN_STATES:
+                    peer.state, peer.ended_at = RunState.ENDED, self.clock()
+                    peer.outcome = f"{'conflict' if conflict else 'launch failed'}: {why}"[:1000]
+            s.flush()
+            failures = s.scalar(select(func.count(distinct(RunRow.run_id))).where(  # tries, not nodes
+                RunRow.job_id == run.job_id, RunRow.outcome.like("launch failed%"))) or 0
+            job = s.get(JobRow, run.job_id)
+            if job is None or JobState(job.state) in TERMINAL_STATES:
+                return
+            self._event(s, job.job_id, "launch_conflict" if conflict else "launch_failed", why[:1000])
+            if conflict:
+                failures = 0
+                other = s.scalar(select(RunRow.run_id).where(RunRow.job_id == run.job_id, RunRow.run_id != run.run_id,
+                                                             RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
+                if other is not None:
+                    return  # the job runs (or is about to) as another run: that one decides its fate
+            if final:
+                self._end_job(s, job, JobState.FAILED, None, why[:1000], run)
+                return
+            if failures >= self.settings.max_launch_failures:
+                self._end_job(s, job, JobState.FAILED, None,
+                              f"could not be launched ({failures} tries); last error: {why[:500]}", run)
+                return
+            back = JobState.SUBMITTED if run.kind == "profiling" and not job.profiled else JobState.QUEUED
+            if not self._move_job(s, job, back):
+                return
+        self.report.requeued.append(run.job_id)
+
+    def _stop_started_peers(self, run_id: str) -> set[str]:
+        """Stop now (TERM, grace, KILL) the nodes of `run_id` that a failed launch marked `peer_ended`; returns
+        the hosts that did not answer (their nodes stay running with the stop reason: later rounds retry)."""
+        with self.store.session() as s:
+            peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run_id, RunRow.state == RunState.RUNNING,
+                                                        RunRow.stop_reason.is_not(None))))
+        return self._stop_runs(peers, "peer_ended")
+
+    def _stop_runs(self, runs: list[RunRow], default_reason: str) -> set[str]:
+        """Stop each run on its host (TERM, grace, KILL) and settle it; returns the hosts that did not
+        answer, whose runs stay `running` with their stop reason for a later round to retry."""
+        down: set[str] = set()
+        if not runs:
+            return down
+        self.renew_lease()
+        grace = self.settings.stop_grace_s
+        batches: dict[str, list[Callable[[], RunStatus]]] = {}
+        for run in runs:
+            address = host_address(self._hosts[run.host])
+            batches.setdefault(run.host, []).append(
+                lambda a=address, r=run: self.executor.stop(a, r.run_id, r.stop_reason or default_reason, grace))
+        results = pair_results(runs, self._fan_out(batches, extra_s=grace))
+        for run, result in results:
+            if run.host in down:
+                continue
+            if isinstance(result.error, HostUnreachable):
+                down.add(run.host)
+                self._host_failed(run.host, result.error)
+                continue
+            if isinstance(result.error, HostCommandFailed):  # this run's stop answered garbage: retried next round
+                self.report.errors.append(f"stop of run {run.run_id} (job {run.job_id}) on {run.host}: {result.error}")
+                continue
+            status = call_value(result)
+            if status.state == "UNREADABLE":
+                self._unreadable(run, status)
+                continue
+            self._note_tampering(run, status)
+            self._settle(run, status)
+        return down
+
+    def carry_out_pending_stops(self) -> None:
+        with self.store.session() as s:
+            stopping = list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING,
+                                                           RunRow.stop_reason.is_not(None))))
+        self._stop_runs(stopping, "stop")
+
+    def _cancel_requested(self) -> None:
+        active = [st.value for st in JobState if st not in TERMINAL_STATES]
+        with self.store.session() as s:
+            jobs = list(s.scalars(select(JobRow).where(JobRow.cancel_requested.is_(True), JobRow.state.in_(active))))
+            for job in jobs:
+                runs = list(s.scalars(select(RunRow).where(RunRow.job_id == job.job_id,
+                                                           RunRow.state.in_(ACTIVE_RUN_STATES))))
+                for run in runs:
+                    if run.state == RunState.PLANNED:
+                        run.state, run.ended_at, run.outcome = RunState.ENDED, self.clock(), "cancelled before launch"
+                    else:
+                        run.stop_reason = "cancel"
+                if not any(r.state == RunState.RUNNING for r in runs):
+                    ended = s.execute(update_unsynced(JobRow).where(
+                        JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES)).values(
+                        state=JobState.CANCELLED.value, end_time=self.clock(), end_reason="cancelled",
+                        pending_reason=None, queue_position=None)).rowcount
+                    if not ended:
+                        self._conflict(job.job_id, "cancelling it: it had already ended")
+                        continue
+                    self._event(s, job.job_id, "cancelled", "cancelled before it ran")
+                    self.report.ended[job.job_id] = JobState.CANCELLED.value
+        self.carry_out_pending_stops()

@@ -1,0 +1,107 @@
+"""The models a live round's policy uses: promoted artifacts from `model_versions`, else history fallbacks.
+
+A promoted duration model also learns the jobs that ended after it was made; nothing here touches the hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lucid_core.config import LucidConfig
+from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.predictors import Forecast, HistoryDurationPredictor, RecentSlotsForecaster
+from lucid_core.runtime.round.snapshot import Snapshot, job_of
+
+
+class ReplayForecaster:
+    """Wraps a forecaster fed from the store's submissions; ignores the hooks' re-observations."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.muted = True
+
+    def observe_submission(self, time: float, gpus: int) -> None:
+        if not self.muted:
+            self.inner.observe_submission(time, gpus)
+
+    def forecast(self, now: float) -> Forecast:
+        return self.inner.forecast(now)
+
+
+def load_model(path: str, *, needs: tuple[str, ...]) -> Any | None:
+    """A promoted model artifact (joblib), or the predictor it wraps, if it offers `needs`; else None."""
+    import joblib
+
+    try:
+        obj = joblib.load(path)
+    except Exception:  # a missing or unreadable artifact must not stop scheduling
+        return None
+    for candidate in (obj, getattr(obj, "predictor_", None), getattr(obj, "model_", None)):
+        if candidate is not None and all(callable(getattr(candidate, n, None)) for n in needs):
+            return candidate
+    return None
+
+
+def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, Any, dict[str, str]]:
+    """(duration model, packing model or None, forecaster, kind -> source) for this round.
+
+    Promoted versions in `model_versions` (written by the Update Engine) win; the duration model
+    then also learns the jobs that ended after it was trained. Without one, the fallbacks are
+    refitted from the store's history.
+    """
+    sources: dict[str, str] = {}
+    duration = None
+    if "duration" in snapshot.models:
+        version, path, _ = snapshot.models["duration"]
+        duration = load_model(path, needs=("predict_duration", "observe"))
+        if duration is not None:
+            sources["duration"] = f"promoted version {version}"
+            for row, seconds in snapshot.unlearned:  # read as the jobs that ended after the promotion
+                try:
+                    job = job_of(row)
+                except (ValueError, TypeError):  # a row another writer broke: the model learns the others
+                    continue
+                duration.observe(job, seconds)
+    if duration is None:
+        duration = HistoryDurationPredictor()
+        history = snapshot.finished_jobs()
+        if history:  # grouped by the rows' own user and GPU demand: no Job built per finished job
+            duration.fit([j for j, _ in history], [d for _, d in history])
+        sources["duration"] = fallback_source(len(history))
+    packing = None
+    if "packing" in snapshot.models:
+        version, path, _ = snapshot.models["packing"]
+        packing = load_model(path, needs=("classify",))
+        if packing is not None:
+            sources["packing"] = f"promoted version {version}"
+    forecaster = None
+    if "throughput_forecaster" in snapshot.models:
+        version, path, _ = snapshot.models["throughput_forecaster"]
+        forecaster = load_model(path, needs=("observe_submission", "forecast"))
+        if forecaster is not None:
+            sources["throughput"] = f"promoted version {version}"
+    if forecaster is None:
+        forecaster = RecentSlotsForecaster(config.forecast.slot_s)
+        sources["throughput"] = "mean of recent slots"
+    for t, gpus in snapshot.submissions:
+        forecaster.observe_submission(t, gpus)
+    return duration, packing, ReplayForecaster(forecaster), sources
+
+
+def fallback_source(finished: int) -> str:
+    """How the history fallback is named among a round's model sources."""
+    return f"history of {finished} finished job(s)"
+
+
+def default_policy(config: LucidConfig, snapshot: Snapshot) -> SchedulingPolicy:
+    """LucidPolicy with the promoted models, or history-fitted fallbacks when none is promoted."""
+    from lucid_core.policy.lucid import LucidPolicy
+
+    duration, packing, forecaster, sources = policy_models(config, snapshot)
+    policy = LucidPolicy(config, duration_model=duration, packing_model=packing, forecaster=forecaster)
+    policy.model_sources = sources
+    return policy
+
+
+PolicyFactory = Callable[[LucidConfig, Snapshot], SchedulingPolicy]

@@ -1,0 +1,133 @@
+"""Round steps that collect profiles: profiling windows that are due, the samples they left on hosts,
+and the pair speeds read from the telemetry of jobs that share GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import select
+
+from lucid_core.domain import RunState
+from lucid_core.runtime.hosts.executor import (
+    HostCommandFailed,
+    HostUnreachable,
+)
+from lucid_core.runtime.hosts.inventory import host_address
+from lucid_core.runtime.hosts.telemetry import (
+    RECORD_BYTES_BOUND,
+    bounded_file_bytes,
+    first_window,
+    parse_samples,
+    summarize,
+)
+from lucid_core.runtime.round.base import (
+    MAX_STORED_SAMPLES,
+    RoundBase,
+    call_value,
+    pair_results,
+)
+from lucid_core.runtime.round.pair_speed import (
+    TELEMETRY_TAIL_BYTES,
+    PairSpeedSettings,
+    observe_pair_speeds,
+    runs_to_read,
+)
+from lucid_core.runtime.round.snapshot import Snapshot
+from lucid_core.runtime.store.schema import (
+    JobRow,
+    ProfileRow,
+    ProfileSampleRow,
+    RunRow,
+)
+
+# most bytes of a run's telemetry file scanned for its window: a job that writes more than this into its own
+# file before the window ends loses its profile (and so may not share), at a bounded cost to the round
+PROFILE_SCAN_BYTES = 64 << 20
+
+
+class ProfileSteps(RoundBase):
+    """Profile and pair-speed collection steps of a round."""
+
+    def collect_due_profiles(self, now: float) -> None:
+        """Read telemetry of every running window that ended by `now` and has no profile yet.
+
+        Run again right before deciding, with the decision's clock, so that the policy never sees a
+        window closed whose profile was not collected (also when reconcile and decide run apart).
+        """
+        with self.store.session() as s:
+            due = list(s.scalars(
+                select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
+                .where(RunRow.state == RunState.RUNNING, RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
+                       RunRow.profiling_until <= now, RunRow.stop_reason.is_(None), JobRow.profiled.is_(False))))
+        due = [run for run in due if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
+        batches: dict[str, list[Callable[[], str]]] = {}
+        for run in due:
+            # the window sits at the file's front (a watching agent's file stays under this bound): read it
+            # from there, so that what the job appends to its own run's file cannot push the samples out
+            whole = max(1 << 20, bounded_file_bytes(self._kept_window_s(run), self.settings.telemetry_interval_s,
+                                                    len(run.gpu_indices)))
+            address = host_address(self._hosts[run.host])
+            batches.setdefault(run.host, []).append(
+                lambda a=address, r=run, n=whole: self.executor.read_front_lines(
+                    a, r.run_id, "telemetry.jsonl", n, RECORD_BYTES_BOUND, PROFILE_SCAN_BYTES))
+        for run, result in pair_results(due, self._fan_out(batches, reads=True)) if due else []:
+            if isinstance(result.error, HostUnreachable):
+                self._host_failed(run.host, result.error)
+                continue
+            if isinstance(result.error, HostCommandFailed):  # judged again next round; the others' are collected
+                self.report.errors.append(f"telemetry of run {run.run_id} (job {run.job_id}) on {run.host}: "
+                                          f"{result.error}")
+                continue
+            self._collect_profile(run, call_value(result))
+
+    def _collect_profile(self, run: RunRow, text: str) -> None:
+        """Record the job's profile (once) from the window's telemetry read from the host."""
+        with self.store.session() as s:
+            job = s.get(JobRow, run.job_id)
+            if job is None or job.profiled:
+                return
+        # an agent that also watches the job's speed samples past the window: profile the window only
+        samples = first_window(parse_samples(text), self._window_s(run) + self.settings.telemetry_margin_s)
+        summary = summarize(samples)
+        with self.store.session() as s:
+            job = s.get(JobRow, run.job_id)
+            if summary["samples"] == 0:
+                self._event(s, run.job_id, "profile_missing", f"no telemetry samples from run {run.run_id}")
+                return
+            job.profiled = True
+            job.gpu_util, job.mem_util = summary["gpu_util"], summary["mem_util"]
+            job.gpu_mem_mb, job.profile_emulated = summary["gpu_mem_mb"], summary["emulated"]
+            s.add(ProfileRow(job_id=job.job_id, run_id=run.run_id, gpu_util=summary["gpu_util"],
+                             mem_util=summary["mem_util"], gpu_mem_mb=summary["gpu_mem_mb"],
+                             samples=summary["samples"], window_s=summary["window_s"],
+                             emulated=summary["emulated"], created_at=self.clock()))
+            for sample in samples[:MAX_STORED_SAMPLES]:
+                s.add(ProfileSampleRow(
+                    job_id=job.job_id, run_id=run.run_id, time=float(sample.get("t", 0.0)),
+                    gpu_index=int(sample.get("gpu", 0)), gpu_util=float(sample.get("gpu_util", 0.0)),
+                    mem_util=float(sample.get("mem_util", 0.0)), mem_used_mb=float(sample.get("mem_used_mb", 0.0)),
+                    job_mem_mb=float(sample.get("job_mem_mb", 0.0)), emulated=bool(sample.get("emulated", False))))
+            tag = " (emulated)" if summary["emulated"] else ""
+            self._event(s, job.job_id, "profiled",
+                        f"GPU util {summary['gpu_util']:.1f}%, memory util {summary['mem_util']:.1f}%, "
+                        f"{summary['gpu_mem_mb']:.0f} MB over {summary['samples']} samples{tag}")
+
+    def _observe_pairs(self, snapshot: Snapshot, now: float) -> None:
+        """Read the telemetry of settled pairs and hand their observed speeds to the policy's view."""
+        settings = PairSpeedSettings(self.settings.speed_settle_s, self.settings.speed_min_samples)
+        wanted = [run for run in runs_to_read(snapshot, now, settings)
+                  if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
+        self.keep_lease()  # reads write nothing: renew before (and after) they fan out
+        batches: dict[str, list[Callable[[], str]]] = {}
+        for run in wanted:
+            address = host_address(self._hosts[run.host])
+            batches.setdefault(run.host, []).append(
+                lambda a=address, r=run: self.executor.read(a, r.run_id, "telemetry.jsonl", TELEMETRY_TAIL_BYTES))
+        texts = {(run.run_id, run.host): self._answer(run.host, result)
+                 for run, result in (pair_results(wanted, self._fan_out(batches, reads=True)) if wanted else [])}
+        self.keep_lease()
+        observed = observe_pair_speeds(snapshot, lambda run: texts.get((run.run_id, run.host)), now, settings)
+        self._speeds = observed.estimates
+        self.report.pair_speeds = {job_id: e.speed for job_id, e in observed.estimates.items()}
+        snapshot.speed_reports = observed.reports

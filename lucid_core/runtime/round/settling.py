@@ -1,0 +1,227 @@
+"""Round steps that read what hosts say about runs and settle their ends: polls, sweeps of leftovers,
+checked records, and each job's fate once its run ended (one terminal state, compare-and-set).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import select
+
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
+from lucid_core.runtime.hosts.executor import (
+    HostCommandFailed,
+    HostUnreachable,
+    RunStatus,
+)
+from lucid_core.runtime.hosts.inventory import host_address
+from lucid_core.runtime.round.base import (
+    TERMINAL_VALUES,
+    RoundBase,
+    call_value,
+    pair_results,
+    update_unsynced,
+)
+from lucid_core.runtime.store.schema import (
+    HostRow,
+    JobRow,
+    RunRow,
+)
+
+
+class SettlingSteps(RoundBase):
+    """Poll and settle steps of a round."""
+
+    # ---------------------------------------------------------------------------- reconcile
+    def reconcile(self) -> None:
+        """Poll every host with active runs; end what ended; collect telemetry; honour cancels."""
+        now = self.now
+        with self.store.session() as s:
+            runs = list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING)))
+        by_host: dict[str, list[RunRow]] = {}
+        for run in runs:
+            by_host.setdefault(run.host, []).append(run)
+        self.keep_lease()  # polls read only: renew first when a quarter of the TTL has passed
+        polls = self._fan_out({name: [self._poll_call(host, by_host.get(name, []))]
+                               for name, host in self._hosts.items() if by_host.get(name) or not host.reachable},
+                              reads=True)
+        seen: list[tuple[RunRow, RunStatus]] = []
+        for name, (result,) in polls.items():
+            if isinstance(result.error, HostUnreachable):
+                self._host_failed(name, result.error)
+                continue
+            if isinstance(result.error, HostCommandFailed):  # garbled answer: judge this host's runs next round
+                self.report.errors.append(str(result.error))
+                continue
+            statuses = call_value(result)
+            self._host_seen(name)
+            seen.extend((run, statuses[run.run_id]) for run in by_host.get(name, []) if run.run_id in statuses)
+        swept = self._sweep_leftovers([run for run, status in seen
+                                       if status.state == "EXITED" and run.stop_reason is None])
+        for run, status in seen:
+            self._judge(run, status, now, swept.get((run.run_id, run.host)))
+        self._cancel_requested()
+        self.collect_due_profiles(now)
+
+    def _judge(self, run: RunRow, status: RunStatus, now: float, sweep: RunStatus | None) -> None:
+        """Act on one run's polled status (`sweep`: the leftover sweep of a run that ended on its own). Its
+        records are the host's and, on account hosts, within reach of jobs: whatever they hold, only this run
+        is affected, never the round."""
+        if status.state == "UNREADABLE":
+            self._unreadable(run, status)
+            return
+        self._note_tampering(run, status)
+        if status.state == "RUNNING":
+            return  # profiles of windows that ended are collected after reconcile
+        if status.state == "NOPID":
+            if now - run.planned_at > self.settings.launch_grace_s:
+                self._launch_failed(run, "wrapper never started on the host")
+            return
+        if status.state == "EXITED" and run.stop_reason is None and sweep is not None and sweep.state == "EXITED":
+            status = replace(status, escaped=sweep.escaped)
+        self._settle(run, status)
+
+    def _unreadable(self, run: RunRow, status: RunStatus) -> None:
+        """A run whose status line the host garbled: named in the report and the job's events (once), and
+        judged again next round; a cancel still reaches it through the stop, which needs no status."""
+        why = f"run {run.run_id} on host {run.host}: unreadable status {status.detail!r}"
+        self.report.errors.append(f"job {run.job_id}: {why}")
+        self._event_once(run.job_id, "run_unreadable", why)
+
+    def _note_tampering(self, run: RunRow, status: RunStatus) -> None:
+        """Record (once per run and record) that a run's pid or exit-code file failed its check on the host:
+        the host judged the run by what the kernel says instead, so nothing else follows from it."""
+        if not status.tampered:
+            return
+        what = " and ".join({"pid": "its pid file named another process",
+                             "exit_code": "its exit-code file was not written by its wrapper",
+                             "records": "its control directory was removed while it ran"}[t]
+                            for t in status.tampered)
+        self._event_once(run.job_id, "records_tampered",
+                         f"run {run.run_id} on host {run.host}: {what}; the file was not believed")
+
+    def _poll_call(self, host: HostRow, runs: list[RunRow]) -> Callable[[], dict[str, RunStatus]]:
+        """The reconcile call for one host: poll its running runs, or probe it when idle and unreachable."""
+        address, run_ids = host_address(host), [r.run_id for r in runs]
+        if run_ids:
+            return lambda: self.executor.poll(address, run_ids)
+
+        def probe() -> dict[str, RunStatus]:  # idle and unreachable last time: does it answer now?
+            self.executor.probe(address)
+            return {}
+
+        return probe
+
+    def _sweep_leftovers(self, runs: list[RunRow]) -> dict[tuple[str, str], RunStatus]:
+        """A run that ended on its own may leave processes behind (a daemon it started, workers that
+        left its group) holding GPU memory the next job needs: the stop script, run on an ended run,
+        kills only what still carries the run's marker. Returns the sweeps that answered, per (run, host);
+        for the others the poll's status stands."""
+        if not runs:
+            return {}
+        self.renew_lease()
+        grace = self.settings.stop_grace_s
+        batches: dict[str, list[Callable[[], RunStatus]]] = {}
+        for run in runs:
+            address = host_address(self._hosts[run.host])
+            batches.setdefault(run.host, []).append(lambda a=address, r=run: self.executor.stop(a, r.run_id, "ended",
+                                                                                               grace))
+        swept = {}
+        for run, result in pair_results(runs, self._fan_out(batches, extra_s=grace)):
+            value = self._answer(run.host, result)
+            if value is not None:
+                swept[(run.run_id, run.host)] = value
+        return swept
+
+    def _settle(self, run: RunRow, status: RunStatus) -> None:
+        """A run ended (on its own or stopped): record it and decide the job's fate."""
+        if status.state not in {"EXITED", "VANISHED", "MISSING"}:
+            return
+        now = self.clock()
+        stopped = status.stop_requested and run.stop_reason is not None
+        if status.state == "MISSING":
+            outcome = "run directory vanished from the host"
+        elif status.state == "VANISHED":
+            outcome = "stopped" if stopped else "process vanished without an exit code"
+            if "exit_code" in status.tampered and not stopped:
+                outcome += " (an exit-code file it left was not written by its wrapper and was not believed)"
+        else:
+            outcome = "stopped" if stopped else f"exited with code {status.exit_code}"
+            if status.disk_full and not stopped:
+                outcome += f"; the disk of host {run.host} was full when it ended: its log may be cut short"
+        if status.escaped and run.stop_reason is None:
+            outcome += (f"; {status.escaped} of its processes outlived it (they had left its process group) "
+                        "and were killed")
+        elif status.escaped:
+            outcome += f"; the stop also killed {status.escaped} of its processes that had left its process group"
+        with self.store.session() as s:
+            row = s.get(RunRow, (run.run_id, run.host))
+            if row is None or row.state == RunState.ENDED:
+                return
+            row.state, row.ended_at, row.exit_code, row.outcome = RunState.ENDED, now, status.exit_code, outcome
+            s.flush()
+            still = s.scalar(select(RunRow.host).where(RunRow.run_id == run.run_id,
+                                                       RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
+            job = s.get(JobRow, run.job_id)
+            if job is None or JobState(job.state) in TERMINAL_STATES:
+                return
+            if still is not None and not stopped:
+                # a wide job: other nodes still run. Success waits for them; a failure fails the
+                # job now and takes the other nodes down with it.
+                if status.state == "EXITED" and status.exit_code == 0:
+                    return
+                s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == RunState.RUNNING)
+                          .values(stop_reason="peer_ended"))
+                self._end_job(s, job, JobState.FAILED, status.exit_code,
+                              f"node {run.host} (rank {run.node_rank}): {outcome}", run)
+                return
+            if stopped or run.stop_reason == "peer_ended":
+                reason = run.stop_reason
+                if reason == "cancel":
+                    self._end_job(s, job, JobState.CANCELLED, None, "cancelled by request", run)
+                elif reason == "peer_ended":
+                    return  # the peer that ended first decided the job's fate
+                else:
+                    self._event(s, job.job_id, "stopped", f"{run.kind} run {run.run_id} stopped ({reason})")
+                return
+            if status.state == "EXITED" and status.exit_code == 0:
+                self._end_job(s, job, JobState.COMPLETED, 0, outcome, run)
+            else:
+                self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run)
+
+    def _end_job(self, s: Any, job: JobRow, state: JobState, exit_code: int | None, why: str, run: RunRow) -> bool:
+        """Move a job to a terminal state once (compare-and-set: only from a state that is not terminal);
+        False, with a logged conflict, when another writer ended it first."""
+        now = self.clock()
+        ran = run.started_at is not None
+        in_window = ran and (run.kind == "profiling" or (run.profiling_until is not None
+                                                           and now <= run.profiling_until + 1))
+        in_profiling = in_window and state is not JobState.CANCELLED
+        ended = s.execute(update_unsynced(JobRow)
+            .where(JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES))
+                          .values(state=state.value, end_time=now, exit_code=exit_code, end_reason=why,
+                                  ended_in_profiling=in_profiling, pending_reason=None, queue_position=None)).rowcount
+        if not ended:
+            self._conflict(job.job_id, f"ending it as {state.value}: it had already ended")
+            return False
+        s.expire(job)
+        where = " inside its profiling window" if in_profiling else ""
+        self._event(s, job.job_id, state.value.lower(), f"{why}{where}")
+        self.report.ended[job.job_id] = state.value
+        return True
+
+    def _move_job(self, s: Any, job: JobRow, state: JobState, why: str | None = None,
+                  expect: tuple[str, ...] | None = None) -> bool:
+        """Compare-and-set a job's state: from `expect` (default: any state that is not terminal) to `state`."""
+        allowed = JobRow.state.in_(expect) if expect is not None else JobRow.state.not_in(TERMINAL_VALUES)
+        moved = s.execute(update_unsynced(JobRow).where(JobRow.job_id == job.job_id, allowed)
+                          .values(state=state.value)).rowcount
+        if not moved:
+            self._conflict(job.job_id, f"moving it to {state.value}: its state changed meanwhile")
+            return False
+        s.expire(job)
+        if why:
+            self._event(s, job.job_id, state.value.lower(), why)
+        return True

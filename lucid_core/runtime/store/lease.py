@@ -1,0 +1,112 @@
+"""The round lease: one row that at most one writer (a scheduling round or an admin command) holds.
+
+Every take of the lease bumps its fencing generation, which only grows: a take-over, and also a
+second take by the same holder (an Airflow task retried while its first try still runs), fences the
+previous one. A holder writes through `Store.fenced(lease)`: the first write of each transaction
+first renews the row *if its generation is still the holder's*, inside that same transaction, so a
+holder that was taken over changes nothing (`Fenced`), and a take-over waits for (or is ordered after)
+the transaction that renewed (a row lock on PostgreSQL, the write lock on SQLite). The take is a
+single conditional UPDATE (or the first INSERT), so two holders racing cannot both win.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from lucid_core.runtime.store.fencing import Fenced, Lease, current_in, renew_in
+from lucid_core.runtime.store.schema import LeaseRow
+from lucid_core.runtime.store.store import Store
+
+ROUND_LEASE = "scheduling-round"
+
+
+class LeaseHeld(RuntimeError):
+    """Another holder has the lease (and did not give it back in time)."""
+
+
+def acquire(store: Store, holder: str, ttl_s: float, now: float, name: str = ROUND_LEASE) -> Lease | None:
+    """Take the lease until now + ttl_s with a new generation; None when someone else holds it.
+
+    The holder's own unexpired lease is taken again (a new generation), which fences its earlier take.
+    """
+    with store.session() as s:
+        taken = s.execute(
+            update(LeaseRow)
+            .where(LeaseRow.name == name, or_(LeaseRow.expires_at < now, LeaseRow.holder == holder))
+            .values(holder=holder, expires_at=now + ttl_s, generation=LeaseRow.generation + 1)
+            .execution_options(synchronize_session=False)).rowcount
+        if taken == 1:
+            generation = s.scalar(select(LeaseRow.generation).where(LeaseRow.name == name))
+            return Lease(name, holder, int(generation), ttl_s)
+        if s.get(LeaseRow, name) is not None:
+            return None
+    try:
+        with store.session() as s:
+            s.add(LeaseRow(name=name, holder=holder, expires_at=now + ttl_s, generation=1))
+        return Lease(name, holder, 1, ttl_s)
+    except IntegrityError:
+        return None
+
+
+def current(store: Store, name: str = ROUND_LEASE) -> tuple[str, int] | None:
+    """(holder, generation) of the lease row, expired or not; None before its first take."""
+    return current_in(store, name)
+
+
+def renew(store: Store, lease: Lease, now: float) -> None:
+    """Extend the lease now (a long step between writes); raises `Fenced` when it was taken over."""
+    with store.engine.begin() as conn:
+        if renew_in(conn, lease, now):
+            return
+    raise Fenced(lease, current(store, lease.name))
+
+
+def release(store: Store, lease: Lease | str, name: str = ROUND_LEASE) -> None:
+    """Give the lease back (only if this take still holds it; a bare holder name gives back any take)."""
+    where = [LeaseRow.name == (lease.name if isinstance(lease, Lease) else name)]
+    if isinstance(lease, Lease):
+        where += [LeaseRow.holder == lease.holder, LeaseRow.generation == lease.generation]
+    else:
+        where.append(LeaseRow.holder == lease)
+    with store.session() as s:
+        s.execute(update(LeaseRow).where(*where).values(expires_at=0.0).execution_options(synchronize_session=False))
+
+
+def holder_of(store: Store, now: float, name: str = ROUND_LEASE) -> str | None:
+    """Who holds the lease now (None when free or expired)."""
+    with store.session() as s:
+        row = s.get(LeaseRow, name)
+        return row.holder if row is not None and row.expires_at >= now else None
+
+
+def admin_holder(what: str) -> str:
+    """The holder name of an admin command on this machine (shown to a round that waits for it)."""
+    return f"admin:{socket.gethostname()}:{os.getpid()}:{what}"[:128]
+
+
+@contextmanager
+def admin_lease(store: Store, what: str, *, wait_s: float = 30.0, ttl_s: float = 60.0,
+                clock: Callable[[], float] = time.time, poll_s: float = 0.05) -> Iterator[Store]:
+    """Hold the round lease for an inventory change, so it is serialised with rounds; yields a store
+    whose writes are fenced on it. Waits up to `wait_s` for a running round to finish, then refuses."""
+    holder = admin_holder(what)
+    deadline = time.monotonic() + wait_s
+    while True:
+        taken = acquire(store, holder, ttl_s, clock())
+        if taken is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise LeaseHeld(f"a scheduling round holds the store's lease ({holder_of(store, clock()) or 'just now'}); "
+                            f"waited {wait_s:g} s: try again when it has finished")
+        time.sleep(poll_s)
+    try:
+        yield store.fenced(taken, clock)
+    finally:
+        release(store, taken)

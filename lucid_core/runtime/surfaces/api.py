@@ -1,0 +1,143 @@
+"""HTTP API of the live scheduler (FastAPI). The Airflow plugin mounts it and supplies `auth`.
+
+create_app(store_url, auth=...) takes any FastAPI dependency as `auth`; it guards every route.
+When the auth layer names the caller (`request.state.lucid_user`), jobs are submitted as that
+user and only that user's jobs may be cancelled, unless `request.state.lucid_operator` is true.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from lucid_core.config import LucidConfig
+from lucid_core.runtime.hosts.inventory import list_hosts
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces import prometheus, queries
+from lucid_core.runtime.surfaces.eta import estimate
+from lucid_core.runtime.surfaces.explain import explain
+from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, UnknownJob, cancel, submit
+
+
+class SubmitBody(BaseModel):
+    command: str | list[str] = Field(description="shell command line, or an argv list")
+    gpus: int
+    user: str = Field("", description="defaults to the authenticated caller")
+    vc: str
+    name: str = ""
+    amp: bool = False
+    long_cold_start: bool = False
+    preemptible: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    workload: str | None = None
+
+
+def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Callable[..., Any] | None = None,
+               store: Store | None = None, clock: Callable[[], float] = time.time) -> FastAPI:
+    """The app; `auth` (a FastAPI dependency) runs before every endpoint when given."""
+    store = store or Store(store_url)
+    config = config or LucidConfig()
+    # no CDN-hosted Swagger UI: the reference page below is rendered here and works offline
+    app = FastAPI(title="Lucid scheduler", version="1", docs_url=None, redoc_url=None)
+
+    @app.get("/docs", include_in_schema=False)
+    def docs(request: Request) -> HTMLResponse:
+        from lucid_core.runtime.surfaces.api_docs import api_reference_html
+
+        return HTMLResponse(api_reference_html(app.openapi(), request.scope.get("root_path", "")))
+    router = APIRouter(dependencies=[Depends(auth)] if auth is not None else [])
+
+    def known(job_id: str) -> None:
+        try:
+            queries.status(store, job_id)
+        except UnknownJob as exc:
+            raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+
+    def caller(request: Request) -> tuple[str | None, bool]:
+        """(authenticated user name or None when the app runs without identity, may act for others)."""
+        return getattr(request.state, "lucid_user", None), bool(getattr(request.state, "lucid_operator", False))
+
+    @router.post("/jobs", status_code=201)
+    def submit_job(body: SubmitBody, request: Request,
+                   idempotency_key: str | None = Header(default=None, alias="Idempotency-Key")) -> Any:
+        """Record a job. Send an `Idempotency-Key` header to make retries safe: the same key (same
+        user) returns the job the first request made."""
+        fields = {**body.model_dump(), "idempotency_key": idempotency_key}
+        user, operator = caller(request)
+        if user is not None and not operator:
+            if fields["user"] and fields["user"] != user:
+                raise HTTPException(status_code=403, detail=f"you may submit only as yourself ({user!r})")
+            fields["user"] = user
+        elif user is not None and not fields["user"]:
+            fields["user"] = user
+        try:
+            job_id = submit(store, JobRequest(**fields), now=clock())
+        except SubmissionError as exc:
+            return JSONResponse(status_code=422, content={"detail": "invalid submission", "errors": exc.errors})
+        return {"job_id": job_id}
+
+    @router.post("/jobs/{job_id}/cancel")
+    def cancel_job(job_id: str, request: Request) -> Any:
+        user, operator = caller(request)
+        if user is not None and not operator:
+            known(job_id)
+            owner = queries.status(store, job_id)["user"]
+            if owner != user:
+                raise HTTPException(status_code=403, detail=f"job {job_id} belongs to {owner!r}, not to you")
+        try:
+            return {"job_id": job_id, "state": cancel(store, job_id, now=clock()), "cancel_requested": True}
+        except UnknownJob as exc:
+            raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+
+    @router.get("/queue")
+    def get_queue() -> Any:
+        return queries.queue(store)
+
+    @router.get("/history")
+    def get_history(user: str | None = None, vc: str | None = None, state: str | None = None,
+                    since: float | None = None, until: float | None = None, limit: int = 50,
+                    offset: int = 0) -> Any:
+        """Finished, failed and cancelled jobs, latest end first (`state`: comma-separated; times: epoch s)."""
+        try:
+            query = queries.HistoryQuery(user=user, vc=vc, states=tuple(s for s in (state or "").split(",") if s),
+                                         since=since, until=until, limit=min(limit, 500), offset=offset)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+        with store.session() as session:
+            page = queries.history(session, query)
+        return {"total": page.total, "offset": offset, "jobs": page.rows}
+
+    @router.get("/jobs/{job_id}")
+    def get_job(job_id: str) -> Any:
+        try:
+            return queries.status(store, job_id)
+        except UnknownJob as exc:
+            raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+
+    @router.get("/jobs/{job_id}/explain")
+    def get_explain(job_id: str) -> Any:
+        known(job_id)
+        return explain(store, job_id, config, clock())
+
+    @router.get("/jobs/{job_id}/eta")
+    def get_eta(job_id: str) -> Any:
+        known(job_id)
+        return asdict(estimate(store, job_id, config, clock()))
+
+    @router.get("/hosts")
+    def get_hosts() -> Any:
+        return list_hosts(store)
+
+    @router.get("/metrics")
+    def get_metrics() -> Response:
+        """Prometheus text exposition (see `lucid_core.runtime.surfaces.prometheus`)."""
+        return Response(prometheus.render(store, clock()), media_type=prometheus.CONTENT_TYPE_LATEST)
+
+    app.include_router(router)
+    return app

@@ -1,0 +1,76 @@
+"""`lucid` fleet commands: hosts (add, list, drain, remove, check) and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lucid_core.runtime.surfaces.cli.context import emit, executor_of, store_of
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.hosts.inventory import (
+        HostSpec,
+        InventoryError,
+        add_host,
+        drain_host,
+        list_hosts,
+        remove_host,
+    )
+    from lucid_core.runtime.store.lease import Fenced, LeaseHeld
+
+    store = store_of(args)
+    try:
+        if args.hosts_cmd == "add":
+            spec = HostSpec(args.name, address=args.address, port=args.port, user=args.user or "",
+                            key_path=args.key, vc=args.vc, pool=args.pool, executor=args.executor,
+                            telemetry=args.telemetry, workdir=args.workdir, python=args.python, gpus=args.gpus,
+                            gpu_memory_mb=args.gpu_memory_mb, run_as=args.run_as)
+            gpus = add_host(store, spec, None if args.gpus else executor_of(args))
+            emit(args, {"name": args.name, "gpus": len(gpus)}, f"added {args.name} with {len(gpus)} GPU(s)")
+        elif args.hosts_cmd == "list":
+            rows = list_hosts(store)
+            text = "\n".join(f"{h['name']:<12} {h['address']:<22} {h['pool']:<9} VC {h['vc']:<10} "
+                             f"{h['busy_gpus']}/{h['gpus']} busy"
+                             f"{' jobs run as their user' if h['run_as'] == 'submitter' else ''}"
+                             f"{' draining' if h['draining'] else ''}{'' if h['reachable'] else ' UNREACHABLE'}"
+                             for h in rows)
+            emit(args, rows, text or "no hosts")
+        elif args.hosts_cmd == "drain":
+            drain_host(store, args.name, not args.undo, remove=args.remove, wait_s=args.wait)
+            state = ("accepting work" if args.undo else
+                     "draining; a round removes it once its runs have ended" if args.remove else "draining")
+            emit(args, {"name": args.name, "draining": not args.undo, "remove_when_empty": args.remove},
+                   f"{args.name}: {state}")
+        elif args.hosts_cmd == "remove":
+            remove_host(store, args.name, wait_s=args.wait)
+            emit(args, {"name": args.name, "removed": True}, f"removed {args.name}")
+        elif args.hosts_cmd == "check":
+            from lucid_core.runtime.hosts.check import check_host
+
+            names = args.names or [h["name"] for h in list_hosts(store)]
+            executor = executor_of(args)
+            try:
+                reports = [check_host(store, executor, n, as_user=args.as_user) for n in names]
+            finally:
+                executor.close()
+            emit(args, [{"host": r.host, "ok": r.ok, "checks": [vars(i) for i in r.items]} for r in reports],
+                   "\n".join(r.describe() for r in reports) or "no hosts")
+            return 0 if all(r.ok for r in reports) else 1
+    except InventoryError as exc:
+        print(f"lucid hosts {args.hosts_cmd}: error: {exc}", file=sys.stderr)
+        return 2
+    except LeaseHeld as exc:  # not bad input: a round holds the lease for longer than --wait
+        print(f"lucid hosts {args.hosts_cmd}: {exc}", file=sys.stderr)
+        return 1
+    except Fenced as exc:  # the change outlasted its hold on the lease and a round took it: nothing written
+        print(f"lucid hosts {args.hosts_cmd}: not done, try again: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.surfaces.prometheus import render
+
+    sys.stdout.write(render(store_of(args)).decode())
+    return 0

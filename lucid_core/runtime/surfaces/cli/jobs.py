@@ -1,0 +1,252 @@
+"""`lucid` job commands: submit, cancel, queue, history, status, logs, explain, eta.
+
+Each takes the parsed arguments (`runtime.cli`) and returns the exit code; expected errors are raised
+(see `runtime.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+from lucid_core.runtime.surfaces.cli.context import config_of, emit, executor_of, store_of
+from lucid_core.runtime.surfaces.history_table import (
+    STATE_ALIASES,
+    history_columns,
+    history_lines,
+    local_time,
+    parse_since,
+)
+
+T = TypeVar("T")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, submit
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    env = {}
+    for item in args.env or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"lucid submit: error: --env {item!r} must look like NAME=VALUE", file=sys.stderr)
+            return 2
+        env[key] = value
+    request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc, name=args.name, amp=args.amp,
+                         long_cold_start=args.long_cold_start, preemptible=args.preemptible, env=env,
+                         workload=args.workload)
+    try:
+        job_id = submit(store_of(args), request)
+    except SubmissionError as exc:
+        print("lucid submit: error: " + "; ".join(f"{field}: {problem}" for field, problem in exc.errors.items()),
+              file=sys.stderr)
+        return 2
+    emit(args, {"job_id": job_id}, job_id)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from lucid_core.domain import TERMINAL_STATES
+    from lucid_core.runtime.surfaces.queries import status
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    store = store_of(args)
+    already = status(store, args.job)["cancel_requested"]
+    state = cancel(store, args.job)
+    if state in {s.value for s in TERMINAL_STATES}:
+        outcome, text = "ended", f"{args.job} already ended ({state}): nothing to cancel"
+    elif already:
+        outcome, text = "already_requested", f"{args.job}: cancel was already requested (state {state}); " \
+                                             "the next round stops it"
+    else:
+        outcome, text = "requested", f"{args.job}: cancel requested (state {state}); the next round stops it"
+    emit(args, {"job_id": args.job, "state": state, "outcome": outcome}, text)
+    return 0
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "~"
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.surfaces.queries import queue
+
+    rows = queue(store_of(args))
+    lines = [f"{'JOB':<10} {'NAME':<24} {'USER':<10} {'VC':<10} {'STATE':<10} {'POS':>4} {'GPUS':>4} "
+             f"{'PRED':>9} {'PRIO(GPU-h)':>11}  REASON"]
+    for r in rows:
+        pred = "-" if r["predicted_duration_s"] is None else _duration(r["predicted_duration_s"])
+        prio = "-" if r["priority_gpu_s"] is None else f"{r['priority_gpu_s'] / 3600:.3f}"
+        lines.append(f"{r['job_id']:<10} {_cut(r['name'] or '-', 24):<24} {_cut(r['user'], 10):<10} "
+                     f"{_cut(r['vc'], 10):<10} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
+                     f"{prio:>11}  {r['pending_reason'] or ''}")
+    emit(args, rows, "\n".join(lines) if rows else "no running or waiting job (finished ones: lucid history)")
+    return 0
+
+
+def _duration(seconds: float | None) -> str:
+    """A duration rounded for a person: 42 s, 12.5 min, 10.8 h."""
+    from lucid_core.runtime.round.prediction_words import duration_words
+
+    return "-" if seconds is None else duration_words(seconds)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.surfaces.queries import HistoryQuery, history
+
+    now = time.time()
+    states = tuple(STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
+                   for s in (args.state or "").split(",") if s.strip())
+    query = HistoryQuery(user=args.user, vc=args.vc, states=states,
+                         since=parse_since(args.since, now) if args.since else None,
+                         until=parse_since(args.until, now) if args.until else None,
+                         limit=args.limit, offset=args.offset)
+    fields = history_columns(args.format)
+    store = store_of(args)
+    with store.session() as session:
+        page = history(session, query)
+    if args.as_json:
+        emit(args, {"total": page.total, "offset": query.offset, "jobs": page.rows}, "")
+        return 0
+    if not page.rows:
+        print("no finished job matches" + (" (the store has none yet)" if not page.total and not (
+            args.user or args.vc or states or args.since or args.until) else ""))
+        return 0
+    lines = history_lines(fields, page.rows)
+    shown = f"{query.offset + 1}-{query.offset + len(page.rows)} of {page.total}"
+    more = f"; next page: --offset {query.offset + len(page.rows)}" if query.offset + len(page.rows) < page.total \
+        else ""
+    print("\n".join(lines) + f"\n({shown} finished jobs, latest end first{more})")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.surfaces.queries import status
+
+    data = status(store_of(args), args.job)
+    exit_code = "" if data["exit_code"] is None else f"  exit code {data['exit_code']}"
+    text = "\n".join([
+        f"{data['job_id']} {data['state']}  {data['name'] or '(no name)'}  {data['gpus']} GPU(s)  user {data['user']}  "
+        f"VC {data['vc']}",
+        f"submitted {local_time(data['submit_time'])}  started {local_time(data['start_time'])}  "
+        f"ended {local_time(data['end_time'])}{exit_code}",
+        *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {r['outcome'] or ''}"
+          for r in data["runs"]),
+        *([f"waiting: {data['pending_reason']}"] if data["pending_reason"] else []),
+        *([f"end: {data['end_reason']}"] if data["end_reason"] else []),
+    ])
+    emit(args, data, text)
+    return 0
+
+
+def _tail_lines(text: str, lines: int | None) -> str:
+    """The last `lines` lines of `text` (all of it when None)."""
+    if lines is None or not text:
+        return text
+    kept = text.splitlines(keepends=True)[-lines:] if lines > 0 else []
+    return "".join(kept)
+
+
+def _new_output(seen: str, now: str) -> str:
+    """What `now` (a tail of a growing log) adds after `seen` (an earlier tail of the same log)."""
+    if now.startswith(seen):
+        return now[len(seen):]
+    for cut in range(1, len(seen)):  # the tail window moved: find where the old tail's end is in the new one
+        if now.startswith(seen[cut:]):
+            return now[len(seen) - cut:]
+    return now
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from lucid_core.domain import TERMINAL_STATES
+    from lucid_core.runtime.surfaces.queries import logs, status
+
+    store = store_of(args)
+    stream = "stderr" if args.stderr else "stdout"
+    cap = 1 << 20 if args.follow else 65536
+    text = logs(store, executor_of(args), args.job, stream, max_bytes=cap)
+    sys.stdout.write(_tail_lines(text, args.lines))
+    sys.stdout.flush()
+    terminal = {s.value for s in TERMINAL_STATES}
+    while args.follow:
+        ended = status(store, args.job)["state"] in terminal
+        time.sleep(0 if ended else args.interval)
+        now = logs(store, executor_of(args), args.job, stream, max_bytes=cap)
+        sys.stdout.write(_new_output(text, now))
+        sys.stdout.flush()
+        text = now
+        if ended:
+            break
+    if not text and stream == "stdout":
+        data = status(store, args.job)
+        other = logs(store, executor_of(args), args.job, "stderr", max_bytes=4096)
+        if other:
+            print(f"(stdout of {args.job} is empty; it wrote {len(other)} bytes to stderr: "
+                  f"lucid logs {args.job} --stderr)", file=sys.stderr)
+        elif not data["runs"]:
+            print(f"({args.job} has not started yet: {data['pending_reason'] or data['state']})", file=sys.stderr)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.round.prediction_words import explain_terms
+    from lucid_core.runtime.surfaces.explain import explain, shared_speed_line
+
+    data = _about_job(args, explain)
+    prio = data["priority"]
+    lines = [f"{data['job_id']} {data['state']}: {data['gpus']} GPU(s), user {data['user']}, VC {data['vc']}"]
+    if prio["predicted_duration_s"] is not None:
+        lines.append(f"priority {prio['value_gpu_s'] / 3600:.3f} GPU-h = {prio['gpus']} GPU(s) x predicted "
+                     f"{_duration(prio['predicted_duration_s'])}")
+    if data.get("ordered_by"):
+        lines.append(f"ordered by {data['ordered_by']['why']}")
+    recorded = prio.get("recorded")
+    if recorded:
+        lines.append(f"  used when placed ({local_time(recorded['time'])}): {recorded['note']}")
+    now_says = explain_terms(prio.get("duration") or {})
+    if now_says and not (recorded and len(now_says) == 1 and now_says[0] in recorded["note"]):
+        lines.append("  the duration model now says:" if recorded else "  the duration model says:")
+        lines += [f"    {line}" for line in now_says]
+    packing = data["packing"]
+    if packing["class"]:
+        lines.append(f"packing class {packing['class']}: " + " / ".join(packing["path"]))
+    if data["partner"]:
+        lines.append(f"shares with {data['partner']['job_id']}: {data['partner']['why']}")
+    if data["shared"]:
+        lines.append(shared_speed_line(data["shared"]))
+    sharing = data["sharing"]
+    if not sharing["allowed"]:
+        lines.append(f"may not share a GPU: {sharing['why']}")
+        if sharing.get("measured"):
+            lines.append(f"  {sharing['measured']}")
+    if data["pending"]:
+        lines.append(f"waiting (position {data['pending']['position']}): {data['pending']['reason']}")
+    for d in data["decisions"]:
+        lines.append(f"  {local_time(d['time'])} {d['kind']} [{d['status']}]: {d['reason']}")
+    emit(args, data, "\n".join(lines))
+    return 0
+
+
+def cmd_eta(args: argparse.Namespace) -> int:
+    from lucid_core.runtime.surfaces.eta import estimate
+
+    eta = _about_job(args, estimate)
+    emit(args, asdict(eta),
+           f"{eta.job_id} {eta.state}: start {local_time(eta.start)}, end {local_time(eta.end)} ({eta.note})")
+    return 0
+
+
+def _about_job(args: argparse.Namespace, answer: Callable[[Any, str, Any, float], T]) -> T:
+    """`answer(store, job, config, now)` for --job; an unknown job is the CLI's UnknownJob error."""
+    from lucid_core.runtime.surfaces.submission import UnknownJob
+
+    try:
+        return answer(store_of(args), args.job, config_of(args), time.time())
+    except KeyError:
+        raise UnknownJob(args.job) from None

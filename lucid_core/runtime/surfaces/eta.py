@@ -1,0 +1,124 @@
+"""`lucid eta`: when will a job start and end? Run the live policy forward from the live state.
+
+The view is rebuilt exactly as a round builds it, taken as the simulator's start state, and the
+simulator's own engine runs the same policy forward from it until the asked-for job has ended:
+a what-if and a trace replay share one forward loop (pair slowdowns, profiling windows, wake-ups).
+Jobs are assumed to run for their predicted durations and nobody else submits: it is a what-if,
+not a promise. A running pair member whose speed the round has measured runs at that speed
+until its pair changes, not at the speed its profile predicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool, RunState
+from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.predictors import DEFAULT_DURATION_S
+from lucid_core.policy.view import ClusterView
+from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
+from lucid_core.runtime.round.snapshot import Snapshot as StoreSnapshot
+from lucid_core.runtime.round.snapshot import load_snapshot
+from lucid_core.runtime.round.view_builder import HOLD_PREFIX, build_view
+from lucid_core.runtime.store.store import Store
+from lucid_core.sim.engine import simulate
+from lucid_core.sim.start import StartState, Until
+
+MIN_MEASURED_RATE = 0.01  # a pair measured as stalled still ends in the what-if (at 100x its duration)
+
+
+@dataclass(frozen=True)
+class Eta:
+    job_id: str
+    state: str
+    start: float | None
+    end: float | None
+    predicted_duration: float | None
+    steps: int
+    note: str
+
+
+def assumed_durations(policy: SchedulingPolicy, jobs: Sequence[Job]) -> list[float]:
+    """Each job's whole work in the what-if: its predicted duration, else what the policy's model
+    predicts now (floored as the orchestrator floors a prediction), else an hour."""
+    missing = [job for job in jobs if job.predicted_duration is None]
+    model = policy.describe().duration_model
+    predicted = {}
+    if missing:
+        raw = model.predict_duration(missing) if model is not None else [DEFAULT_DURATION_S] * len(missing)
+        predicted = {job.job_id: max(float(p), job.known_min_duration, 1.0)
+                     for job, p in zip(missing, raw, strict=True)}
+    return [float(job.predicted_duration) if job.predicted_duration is not None else predicted[job.job_id]
+            for job in jobs]
+
+
+def measured_rates(snapshot: StoreSnapshot) -> dict[str, float]:
+    """The speed the round last measured for each running main run that has a partner (rank 0).
+
+    A new partner clears the stored speed, so each figure belongs to the job's current pair; one
+    of a job whose partner has ended is ignored by the engine (it only slows pairs).
+    """
+    return {r.job_id: max(MIN_MEASURED_RATE, min(1.0, r.observed_speed)) for r in snapshot.runs
+            if r.kind == "main" and r.node_rank == 0 and r.state == RunState.RUNNING and r.partner is not None
+            and r.observed_speed is not None}
+
+
+def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
+             policy_factory: PolicyFactory | None = None, horizon_s: float = 30 * 86400.0,
+             max_steps: int = 100000) -> Eta:
+    """Start and end of `job_id` if the current policy kept deciding on the current cluster."""
+    from lucid_core.runtime.store.schema import JobRow
+
+    with store.session() as s:
+        row = s.get(JobRow, job_id)
+        if row is None:
+            raise KeyError(job_id)
+        state = JobState(row.state)
+        if state in TERMINAL_STATES:
+            return Eta(job_id, state.value, row.start_time, row.end_time, row.predicted_duration, 0, "already ended")
+    snapshot = load_snapshot(store, now)
+    rates = measured_rates(snapshot)
+    built = build_view(snapshot, config, now, policy_factory or default_policy)
+    held = [j for j in built.view.allocations if j.startswith(HOLD_PREFIX)]
+    return estimate_in_view(built.view, built.policy, job_id, state=state.value, held=held,
+                            horizon_s=horizon_s, max_steps=max_steps, rates=rates)
+
+
+def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *, state: str | None = None,
+                     held: Collection[str] = (), horizon_s: float = 30 * 86400.0,
+                     max_steps: int = 100000, rates: Mapping[str, float] | None = None) -> Eta:
+    """Start and end of `job_id` when the simulator's engine runs `policy` on from `view` (at
+    `view.now`, which the run changes): no submissions, `held` allocations never end, running
+    pair members in `rates` run at those measured speeds (see `StartState`).
+
+    `steps` is the number of scheduling rounds the what-if took.
+    """
+    target = view.jobs.get(job_id)
+    if target is None:
+        return Eta(job_id, state or "", None, None, None, 0, "job is not in the scheduler's view (stop pending)")
+    state = state or target.state.value
+    alloc = view.allocations.get(job_id)
+    was_running = alloc is not None and alloc.pool is Pool.MAIN
+    start = StartState.from_view(view, partial(assumed_durations, policy), held=held, rates=rates)
+    duration = next((r.duration for r in start.jobs if r.job_id == job_id), None)
+    if duration is None:
+        return Eta(job_id, state, target.start_time, target.end_time, target.predicted_duration, 0,
+                   "neither running nor waiting in the scheduler's view")
+    result = simulate([], policy, view.config, start=start,
+                      until=Until(job_finished=job_id, time=start.now + horizon_s, rounds=max_steps))
+    outcome = next((o for o in result.outcomes if o.job_id == job_id), None)
+    if outcome is not None:
+        note = "running: predicted end" if was_running else "placed in the what-if run of the live policy"
+        return Eta(job_id, state, outcome.start_time, outcome.end_time, duration, result.rounds, note)
+    limit = (f"{horizon_s / 86400:g} days of simulated time" if result.stopped_by == "time"
+             else f"{max_steps} scheduling rounds")
+    placed = view.allocations.get(job_id)
+    if placed is not None and placed.pool is Pool.MAIN:
+        return Eta(job_id, state, placed.start, None, duration, result.rounds, f"placed; not ended within {limit}")
+    if result.stopped_by == "idle":
+        return Eta(job_id, state, None, None, duration, result.rounds,
+                   "never placed: nothing running ends and the policy waits for nothing")
+    return Eta(job_id, state, None, None, duration, result.rounds, f"not placed within {limit}")

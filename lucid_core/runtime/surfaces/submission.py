@@ -1,0 +1,238 @@
+"""Submitting and cancelling jobs: validation with errors that name the field, then a store row."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import IntegrityError
+
+from lucid_core.domain import TERMINAL_STATES, JobState
+from lucid_core.runtime.hosts.inputs import ENV_NAME_PATTERN
+from lucid_core.runtime.hosts.inventory import submitter_user_problem
+from lucid_core.runtime.store.schema import HostRow, JobEventRow, JobRow
+from lucid_core.runtime.store.store import Store
+
+MAX_NAME = 256
+MAX_USER = 128
+MAX_VC = 128
+MAX_COMMAND = 65536
+MAX_ENV_VARS = 64
+MAX_ENV_VALUE = 4096
+MAX_IDEMPOTENCY_KEY = 128
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
+RESERVED_ENV_PREFIX = "LUCID_"
+SEQ_LOCK_KEY = 0x6C756369_6A6F6273  # PostgreSQL advisory lock held while a job id is allocated
+
+
+class SubmissionError(ValueError):
+    """A submission was refused; `errors` maps each bad field to what is wrong with it."""
+
+    def __init__(self, errors: Mapping[str, str]) -> None:
+        self.errors = dict(errors)
+        super().__init__("; ".join(f"{k}: {v}" for k, v in self.errors.items()))
+
+
+class UnknownJob(KeyError):
+    def __str__(self) -> str:
+        return f"no job {self.args[0]!r}"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a user submits. `command` is a shell command line, or an argv list joined with quoting."""
+
+    command: str | Sequence[str]
+    gpus: int
+    user: str
+    vc: str
+    name: str = ""
+    amp: bool = False
+    long_cold_start: bool = False
+    preemptible: bool = False  # the job resumes from its own checkpoints: Lucid may stop and restart it
+    env: Mapping[str, str] = field(default_factory=dict)
+    workload: str | None = None  # catalog key for hosts with emulated telemetry
+    # a client-chosen key: submitting again with the same key (same user) returns the first job
+    idempotency_key: str | None = None
+
+
+def command_line(command: str | Sequence[str]) -> str:
+    """The shell command to run: a single string as given, an argv list shell-joined."""
+    if isinstance(command, str):
+        return command
+    parts = list(command)
+    return parts[0] if len(parts) == 1 else shlex.join(parts)
+
+
+def vc_capacity(store: Store) -> dict[str, int]:
+    """GPUs per VC on main-pool hosts that are not being removed."""
+    from lucid_core.runtime.store.schema import GpuRow
+
+    with store.session() as s:
+        rows = s.execute(
+            select(HostRow.vc, func.count(GpuRow.index))
+            .join(GpuRow, GpuRow.host == HostRow.name)
+            .where(HostRow.pool == "main")
+            .group_by(HostRow.vc)).all()
+    return {vc: int(n) for vc, n in rows}
+
+
+UNSTORABLE = "must be UTF-8 encodable text without NUL characters"
+
+
+def _storable(text: str) -> bool:
+    """True when a store (SQLite or PostgreSQL) and a host shell can take the text as given."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]:
+    """Field -> problem for everything wrong with the request (empty when it is fine)."""
+    errors: dict[str, str] = {}
+    command = command_line(request.command) if request.command is not None else ""
+    if not command.strip():
+        errors["command"] = "must not be empty"
+    elif len(command) > MAX_COMMAND:
+        errors["command"] = f"is {len(command)} characters; at most {MAX_COMMAND}"
+    elif "\x00" in command:
+        errors["command"] = "must not contain NUL characters"
+    elif not _storable(command):
+        errors["command"] = UNSTORABLE
+    gpus = request.gpus
+    if isinstance(gpus, bool) or not isinstance(gpus, int):
+        errors["gpus"] = f"must be a whole number, got {gpus!r}"
+    elif gpus < 1:
+        errors["gpus"] = f"must be positive, got {gpus}"
+    for name, value, limit in (("user", request.user, MAX_USER), ("vc", request.vc, MAX_VC),
+                               ("name", request.name, MAX_NAME)):
+        if not isinstance(value, str):
+            errors[name] = f"must be text, got {type(value).__name__}"
+        elif name != "name" and not value.strip():
+            errors[name] = "must not be empty"
+        elif len(value) > limit:
+            errors[name] = f"is {len(value)} characters; at most {limit}"
+        elif not _storable(value):
+            errors[name] = UNSTORABLE
+    if "vc" not in errors:
+        if request.vc not in capacity:
+            known = ", ".join(sorted(capacity)) or "none: add main hosts first"
+            errors["vc"] = f"unknown VC {request.vc!r}; known: {known}"
+        elif "gpus" not in errors:
+            largest_vc, largest = max(capacity.items(), key=lambda kv: kv[1])
+            if gpus > largest:
+                errors["gpus"] = (f"{gpus} GPUs is more than any VC has "
+                                  f"(largest: {largest_vc} with {largest})")
+            elif gpus > capacity[request.vc]:
+                errors["gpus"] = f"{gpus} GPUs is more than VC {request.vc} has ({capacity[request.vc]})"
+    env = request.env or {}
+    if len(env) > MAX_ENV_VARS:
+        errors["env"] = f"has {len(env)} variables; at most {MAX_ENV_VARS}"
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME_PATTERN.match(key):
+            errors[f"env.{key}"] = "is not a valid environment variable name"
+        elif key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIX):
+            errors[f"env.{key}"] = "is set by the scheduler and may not be given"
+        elif not isinstance(value, str) or len(value) > MAX_ENV_VALUE or not _storable(value):
+            errors[f"env.{key}"] = f"value must be text of at most {MAX_ENV_VALUE} characters"
+    if request.workload is not None and (not isinstance(request.workload, str) or len(request.workload) > 256
+                                         or not _storable(request.workload)):
+        errors["workload"] = "must be a catalog key of at most 256 characters"
+    key = request.idempotency_key
+    if key is not None and (not isinstance(key, str) or not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY
+                            or not _storable(key)):
+        errors["idempotency_key"] = f"must be non-empty text of at most {MAX_IDEMPOTENCY_KEY} characters"
+    return errors
+
+
+def _job_with_key(store: Store, user: str, key: str | None) -> str | None:
+    """The job `user` submitted with idempotency key `key` (keys are scoped by user: a pair of columns)."""
+    if key is None:
+        return None
+    with store.session() as s:
+        return s.scalar(select(JobRow.job_id).where(JobRow.user == user, JobRow.idempotency_key == key))
+
+
+def fleet_problem(store: Store, gpus: int, vc: str) -> str | None:
+    """Why no set of VC `vc`'s main hosts could ever hold a `gpus`-GPU job (None when some could).
+
+    The rule is the policy's own (GpuPool.could_hold): one host with room, or, for a job wider than the
+    fleet's node size (its largest host), whole hosts of that size and one more for the rest."""
+    from lucid_core.policy.placement import fleet_could_hold
+    from lucid_core.runtime.round.view_builder import fleet_node_size
+    from lucid_core.runtime.store.schema import GpuRow
+
+    with store.session() as s:
+        rows = s.execute(select(HostRow.name, HostRow.vc, HostRow.pool, func.count(GpuRow.index))
+                         .join(GpuRow, GpuRow.host == HostRow.name)
+                         .group_by(HostRow.name, HostRow.vc, HostRow.pool)).all()
+    size = fleet_node_size(int(n) for _, _, _, n in rows)
+    mine = sorted((int(n) for _, host_vc, pool, n in rows if host_vc == vc and pool == "main"), reverse=True)
+    if size is None or not mine or fleet_could_hold(gpus, mine, size):
+        return None
+    whole = sum(1 for n in mine if n == size)
+    return (f"{gpus} GPUs can never be placed in VC {vc}: its hosts have {', '.join(map(str, mine))} GPUs; "
+            f"a job fits on one host, or takes whole {size}-GPU hosts ({whole} in this VC) and one more "
+            f"for the rest")
+
+
+def submit(store: Store, request: JobRequest, *, now: float | None = None) -> str:
+    """Validate and record a job; returns its id. Raises SubmissionError naming each bad field."""
+    errors = validate(request, vc_capacity(store))
+    if "user" not in errors and "vc" not in errors:  # hosts that run jobs as their user need an OS user name
+        problem = submitter_user_problem(store, request.user, request.vc)
+        if problem is not None:
+            errors["user"] = problem
+    if "gpus" not in errors and "vc" not in errors:
+        problem = fleet_problem(store, request.gpus, request.vc)
+        if problem is not None:
+            errors["gpus"] = problem
+    if errors:
+        raise SubmissionError(errors)
+    now = time.time() if now is None else now
+    key = request.idempotency_key
+    for _ in range(20):
+        existing = _job_with_key(store, request.user, key)
+        if existing is not None:
+            return existing  # the same submission again: nothing new is written
+        try:
+            with store.session() as s:
+                if store.dialect == "postgresql":  # serialize id allocation: no retry storm under bursts
+                    s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SEQ_LOCK_KEY})
+                seq = (s.scalar(select(func.max(JobRow.seq))) or 0) + 1
+                job_id = f"j{seq:06d}"
+                s.add(JobRow(
+                    job_id=job_id, seq=seq, name=request.name, user=request.user, vc=request.vc,
+                    gpus=request.gpus, command=command_line(request.command), env=dict(request.env or {}),
+                    workload=request.workload, idempotency_key=key, amp=request.amp,
+                    long_cold_start=request.long_cold_start, preemptible=request.preemptible,
+                    state=JobState.SUBMITTED.value, submit_time=now))
+                s.flush()
+                s.add(JobEventRow(job_id=job_id, time=now, kind="submitted",
+                                  message=f"{request.gpus} GPU(s) in VC {request.vc} by {request.user}"))
+            return job_id
+        except IntegrityError:
+            continue  # another submitter took the same sequence number, or the same key (found above)
+    raise RuntimeError("could not allocate a job id after 20 tries")
+
+
+def cancel(store: Store, job_id: str, *, now: float | None = None) -> str:
+    """Ask for a job to be cancelled; the next round stops it. Returns its state after the request."""
+    now = time.time() if now is None else now
+    with store.session() as s:
+        job = s.get(JobRow, job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        if JobState(job.state) in TERMINAL_STATES:
+            return job.state
+        if not job.cancel_requested:
+            job.cancel_requested = True
+            s.add(JobEventRow(job_id=job_id, time=now, kind="cancel_requested", message="cancel requested"))
+        return job.state
