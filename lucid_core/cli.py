@@ -41,10 +41,25 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE", help="override a knob")
     p.add_argument("--out", default="out/simulate", help="where tables, per-job CSVs and plots go")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preemptible-share", type=_share, metavar="P",
+                   help="mark a seeded share P (0..1) of the jobs preemptible, the rest not, whatever the trace "
+                        "says (default: as the trace's preemptible column says; a trace without one has none, "
+                        "so Lucid stops no job). Tiresias preempts every job regardless")
     p.add_argument("--check-invariants", action="store_true", help="verify GPU invariants after every event")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_simulate)
     return p
+
+
+def _share(text: str) -> float:
+    """A share in [0, 1] for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number between 0 and 1") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return value
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -78,7 +93,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return simulate_pollux_cli(args, config, pairs, catalog, node_counts, policies, out)
     for nodes in node_counts:
         exp, problems = load_experiment(args.trace, args.format, args.start, args.end, nodes=nodes,
-                                        catalog=catalog, config=config, seed=args.seed, vc_nodes=vc_nodes)
+                                        catalog=catalog, config=config, seed=args.seed, vc_nodes=vc_nodes,
+                                        preemptible_share=args.preemptible_share)
         print(f"{problems}\nsimulating {len(exp.records)} jobs ({len(exp.history)} earlier jobs as history) "
               f"on {nodes} nodes x {config.cluster.gpus_per_node} GPUs")
         metrics, outcomes, timelines = {}, {}, {}

@@ -18,7 +18,7 @@ from typing import Any
 
 from lucid_core.config import ConfigError, LucidConfig, load_config, load_live_config
 from lucid_core.sim.fleet import Fleet
-from lucid_core.sim.records import TraceRecord
+from lucid_core.sim.records import TraceRecord, stored_flag
 
 #: Form field -> config knob it sets (what the Params form and the CLI accept).
 GRID_KNOBS: dict[str, str] = {
@@ -446,7 +446,8 @@ def report_html(summary: Mapping[str, Any], header: Sequence[str], rows: Sequenc
 
 
 def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[TraceRecord]:
-    """Finished jobs of the store (dict rows) as trace records on a clock starting at the first submit."""
+    """Finished jobs of the store (dict rows) as trace records on a clock starting at the first submit; each
+    keeps its own `preemptible` flag, so the replay yields only the jobs the live round could have stopped."""
     done = [j for j in jobs if j.get("end_time") is not None and j.get("start_time") is not None]
     if not done:
         return []
@@ -454,7 +455,8 @@ def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[TraceRecord]:
     records = [TraceRecord(job_id=str(j["job_id"]), submit_time=float(j["submit_time"]) - origin,
                            duration=max(1.0, float(j["end_time"]) - float(j["start_time"])),
                            gpus=int(j["gpus"]), vc=str(j.get("vc") or "default"), user=str(j.get("user") or ""),
-                           name=str(j.get("name") or ""), state=str(j.get("state") or ""))
+                           name=str(j.get("name") or ""), state=str(j.get("state") or ""),
+                           preemptible=stored_flag(j.get("preemptible")))
                for j in done]
     return sorted(records, key=lambda r: (r.submit_time, r.job_id))
 

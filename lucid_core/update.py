@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from lucid_core.runtime.store.store import Store
 
 JOB_COLUMNS = ["job_id", "user", "vc", "name", "gpus", "submit_time", "start_time", "end_time", "duration", "state",
-               "gpu_util", "mem_util", "gpu_mem_mb", "amp"]
+               "gpu_util", "mem_util", "gpu_mem_mb", "amp", "preemptible"]
 SLOT_S = 600.0
 REFERENCE_SAMPLE = 512  # input values kept per feature to compute PSI later
 DURATION_INPUTS = ("gpus", "submit_hour", "gpu_util")
@@ -72,6 +72,7 @@ def extract_job_log(store_url: str, since: float | None = None, until: float | N
     frame = pd.DataFrame.from_records(rows, columns=list(JOB_LOG_FIELDS), coerce_float=True)
     frame["duration"] = frame["end_time"] - frame["start_time"]
     frame["amp"] = frame["amp"].astype(bool)
+    frame["preemptible"] = frame["preemptible"].fillna(False).astype(bool)
     return frame[JOB_COLUMNS]
 
 
@@ -246,12 +247,13 @@ def simulated_duration_check(frame: pd.DataFrame, recent: np.ndarray, model: Any
     from lucid_core.config import LucidConfig
     from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import Experiment, run_policy
-    from lucid_core.sim.records import TraceRecord
+    from lucid_core.sim.records import TraceRecord, stored_flag
 
     def records(rows: pd.DataFrame) -> list[TraceRecord]:
         rows = rows.sort_values("submit_time", kind="stable")
         return [TraceRecord(str(r.job_id), float(r.submit_time), max(1.0, float(r.duration)), max(1, int(r.gpus)),
-                            vc=str(r.vc), user=str(r.user), name=r.name if isinstance(r.name, str) else "")
+                            vc=str(r.vc), user=str(r.user), name=r.name if isinstance(r.name, str) else "",
+                            preemptible=stored_flag(getattr(r, "preemptible", False)))
                 for r in rows.itertuples(index=False)]
 
     window, history = records(frame[recent]), records(frame[~recent])

@@ -34,6 +34,9 @@ class SchedulingPolicy:
     name: str = "policy"
     #: True when the policy may stop running jobs (Tiresias; Lucid only to yield, only jobs that resume).
     preemptive: bool = False
+    #: True when the policy stops jobs whether or not they said they resume from checkpoints (Tiresias):
+    #: its figures hold only for jobs that do, and reports say so
+    assumes_checkpoints: bool = False
     #: True when new jobs go through a profiling window before the main queue.
     profiles: bool = False
     #: where the policy's main-cluster starts go (placement.py); compact unless a policy says otherwise

@@ -144,6 +144,7 @@ class TiresiasPolicy(SchedulingPolicy):
 
     name = "tiresias"
     preemptive = True
+    assumes_checkpoints = True  # it preempts by design: every job is taken to resume from its checkpoints
     profiles = False
 
     def __init__(self, config: LucidConfig) -> None:

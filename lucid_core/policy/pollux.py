@@ -98,6 +98,7 @@ class PolluxPolicy:
     """Pollux's allocation and batch-size rules (see the module docstring)."""
 
     name = "pollux"
+    assumes_checkpoints = True  # every re-allocation restarts the job from its checkpoint
 
     def __init__(self, max_gpus_per_job: int = 64, max_nodes_per_job: int = 16) -> None:
         self.max_gpus_per_job = max_gpus_per_job

@@ -24,8 +24,8 @@ from lucid_core.policy.predictors import DurationPredictor, HistoryDurationPredi
 from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.engine import SimResult, simulate
 from lucid_core.sim.metrics import compute_metrics
-from lucid_core.sim.records import TraceRecord
-from lucid_core.sim.traces import read_trace
+from lucid_core.sim.records import TraceRecord, with_preemptible_share
+from lucid_core.sim.traces import ParsedTrace, parse_trace
 
 POLICIES = ("fifo", "sjf", "qssf", "horus", "tiresias", "lucid")
 
@@ -125,7 +125,15 @@ def run_policy(name: str, exp: Experiment, *, check_invariants: bool = False, ke
     metrics = compute_metrics(result.outcomes, result.busy_timeline, result.total_gpus)
     metrics["wall_s"] = result.wall_seconds
     metrics["profiling_pool_gpus"] = pool * config.cluster.gpus_per_node
+    metrics.update(checkpoint_metrics(policy, exp.records))
     return result, metrics
+
+
+def checkpoint_metrics(policy: object, records: Sequence[TraceRecord]) -> dict[str, float]:
+    """What a run assumed of checkpoints: the policy preempts every job regardless (1.0) or only the jobs
+    marked preemptible, and how many of those there were."""
+    return {"assumes_checkpoints": float(bool(getattr(policy, "assumes_checkpoints", False))),
+            "preemptible_jobs": float(sum(1 for r in records if r.preemptible))}
 
 
 def _merge_timelines(timelines: Sequence[list[tuple[float, int]]]) -> list[tuple[float, int]]:
@@ -155,7 +163,7 @@ def _run_per_vc(name: str, exp: Experiment, progress: Callable[[int, int], None]
     unknown = sorted({r.vc for r in exp.records} - set(exp.vc_nodes))
     if unknown:
         raise ValueError(f"jobs of virtual clusters missing from the VC config: {unknown[:5]}")
-    results, pool_gpus = [], 0
+    results, pool_gpus, assumes = [], 0, 0.0
     for vc, nodes in sorted(exp.vc_nodes.items()):
         records = [r for r in exp.records if r.vc == vc]
         if not records:
@@ -167,6 +175,7 @@ def _run_per_vc(name: str, exp: Experiment, progress: Callable[[int, int], None]
         result, metrics = run_policy(name, sub, progress=overall, **kwargs)
         results.append(result)
         pool_gpus += int(metrics["profiling_pool_gpus"])
+        assumes = metrics["assumes_checkpoints"]
     outcomes = [o for r in results for o in r.outcomes]
     counts: dict[str, int] = {}
     for r in results:
@@ -178,22 +187,30 @@ def _run_per_vc(name: str, exp: Experiment, progress: Callable[[int, int], None]
     metrics = compute_metrics(merged.outcomes, merged.busy_timeline, merged.total_gpus)
     metrics["wall_s"] = merged.wall_seconds
     metrics["profiling_pool_gpus"] = pool_gpus
+    metrics["assumes_checkpoints"] = assumes
+    metrics["preemptible_jobs"] = float(sum(1 for r in exp.records if r.preemptible))
     return merged, metrics
 
 
-def load_experiment(trace: str | Path, fmt: str = "auto", start: date | datetime | str | None = None,
+def load_experiment(trace: str | Path | ParsedTrace, fmt: str = "auto", start: date | datetime | str | None = None,
                     end: date | datetime | str | None = None, *, nodes: int, catalog: WorkloadCatalog,
-                    config: LucidConfig, seed: int = 0,
-                    vc_nodes: dict[str, int] | None = None) -> tuple[Experiment, str]:
-    """Read the window and, as history, every job of the same file submitted before it."""
-    window = read_trace(trace, fmt, start, end)
+                    config: LucidConfig, seed: int = 0, vc_nodes: dict[str, int] | None = None,
+                    preemptible_share: float | None = None) -> tuple[Experiment, str]:
+    """Read the window and, as history, every job of the same file submitted before it (the file is parsed
+    once; pass a `ParsedTrace` to reuse one). `preemptible_share`: mark a seeded share of the window's jobs
+    preemptible and the rest not, whatever the trace says (None: each job as the trace says, no when silent)."""
+    parsed = trace if isinstance(trace, ParsedTrace) else parse_trace(trace, fmt)
+    window = parsed.window(start, end)
     history: list[TraceRecord] = []
     if start is not None:
-        before = read_trace(trace, fmt, None, start)
+        before = parsed.window(None, start)
         shift = (before.epoch - window.epoch).total_seconds()
         history = [replace(r, submit_time=r.submit_time + shift) for r in before.records]
     if not window.records:
-        raise ValueError(f"{trace}: no valid jobs submitted in the window [{start}, {end})")
+        raise ValueError(f"{parsed.path}: no valid jobs submitted in the window [{start}, {end})")
+    records = window.records
+    if preemptible_share is not None:
+        records = with_preemptible_share(records, preemptible_share, seed)
     if vc_nodes:
         nodes = sum(vc_nodes.values())
-    return Experiment(window.records, history, catalog, config, nodes, seed, vc_nodes), window.problem_summary()
+    return Experiment(records, history, catalog, config, nodes, seed, vc_nodes), window.problem_summary()

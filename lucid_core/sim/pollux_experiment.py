@@ -33,7 +33,7 @@ from lucid_core.policy.predictors import HistoryDurationPredictor
 from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.elastic import fixed_run_seconds, simulate_elastic
 from lucid_core.sim.engine import SimResult, simulate
-from lucid_core.sim.experiment import history_jobs, profiling_pool_nodes
+from lucid_core.sim.experiment import checkpoint_metrics, history_jobs, profiling_pool_nodes
 from lucid_core.sim.metrics import compute_metrics
 from lucid_core.sim.pollux_trace import PolluxTrace
 from lucid_core.sim.records import TraceRecord, Workload
@@ -141,7 +141,8 @@ def run_pollux_policy(name: str, exp: PolluxExperiment,
         result = SimResult(name, elastic.outcomes, elastic.busy_timeline, elastic.total_gpus,
                            elastic.decision_counts, elastic.wall_seconds, elastic.rounds, rounds=elastic.rounds)
         metrics = compute_metrics(result.outcomes, result.busy_timeline, result.total_gpus)
-        metrics.update(wall_s=result.wall_seconds, profiling_pool_gpus=0, restarts=elastic.restarts)
+        metrics.update(wall_s=result.wall_seconds, profiling_pool_gpus=0, restarts=elastic.restarts,
+                       **checkpoint_metrics(PolluxPolicy, []))
         return result, metrics
     records = fixed_records(exp.trace, gpn)
     policy = _fixed_policy(name, exp.config, records, exp.history)
@@ -151,7 +152,7 @@ def run_pollux_policy(name: str, exp: PolluxExperiment,
     result = simulate(records, policy, exp.config, main_nodes=exp.nodes - pool, profiling_nodes=pool,
                       workloads=workloads, speeds=exp.catalog.colocated_speeds, progress=progress)
     metrics = compute_metrics(result.outcomes, result.busy_timeline, result.total_gpus)
-    metrics.update(wall_s=result.wall_seconds, profiling_pool_gpus=pool * gpn)
+    metrics.update(wall_s=result.wall_seconds, profiling_pool_gpus=pool * gpn, **checkpoint_metrics(policy, records))
     return result, metrics
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lucid_core.domain import Job
@@ -20,13 +22,14 @@ class TraceRecord:
     user: str = ""
     name: str = ""
     state: str = ""  # the trace's final state when it has one (COMPLETED, FAILED, ...)
+    # the job resumes from its own checkpoints (a `preemptible` column, or `--preemptible-share`): only such
+    # a job may yield under Lucid, as live; Tiresias and Pollux preempt every job, as they assume checkpoints
+    preemptible: bool = False
 
     def to_job(self) -> Job:
-        """The job a policy sees: what a submission says (never the duration); a user-less trace's VC as user.
-        Trace jobs are taken to resume from checkpoints, as every preemptive simulator (Tiresias's, the
-        Lucid artifact's) takes them; a preemption costs them the configured checkpoint cost."""
+        """The job a policy sees: what a submission says (never the duration); a user-less trace's VC as user."""
         return Job(job_id=self.job_id, user=self.user or self.vc, vc=self.vc, gpus=self.gpus,
-                   submit_time=self.submit_time, name=self.name, preemptible=True)
+                   submit_time=self.submit_time, name=self.name, preemptible=self.preemptible)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,31 @@ class JobOutcome:
     @property
     def jct(self) -> float:
         return self.end_time - self.submit_time
+
+
+def with_preemptible_share(records: Sequence[TraceRecord], share: float, seed: int = 0) -> list[TraceRecord]:
+    """`records` with a seeded share of them marked preemptible and the rest not (a what-if for a trace
+    that says nothing of checkpoints). A job's draw hangs on its id and the seed only, so the same job is
+    drawn in every window and cluster size, and the jobs drawn at a share are among those drawn at a larger one."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"the preemptible share must be between 0 and 1, got {share}")
+    return [replace(r, preemptible=share >= 1.0 or _draw(seed, r.job_id) < share) for r in records]
+
+
+def _draw(seed: int, job_id: str) -> float:
+    """A number in [0, 1) fixed by (seed, job id): stable across runs and processes (no hash salt)."""
+    digest = hashlib.blake2b(f"{seed}:{job_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def stored_flag(value: Any) -> bool:
+    """A stored yes/no column as a replay reads it: only a real yes is yes (NULL, NaN, 0 and text are no)."""
+    if value is None or isinstance(value, str | bytes):
+        return False
+    try:
+        return bool(value == 1)  # True, 1, 1.0 and NumPy's true (pandas rows)
+    except (TypeError, ValueError):
+        return False
 
 
 def records_from_frame(frame: Any) -> list[TraceRecord]:

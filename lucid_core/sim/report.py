@@ -30,6 +30,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str, bool], ...] = (
     ("finished_in_profiling", "ended in prof.", "{:d}", False),
     ("short_jobs_queued", "short queued", "{:d}", False),
     ("shared_jobs", "shared jobs", "{:d}", False),
+    ("preemptions", "preemptions", "{:d}", False),
 )
 
 
@@ -99,7 +100,21 @@ def side_by_side(results: Mapping[str, Mapping[str, float]], baseline: str = "lu
     jobs = {int(m.get("jobs", 0)) for m in results.values()}
     note = (f"x {base}: policy value / {base} value (above 1.00x: {base} is better). "
             f"Jobs per run: {', '.join(str(j) for j in sorted(jobs))}.")
-    return "\n".join([*lines, note])
+    return "\n".join([*lines, note, *checkpoint_lines(results)])
+
+
+def checkpoint_lines(results: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Which rows assume that every job resumes from checkpoints, and how many jobs said they do."""
+    assuming = [name for name, m in results.items() if m.get("assumes_checkpoints")]
+    marked = {int(m["preemptible_jobs"]) for m in results.values() if "preemptible_jobs" in m}
+    lines = []
+    if assuming:
+        lines.append(f"Checkpoints: {', '.join(assuming)} preempt{'s' if len(assuming) == 1 else ''} every job, "
+                     "as if each resumed from its checkpoints; their figures hold only where jobs do.")
+    if marked:
+        count = ", ".join(str(n) for n in sorted(marked))
+        lines.append(f"Jobs marked preemptible (the only ones other policies may stop): {count}.")
+    return lines
 
 
 def _pyplot():

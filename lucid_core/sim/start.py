@@ -61,7 +61,8 @@ class StartState:
         durations = [float(d) for d in durations_of(carried)] if carried else []
         if len(durations) != len(carried):
             raise ValueError(f"{len(durations)} durations for {len(carried)} jobs")
-        records = tuple(TraceRecord(job.job_id, job.submit_time, d, job.gpus, job.vc, job.user, job.name)
+        records = tuple(TraceRecord(job.job_id, job.submit_time, d, job.gpus, job.vc, job.user, job.name,
+                                    preemptible=job.preemptible)
                         for job, d in zip(carried, durations, strict=True))
         remaining = {}
         for rec in records:

@@ -21,7 +21,16 @@ vc            no        virtual cluster; ``default`` when absent or blank
 user          no        submitting user
 name          no        job name (recurring names let the duration model match history)
 state         no        final state in the source (COMPLETED, FAILED, CANCELLED, ...)
+preemptible   no        the job resumes from its own checkpoints, so it may be stopped and restarted:
+                        ``1``/``true``/``yes`` or ``0``/``false``/``no``; blank or absent: no
 ============  ========  =====================================================================
+
+Checkpointing is each job's own property: Philly and Helios carry no such column, so their jobs are
+not preemptible (`lucid simulate --preemptible-share` draws a share of them for a what-if).
+
+A file is parsed once (`parse_trace`) and cut into windows (`ParsedTrace.window`): `read_trace` does both,
+and a caller that simulates several windows of one file (the history before a window, the policy matrix)
+parses it once.
 """
 
 from __future__ import annotations
@@ -105,6 +114,21 @@ class _Row:
     user: str
     name: str
     state: str
+    preemptible: bool = False
+
+
+_TRUE = frozenset({"1", "true", "yes", "y", "t"})
+_FALSE = frozenset({"", "0", "false", "no", "n", "f"})
+
+
+def _flag(row: dict[str, str | None], column: str) -> bool:
+    """An optional yes/no cell: blank or absent is no; anything else that is not yes or no is a bad row."""
+    text = _cell(row, column, required=False)
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise _BadValue(column, text, "not a yes/no value (1/0, true/false, yes/no)")
 
 
 def _cell(row: dict[str, str | None], column: str, required: bool = True) -> str:
@@ -207,7 +231,7 @@ def _generic_row(row: dict[str, str | None], line: int) -> _Row | None:
                 _timestamp(row, "submit_time", allow_seconds=True), _duration(row, "duration"),
                 _gpus(row, "gpus"), _cell(row, "vc", required=False) or "default",
                 _cell(row, "user", required=False), _cell(row, "name", required=False),
-                _cell(row, "state", required=False))
+                _cell(row, "state", required=False), _flag(row, "preemptible"))
 
 
 _ROW_PARSERS: dict[str, tuple[Callable[[dict[str, str | None], int], _Row | None], tuple[str, ...]]] = {
@@ -265,22 +289,54 @@ def _rows(handle, parse, problems: list[RowProblem], columns: list[str]) -> Iter
             yield _BAD_ROW
 
 
-def read_trace(path: str | Path, fmt: str = "auto", start: datetime | date | str | None = None,
+@dataclass(slots=True)
+class ParsedTrace:
+    """Every valid row of a trace file in file order, with what the parse skipped; cut into windows by `window`."""
+
+    path: Path
+    fmt: str
+    rows: list[_Row]
+    problems: list[RowProblem]
+    rows_read: int
+    non_gpu_rows: int
+
+    def window(self, start: datetime | date | str | None = None,
                end: datetime | date | str | None = None) -> Trace:
-    """Read a trace file, keep jobs submitted in [start, end), sorted by submit time."""
+        """Jobs submitted in [start, end), sorted by submit time; a job id seen before in the window is skipped."""
+        window_start, window_end = _as_datetime(start, "start"), _as_datetime(end, "end")
+        if window_start and window_end and window_end <= window_start:
+            raise TraceFormatError(f"empty window: end {window_end} is not after start {window_start}")
+        problems = list(self.problems)
+        kept: list[_Row] = []
+        seen_ids: dict[str, int] = {}
+        outside = 0
+        for parsed in self.rows:
+            before = window_start is not None and parsed.submit < window_start
+            if before or (window_end is not None and parsed.submit >= window_end):
+                outside += 1
+                continue
+            first_line = seen_ids.get(parsed.job_id)
+            if first_line is not None:
+                problems.append(RowProblem(parsed.line, "job_id", parsed.job_id,
+                                           f"duplicate job_id (first on line {first_line})"))
+                continue
+            seen_ids[parsed.job_id] = parsed.line
+            kept.append(parsed)
+        problems.sort(key=lambda p: p.row)
+        return _build_trace(self.path, self.fmt, kept, problems, window_start, self.rows_read, outside,
+                            self.non_gpu_rows)
+
+
+def parse_trace(path: str | Path, fmt: str = "auto") -> ParsedTrace:
+    """Read and validate every row of a trace file once (windows are cut from the result)."""
     path = Path(path)
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt not in _ROW_PARSERS:
         raise TraceFormatError(f"unknown trace format {fmt!r}; choose from auto, {', '.join(TRACE_FORMATS)}")
     parse, required = _ROW_PARSERS[fmt]
-    window_start, window_end = _as_datetime(start, "start"), _as_datetime(end, "end")
-    if window_start and window_end and window_end <= window_start:
-        raise TraceFormatError(f"empty window: end {window_end} is not after start {window_start}")
-
     problems: list[RowProblem] = []
-    kept: list[_Row] = []
-    seen_ids: dict[str, int] = {}
-    rows_read = outside = non_gpu = 0
+    rows: list[_Row] = []
+    rows_read = non_gpu = 0
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as handle:
         header = handle.readline()
         columns = [name.strip() for name in next(csv.reader([header]), [])]
@@ -295,18 +351,17 @@ def read_trace(path: str | Path, fmt: str = "auto", start: datetime | date | str
                 non_gpu += 1
                 continue
             assert isinstance(parsed, _Row)
-            before = window_start is not None and parsed.submit < window_start
-            if before or (window_end is not None and parsed.submit >= window_end):
-                outside += 1
-                continue
-            first_line = seen_ids.get(parsed.job_id)
-            if first_line is not None:
-                problems.append(RowProblem(parsed.line, "job_id", parsed.job_id,
-                                           f"duplicate job_id (first on line {first_line})"))
-                continue
-            seen_ids[parsed.job_id] = parsed.line
-            kept.append(parsed)
-    return _build_trace(path, fmt, kept, problems, window_start, rows_read, outside, non_gpu)
+            rows.append(parsed)
+    return ParsedTrace(path, fmt, rows, problems, rows_read, non_gpu)
+
+
+def read_trace(path: str | Path, fmt: str = "auto", start: datetime | date | str | None = None,
+               end: datetime | date | str | None = None) -> Trace:
+    """Read a trace file, keep jobs submitted in [start, end), sorted by submit time."""
+    window_start, window_end = _as_datetime(start, "start"), _as_datetime(end, "end")
+    if window_start and window_end and window_end <= window_start:  # said before the file is read
+        raise TraceFormatError(f"empty window: end {window_end} is not after start {window_start}")
+    return parse_trace(path, fmt).window(start, end)
 
 
 def _build_trace(path: Path, fmt: str, kept: list[_Row], problems: list[RowProblem],
@@ -319,7 +374,7 @@ def _build_trace(path: Path, fmt: str, kept: list[_Row], problems: list[RowProbl
     epoch = window_start if window_start is not None else kept[0].submit
     records = [
         TraceRecord(job_id=r.job_id, submit_time=(r.submit - epoch).total_seconds(), duration=r.duration,
-                    gpus=r.gpus, vc=r.vc, user=r.user, name=r.name, state=r.state)
+                    gpus=r.gpus, vc=r.vc, user=r.user, name=r.name, state=r.state, preemptible=r.preemptible)
         for r in kept
     ]
     return Trace(records, epoch, problems, source=str(path), fmt=fmt, rows_read=rows_read,

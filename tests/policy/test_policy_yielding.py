@@ -26,7 +26,9 @@ def _config(**knobs) -> LucidConfig:
 
 
 # one 1-GPU node; L is predicted to run 10 s but runs 1,000 s; S (20 s) arrives at 500, T (20 s) at 600
-TRACE = [TraceRecord("L", 0, 1000, 1), TraceRecord("S", 500, 20, 1), TraceRecord("T", 600, 20, 1)]
+#: jobs that resume from their checkpoints (only such a job yields; a trace says so per job)
+TRACE = [TraceRecord("L", 0, 1000, 1, preemptible=True), TraceRecord("S", 500, 20, 1, preemptible=True),
+         TraceRecord("T", 600, 20, 1, preemptible=True)]
 PREDICTED = {"L": 10.0, "S": 20.0, "T": 20.0}
 
 
@@ -104,7 +106,7 @@ def test_explain_names_yielding_for_a_job_started_on_given_back_gpus_and_for_the
 ])
 def test_a_job_that_yielded_waits_by_its_work_left_or_keeps_its_place(keep_place, jcts):
     config = _config(**{"orchestrator.yield_margin": 4, "orchestrator.yield_keep_place": keep_place})
-    trace = [*TRACE, TraceRecord("W", 510, 100, 1)]
+    trace = [*TRACE, TraceRecord("W", 510, 100, 1, preemptible=True)]
     policy = LucidPolicy(config, duration_model=_Predicted({**PREDICTED, "W": 100.0}))
     result = simulate(trace, policy, config, main_nodes=1, check_invariants=True)
     assert {o.job_id: o.jct for o in result.outcomes} == jcts
@@ -148,7 +150,8 @@ def test_a_job_yields_only_when_its_taker_can_start_on_what_it_frees(gpus, close
 
 # two 1-GPU nodes: X (1 GPU, 500 s) holds one; B (1 GPU, 1,000 s, submitted at 20) starts on the other, so
 # A (2 GPUs, 1,000 s, submitted at 10, before B) cannot start; with long_quantile 0.5 A and B are long jobs
-SENIOR_TRACE = [TraceRecord("X", 0, 500, 1), TraceRecord("A", 10, 1000, 2), TraceRecord("B", 20, 1000, 1)]
+SENIOR_TRACE = [TraceRecord("X", 0, 500, 1, preemptible=True), TraceRecord("A", 10, 1000, 2, preemptible=True),
+                TraceRecord("B", 20, 1000, 1, preemptible=True)]
 
 
 @pytest.mark.parametrize(("knobs", "jcts"), [

@@ -231,7 +231,7 @@ def model_versions(store: Store) -> list[ModelVersionRow]:
 
 #: The columns of the finished-job log, in the order `finished_job_log` returns them.
 JOB_LOG_FIELDS = ("job_id", "user", "vc", "name", "gpus", "submit_time", "start_time", "end_time", "state",
-                  "gpu_util", "mem_util", "gpu_mem_mb", "amp")
+                  "gpu_util", "mem_util", "gpu_mem_mb", "amp", "preemptible")
 
 
 def finished_job_log(store: Store, since: float | None = None, until: float | None = None) -> list[tuple[Any, ...]]:
