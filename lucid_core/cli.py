@@ -63,11 +63,9 @@ def _share(text: str) -> float:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from lucid_core.sim.catalog import WorkloadCatalog
-    from lucid_core.sim.experiment import load_experiment, read_vc_config, run_policy
-    from lucid_core.sim.report import jct_cdf_plot, queue_per_vc_plot, side_by_side, utilization_plot, write_results
+    from lucid_core.sim.experiment import read_vc_config
+    from lucid_core.sim.report import PlotWorker
 
     config = load_config(args.config)
     pairs = parse_overrides(args.set)
@@ -91,36 +89,46 @@ def _simulate(args: argparse.Namespace) -> int:
         from lucid_core.sim.pollux_experiment import simulate_pollux_cli
 
         return simulate_pollux_cli(args, config, pairs, catalog, node_counts, policies, out)
-    for nodes in node_counts:
-        exp, problems = load_experiment(args.trace, args.format, args.start, args.end, nodes=nodes,
-                                        catalog=catalog, config=config, seed=args.seed, vc_nodes=vc_nodes,
-                                        preemptible_share=args.preemptible_share)
-        print(f"{problems}\nsimulating {len(exp.records)} jobs ({len(exp.history)} earlier jobs as history) "
-              f"on {nodes} nodes x {config.cluster.gpus_per_node} GPUs")
-        metrics, outcomes, timelines = {}, {}, {}
-        for name in policies:
-            bar = None if args.no_progress else tqdm(total=len(exp.records), desc=f"{name:>9} @{nodes}",
-                                                     unit="job", leave=False, file=sys.stderr)
-
-            def progress(done: int, total: int, bar=bar) -> None:
-                if bar is not None:
-                    bar.update(done - bar.n)
-
-            result, m = run_policy(name, exp, check_invariants=args.check_invariants, progress=progress)
-            if bar is not None:
-                bar.close()
-            metrics[name], outcomes[name] = m, result.outcomes
-            timelines[name] = (result.busy_timeline, result.total_gpus)
-        print(side_by_side(metrics))
-        target = out / f"nodes{nodes}"
-        write_results(target, outcomes, metrics, {"trace": args.trace, "start": args.start, "end": args.end,
-                                                  "nodes": nodes, "catalog": args.catalog, "seed": args.seed,
-                                                  "config": config.to_dict()})
-        jct_cdf_plot(outcomes, target / "jct_cdf.png")
-        queue_per_vc_plot(outcomes, target / "queue_per_vc.png")
-        utilization_plot(timelines, target / "gpu_utilization.png")
-        print(f"results, per-job CSVs and plots in {target}/")
+    with PlotWorker() as plots:  # started first: it imports matplotlib while the trace is read and simulated
+        for nodes in node_counts:
+            _simulate_size(args, nodes, config, catalog, vc_nodes, policies, out / f"nodes{nodes}", plots)
     return 0
+
+
+def _simulate_size(args: argparse.Namespace, nodes: int, config, catalog, vc_nodes: dict[str, int] | None,
+                   policies: list[str], target: Path, plots) -> None:
+    """One cluster size of `lucid simulate`: every policy, the table, the files and the plots."""
+    from tqdm import tqdm
+
+    from lucid_core.sim.experiment import load_experiment, run_policy
+    from lucid_core.sim.report import side_by_side, write_results
+
+    exp, problems = load_experiment(args.trace, args.format, args.start, args.end, nodes=nodes, catalog=catalog,
+                                    config=config, seed=args.seed, vc_nodes=vc_nodes,
+                                    preemptible_share=args.preemptible_share)
+    print(f"{problems}\nsimulating {len(exp.records)} jobs ({len(exp.history)} earlier jobs as history) "
+          f"on {nodes} nodes x {config.cluster.gpus_per_node} GPUs")
+    metrics, outcomes, timelines = {}, {}, {}
+    for name in policies:
+        bar = None if args.no_progress else tqdm(total=len(exp.records), desc=f"{name:>9} @{nodes}",
+                                                 unit="job", leave=False, file=sys.stderr)
+
+        def progress(done: int, total: int, bar=bar) -> None:
+            if bar is not None:
+                bar.update(done - bar.n)
+
+        result, m = run_policy(name, exp, check_invariants=args.check_invariants, progress=progress)
+        if bar is not None:
+            bar.close()
+        metrics[name], outcomes[name] = m, result.outcomes
+        timelines[name] = (result.busy_timeline, result.total_gpus)
+    print(side_by_side(metrics))
+    drawn = plots.draw(outcomes, timelines, target)  # drawn while the files are written
+    write_results(target, outcomes, metrics, {"trace": args.trace, "start": args.start, "end": args.end,
+                                              "nodes": nodes, "catalog": args.catalog, "seed": args.seed,
+                                              "config": config.to_dict()})
+    drawn.result()
+    print(f"results, per-job CSVs and plots in {target}/")
 
 
 class UsageError(Exception):

@@ -85,8 +85,9 @@ def _may_stop(view: ClusterView, job_id: str, rule: YieldRule, cost_s: Callable[
 def stoppable_jobs(view: ClusterView, rule: YieldRule, cost_s: Callable[[Job], float],
                    guard_started: Callable[[Job], bool]) -> dict[str, float]:
     """Running jobs that may yield, with their work left in GPU-seconds (one pass over the running set)."""
+    jobs = view.jobs  # the flag first: where no job resumes from checkpoints (the default) that is all it reads
     return {job_id: work_left_gpu_s(view, job_id) for job_id in view.allocations
-            if _may_stop(view, job_id, rule, cost_s, guard_started)}
+            if jobs[job_id].preemptible and _may_stop(view, job_id, rule, cost_s, guard_started)}
 
 
 def _node_victims(view: ClusterView, name: str, need: int, whole: bool,

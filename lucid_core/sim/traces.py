@@ -36,6 +36,7 @@ parses it once.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -265,8 +266,10 @@ def _as_datetime(value: datetime | date | str | None, name: str) -> datetime | N
 _BAD_ROW = object()  # what `_rows` yields for a row it reported as a problem
 
 
-def _rows(handle, parse, problems: list[RowProblem], columns: list[str]) -> Iterator[_Row | object | None]:
-    """Parse each data row after the header: a `_Row`, None for a non-GPU job, or `_BAD_ROW`."""
+def _rows(handle, parse, problems: list[RowProblem], columns: list[str],
+          check_encoding: bool = True) -> Iterator[_Row | object | None]:
+    """Parse each data row after the header: a `_Row`, None for a non-GPU job, or `_BAD_ROW`.
+    `check_encoding=False` when the text is known to be ASCII (no byte can have failed to decode)."""
     reader = csv.DictReader(handle, fieldnames=columns)
     while True:
         try:
@@ -282,7 +285,8 @@ def _rows(handle, parse, problems: list[RowProblem], columns: list[str]) -> Iter
         try:
             if None in row:  # more cells than header columns
                 raise _BadValue("*", ",".join(row[None] or []), "more cells than header columns")
-            _check_encoding(row)
+            if check_encoding:
+                _check_encoding(row)
             yield parse(row, line)
         except _BadValue as bad:
             problems.append(RowProblem(line, bad.column, bad.value, bad.reason))
@@ -343,7 +347,9 @@ def parse_trace(path: str | Path, fmt: str = "auto") -> ParsedTrace:
         missing = [name for name in required if name not in columns]
         if missing:
             raise TraceFormatError(f"{path}: not a {fmt} trace: header lacks {missing} (has {columns})")
-        for parsed in _rows(handle, parse, problems, columns):
+        body = handle.read()
+        # an ASCII file has no byte that failed to decode: its rows skip the per-cell check
+        for parsed in _rows(io.StringIO(body), parse, problems, columns, check_encoding=not body.isascii()):
             rows_read += 1
             if parsed is _BAD_ROW:
                 continue
