@@ -6,11 +6,14 @@ Each loop is a real `lucid round --every 1s` process (local hosts: a 4-GPU profi
 2-GPU main hosts, emulated telemetry). Once a minute one of the loops, in turn, stalls for `--stall`
 seconds (past the lease TTL) between its snapshot and its writes, as a slow host read would stall it.
 Meanwhile short jobs are submitted and some cancelled, and an admin loop adds a host, drains it to be
-removed, removes it, and adds it again. At the end the queue is drained and every job and run is
-audited against the ledger the job processes wrote on their hosts: starts per job, GPUs held by two
-runs at once, jobs not in exactly one terminal state. The last line is machine-readable:
+removed, removes it, and adds it again. A share of the jobs (`--preemptible-share`, default 0.3) are
+submitted `--preemptible` and run longer, so they yield live to the short ones (the soak's config lets a job
+yield after 1 s of run). At the end the queue is drained and every job and run is audited against the
+ledger the job processes wrote on their hosts: a job started on the main pool more often than it yielded,
+or two runs of one job at once (double starts), GPUs held by two runs at once, jobs not in exactly one
+terminal state. The last line is machine-readable:
 
-    soak minutes=M jobs=N double_starts=X overlapping_gpu=Y not_one_terminal=Z stalls=S
+    soak minutes=M jobs=N yields=Y double_starts=X overlapping_gpu=Y not_one_terminal=Z stalls=S
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("LUCID_TEST_PG_ADMIN", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 CONFIG = ("[profiler]\ntprof_s = 1.0\nin_place = false\n[binder]\nsharing = \"off\"\n"
           "[forecast]\nmode_check_interval_s = 5.0\n[runtime]\nstop_grace_s = 1.0\ntelemetry_interval_s = 0.25\n"
-          "launch_grace_s = 30.0\n")
+          "launch_grace_s = 30.0\n[orchestrator]\nyield_margin = 1.0\nyield_min_run = 1.0\nyield_interval_s = 0.0\n"
+          "[tiresias]\ncheckpoint_cost_s = 1.0\n")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 
@@ -74,12 +78,15 @@ def audit(store, ledger: Path, jobs: list[str]) -> dict[str, int]:
         endings = Counter(s.scalars(sa.select(JobEventRow.job_id).where(
             JobEventRow.kind.in_(("completed", "failed", "cancelled")))))
         ended_at = {r.run_id: r.ended_at for r in s.scalars(sa.select(RunRow))}
+        yields = {j: (row.yields or 0) for j, row in rows.items()}
     starts: dict[str, list[str]] = defaultdict(list)
+    launches: Counter = Counter()
     begun: dict[str, tuple[str, list[int], float]] = {}
     ends: dict[str, float] = {}
     for line in ledger.read_text().splitlines() if ledger.exists() else []:
         w = line.split()
         if w[0] == "S" and len(w) >= 6:
+            launches[w[2]] += 1
             if "-main" in w[2]:
                 starts[w[1]].append(w[2])
             host = re.search(r"/hosts/([^/]+)/", w[4] + "/").group(1)
@@ -95,7 +102,15 @@ def audit(store, ledger: Path, jobs: list[str]) -> dict[str, int]:
     for spans in per_gpu.values():
         spans.sort()
         overlapping += sum(1 for (_, a1), (b0, _) in itertools.pairwise(spans) if b0 < a1 - 0.05)
-    return {"double_starts": sum(1 for runs in starts.values() if len(runs) > 1),
+    spans_of = {run: (begun[run][2], ends.get(run) or ended_at.get(run) or float("inf")) for run in begun}
+
+    def doubled(job: str, runs: list[str]) -> bool:
+        """More main starts than the job yielded for, one run launched twice, or two of its runs at once."""
+        spans = sorted(spans_of[r] for r in runs)
+        return (len(runs) > yields.get(job, 0) + 1 or any(launches[r] > 1 for r in runs)
+                or any(b0 < a1 - 0.05 for (_, a1), (b0, _) in itertools.pairwise(spans)))
+
+    return {"double_starts": sum(1 for job, runs in starts.items() if doubled(job, runs)),
             "overlapping_gpu": overlapping,
             "not_one_terminal": sum(1 for j in jobs if j not in rows or rows[j].state not in TERMINAL
                                     or endings[j] != 1)}
@@ -136,6 +151,8 @@ def main() -> int:
     parser.add_argument("--gap", type=float, default=2.0, help="mean seconds between submissions")
     parser.add_argument("--drain", type=float, default=600.0, help="seconds the queue may take to empty at the end")
     parser.add_argument("--store", default=None, help="PostgreSQL URL (default: a fresh database, dropped after)")
+    parser.add_argument("--preemptible-share", type=float, default=0.3,
+                        help="share of the jobs submitted --preemptible (they run 4-12 s and may yield)")
     parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -178,8 +195,11 @@ def main() -> int:
     try:
         while time.monotonic() - began < args.minutes * 60:
             gpus = 2 if rng.random() < 0.15 else 1
-            jobs.append(submit(store, JobRequest(ledger_job(ledger, round(rng.uniform(0.3, 4.0), 2)), gpus,
-                                                 f"u{rng.randint(1, 4)}", "vc-a", name=f"soak-{len(jobs)}")))
+            resumes = rng.random() < args.preemptible_share
+            seconds = round(rng.uniform(4.0, 12.0) if resumes else rng.uniform(0.3, 4.0), 2)
+            jobs.append(submit(store, JobRequest(ledger_job(ledger, seconds), gpus, f"u{rng.randint(1, 4)}", "vc-a",
+                                                 name=f"soak-{'long' if resumes else 'short'}-{len(jobs)}",
+                                                 preemptible=resumes)))
             if jobs and rng.random() < 0.1:
                 try:
                     cancel(store, rng.choice(jobs))
@@ -213,6 +233,10 @@ def main() -> int:
             log.close()
     failures = sum(log.read_text().count("round failed") for log in root.glob("loop*.err"))
     result = audit(store, ledger, jobs)
+    from lucid_core.runtime.store.schema import JobRow as Jobs
+
+    with store.session() as s:
+        yielded = s.scalar(sa.select(sa.func.coalesce(sa.func.sum(Jobs.yields), 0)).where(Jobs.job_id.in_(jobs)))
     stalls = len(stall_log.read_text().splitlines()) if stall_log.exists() else 0
     from lucid_core.runtime.store.schema import RoundRow
 
@@ -226,7 +250,7 @@ def main() -> int:
     if args.store is None:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
-    print(f"soak minutes={minutes:.1f} jobs={len(jobs)} double_starts={result['double_starts']} "
+    print(f"soak minutes={minutes:.1f} jobs={len(jobs)} yields={yielded} double_starts={result['double_starts']} "
           f"overlapping_gpu={result['overlapping_gpu']} not_one_terminal={result['not_one_terminal']} stalls={stalls}")
     return 0 if not any(result.values()) else 1
 

@@ -203,6 +203,64 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
     _until(store, lambda j: j[long].state == "CANCELLED", config=config, policy_factory=factory)
 
 
+#: a training job that checkpoints to the path it is given (outside its run's working directory), resumes from
+#: it, and on SIGTERM finishes the step it is in and exits: what a `--preemptible` job promises
+CHECKPOINTING_JOB = """
+import os, signal, sys, time
+ckpt_dir, steps = sys.argv[1], int(sys.argv[2])
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+os.makedirs(ckpt_dir, exist_ok=True)
+ckpt = os.path.join(ckpt_dir, "step")
+done = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+with open(os.path.join(ckpt_dir, "runs"), "a") as log:
+    log.write(f"{os.environ['LUCID_WORKDIR']} {done}\\n")
+while done < steps:
+    if stopping:
+        sys.exit(143)
+    time.sleep(0.2)
+    done += 1
+    with open(os.path.join(ckpt_dir, "work"), "a") as log:
+        log.write(f"{done}\\n")
+    with open(ckpt + ".tmp", "w") as out:
+        out.write(str(done))
+    os.replace(ckpt + ".tmp", ckpt)
+"""
+
+
+def test_a_job_that_yields_resumes_from_its_checkpoint_and_does_its_work_once(store, tmp_path):
+    """The README's contract for `--preemptible`: checkpoints go to a path the job names, not under its working
+    directory, since the next run starts in a fresh one. A real process is yielded by a real round (a short job
+    takes its GPU), runs again, resumes where its checkpoint says and does each step once."""
+    import sys
+
+    from runtime_helpers import runs_of
+
+    from lucid_core.policy.lucid import LucidPolicy
+
+    _local_cluster(store, tmp_path)
+    config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off", "tiresias.checkpoint_cost_s": 0.1,
+                            "orchestrator.yield_interval_s": 0, "orchestrator.yield_min_run": 1})
+    factory = lambda cfg, snapshot: LucidPolicy(  # noqa: E731
+        cfg, duration_model=_NamedPredictions({"train": 1.0, "short": 0.5}))
+    script, ckpt, steps = tmp_path / "train.py", tmp_path / "shared" / "ckpt", 30
+    script.write_text(CHECKPOINTING_JOB)
+    train = submit(store, JobRequest(f"{sys.executable} {script} {ckpt} {steps}", 1, "ann", "vc-a", name="train",
+                                     preemptible=True))
+    _until(store, lambda j: j[train].state == "RUNNING", config=config, policy_factory=factory)
+    time.sleep(2)  # some steps done, and far past its 1 s prediction: a short job may take its GPU
+    short = submit(store, JobRequest("sleep 1", 1, "ann", "vc-a", name="short"))
+    jobs = _until(store, lambda j: j[short].state == "COMPLETED" and j[train].state == "COMPLETED", timeout_s=60,
+                  config=config, policy_factory=factory)
+    assert jobs[train].yields == 1
+    runs = runs_of(store, train)
+    assert len(runs) == 2 and runs[0].stop_reason == "preempt"
+    started = [line.split() for line in (ckpt / "runs").read_text().splitlines()]
+    assert len(started) == 2 and started[0][1] == "0" and int(started[1][1]) > 0  # the second run resumed
+    assert started[0][0] != started[1][0]  # in a fresh working directory: the checkpoint was outside it
+    assert (ckpt / "work").read_text().split() == [str(k) for k in range(1, steps + 1)]  # every step once
+
+
 def test_queued_jobs_keep_their_class_and_prediction_until_the_models_change(store, tmp_path):
     """Issue 14: a steady round predicts only what is new. Queued jobs come back with the class and
     prediction stored by the round before (jobs.predicted_by names the models), also when a job finishes
