@@ -143,8 +143,10 @@ def _inputs() -> tuple[object, object]:
 
 
 def run_cell(start: str, end: str, nodes: int, policies: Sequence[str],
-             overrides: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, dict[str, float], float]]:
-    """Every policy on one window and size, in one worker process (which parses the trace once)."""
+             overrides: tuple[tuple[str, str], ...] = (),
+             lucid_overrides: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, dict[str, float], float]]:
+    """Every policy on one window and size, in one worker process (which parses the trace once).
+    `lucid_overrides` apply to Lucid and its ablations only (the baselines stay as cached)."""
     from dataclasses import replace
 
     from lucid_core.config import LucidConfig
@@ -159,6 +161,8 @@ def run_cell(start: str, end: str, nodes: int, policies: Sequence[str],
         started = time.perf_counter()
         name, share = split_share(policy)
         run_on = exp if share is None else replace(exp, records=with_preemptible_share(exp.records, share))
+        if lucid_overrides and name.startswith("lucid"):
+            run_on = replace(run_on, config=run_on.config.with_overrides(dict(lucid_overrides)))
         _, metrics = run_policy(name, run_on)
         keep = {k: float(metrics[k]) for k in (*METRICS, "jobs", "wall_s", "preemptions")}
         out.append((policy, keep, time.perf_counter() - started))
@@ -196,12 +200,14 @@ def load_cache(path: str | None) -> dict[str, dict[str, float]]:
 
 def run_matrix(windows: Sequence[tuple[str, str]], sizes: Sequence[int], policies: Sequence[str],
                overrides: dict[str, str], workers: int, json_path: str | None = None,
-               cache_path: str | None = None) -> dict[tuple[str, int, str], dict[str, float]]:
+               cache_path: str | None = None,
+               lucid_overrides: dict[str, str] | None = None) -> dict[tuple[str, int, str], dict[str, float]]:
     """Every (window, size, policy) simulation: one task per window and size, over worker processes.
     With `json_path`, figures already there are reused and every finished cell is saved at once. Baselines
     come from `cache_path` when the same code ran them on the same cell and overrides."""
     ov = tuple(sorted(overrides.items()))
-    results = load_results(json_path) if not overrides else {}
+    lov = tuple(sorted((lucid_overrides or {}).items()))
+    results = load_results(json_path) if not overrides and not lov else {}
     code = baseline_code_hash()
     cache = load_cache(cache_path)
     reused = 0
@@ -224,7 +230,7 @@ def run_matrix(windows: Sequence[tuple[str, str]], sizes: Sequence[int], policie
     cells = sorted(todo, key=lambda c: c[2])
     done = 0
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_cell, s, e, n, todo[(s, e, n)], ov): (s, e, n) for s, e, n in cells}
+        futures = {pool.submit(run_cell, s, e, n, todo[(s, e, n)], ov, lov): (s, e, n) for s, e, n in cells}
         for future in as_completed(futures):
             s, e, n = futures[future]
             seconds = 0.0
@@ -233,7 +239,7 @@ def run_matrix(windows: Sequence[tuple[str, str]], sizes: Sequence[int], policie
                 seconds += took
                 if policy in BASELINES and cache_path:
                     cache[cache_key(f"{s}..{e}", n, policy, ov, code)] = metrics
-            if not overrides:
+            if not overrides and not lov:
                 save_results(json_path, results)
             if cache_path:
                 Path(cache_path).parent.mkdir(parents=True, exist_ok=True)
@@ -365,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            "and the three Lucid shares are always run")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE",
                         help="override a knob for every policy (experiments only; the matrix uses defaults)")
+    parser.add_argument("--lucid-set", action="append", default=[], metavar="SECTION.KNOB=VALUE",
+                        help="override a knob for Lucid and its ablations only (baselines reused from the cache)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--markdown", action="store_true", help="also print one markdown table of the matrix")
     parser.add_argument("--report-only", action="store_true",
@@ -384,6 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = [p.strip() for p in args.policies.split(",") if p.strip()]
         policies = tuple(dict.fromkeys([*policies, *extra]))
     overrides = dict(item.split("=", 1) for item in args.set)
+    lucid_overrides = dict(item.split("=", 1) for item in args.lucid_set)
     started = time.perf_counter()
     if args.report_only:
         results = load_results(args.json)
@@ -394,11 +403,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             print(f"# not simulated yet (left out): {missing}")
     else:
-        results = run_matrix(windows, sizes, policies, overrides, args.jobs, args.json, args.cache or None)
+        results = run_matrix(windows, sizes, policies, overrides, args.jobs, args.json, args.cache or None,
+                             lucid_overrides)
     wall = time.perf_counter() - started
     names = [f"{s}..{e}" for s, e in windows]
     print(f"# Policy matrix: Philly, {len(names)} windows x {len(sizes)} sizes x {len(policies)} policies"
-          + (f"; overrides {overrides}" if overrides else "; default configuration"))
+          + (f"; overrides {overrides}" if overrides else "; default configuration")
+          + (f"; Lucid only: {lucid_overrides}" if lucid_overrides else ""))
     print("x: policy / Lucid (above 1.00x: Lucid is better)\n")
     present = {(w, n) for w in names for n in sizes if all((w, n, p) in results for p in required(policies))}
     for w in names:
@@ -420,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("## Done-when check\n" + "\n".join(rows))
     sims = len(results)
     print(f"\n{sims} simulations in {wall:.0f} s wall with {args.jobs} worker processes")
-    if overrides:
+    if overrides or lucid_overrides:
         save_results(args.json, results)
     return 0 if passed else 1
 
