@@ -148,7 +148,8 @@ def main() -> int:
     parser.add_argument("--loops", type=int, default=3)
     parser.add_argument("--ttl", type=float, default=4.0, help="lease TTL of the loops (s)")
     parser.add_argument("--stall", type=float, default=7.0, help="how long a stalled round sleeps (s), > --ttl")
-    parser.add_argument("--gap", type=float, default=2.0, help="mean seconds between submissions")
+    parser.add_argument("--gap", type=float, default=0.5,
+                        help="mean seconds between submissions (0.5: queues build, so preemptible jobs yield)")
     parser.add_argument("--drain", type=float, default=600.0, help="seconds the queue may take to empty at the end")
     parser.add_argument("--store", default=None, help="PostgreSQL URL (default: a fresh database, dropped after)")
     parser.add_argument("--preemptible-share", type=float, default=0.3,
