@@ -6,6 +6,7 @@ Nothing here knows a job's true duration: the simulator keeps that to itself.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
@@ -53,6 +54,57 @@ class SharingMode(StrEnum):
     @property
     def capacity(self) -> int:
         return {SharingMode.OFF: -1, SharingMode.APATHETIC: 1, SharingMode.DEFAULT: 2}[self]
+
+
+SHARING_MECHANISMS = ("none", "time-slice", "mps")  # how a host's GPUs are shared: never, time slicing, MPS
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.strip().lower()).strip("-")
+
+
+@dataclass(frozen=True, slots=True)
+class SharingKey:
+    """What packing labels belong to: a GPU model and the way two jobs share it.
+
+    Labels measured on one key say nothing of another (an RTX 3090's Tiny pair is Jumbo on a
+    time-sliced H200), so models are trained, promoted and applied per key."""
+
+    gpu_model: str
+    mechanism: str = "time-slice"
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in SHARING_MECHANISMS:
+            raise ValueError(f"sharing mechanism {self.mechanism!r} is not one of {', '.join(SHARING_MECHANISMS)}")
+        if not _slug(self.gpu_model):
+            raise ValueError("a sharing key needs a GPU model name")
+
+    @property
+    def slug(self) -> str:
+        """Stable text of the key, the same for 'NVIDIA H200' and 'nvidia  h200': 'nvidia-h200:mps'."""
+        return f"{_slug(self.gpu_model)}:{self.mechanism}"
+
+    @property
+    def model_kind(self) -> str:
+        """The store's model kind of this key's packing model, e.g. 'packing:nvidia-h200:mps'."""
+        return f"packing:{self.slug}"
+
+    def describe(self) -> str:
+        return f"{self.gpu_model.strip()} shared by {self.mechanism}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SharingKey) and self.slug == other.slug
+
+    def __hash__(self) -> int:
+        return hash(self.slug)
+
+    @classmethod
+    def from_kind(cls, kind: str) -> SharingKey | None:
+        """The key a model kind names ('packing:<gpu slug>:<mechanism>'), or None for any other kind."""
+        parts = kind.split(":")
+        if len(parts) != 3 or parts[0] != "packing" or parts[2] not in SHARING_MECHANISMS or not _slug(parts[1]):
+            return None
+        return cls(parts[1], parts[2])
 
 
 class Pool(StrEnum):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from lucid_core.models.datasets import REPO_ROOT, shared_data_dir
@@ -23,6 +24,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="labels from measured co-located speeds (default) or the catalog's label column")
     p.add_argument("--tiny", type=float, default=0.95, help="mean co-located speed at or above: Tiny")
     p.add_argument("--medium", type=float, default=0.85, help="mean co-located speed at or above: Medium")
+    p.add_argument("--gpu-model", default=None,
+                   help="GPU model the catalog was measured on (default: its environment.json)")
+    p.add_argument("--sharing", choices=("time-slice", "mps"), default=None,
+                   help="how the pairs shared the GPU (default: its environment.json)")
+    p.add_argument("--store", default=None,
+                   help="with --promote: the store whose hosts of this GPU model and mechanism use the tree "
+                        "(default: LUCID_STORE_URL, else LUCID_HOME's)")
     p.add_argument("--out", help="write the tree as readable JSON here")
     p.add_argument("--png", help="draw the tree to this PNG")
     _registry_args(p)
@@ -98,24 +106,51 @@ def _register(args: argparse.Namespace, name: str, model: object, **meta: object
     if args.promote:
         registry.promote(name, version.version)
     print(f"registered {name} v{version.version} in {args.registry}{' (promoted)' if args.promote else ''}")
+    if args.promote and name.startswith("packing:"):  # the live round reads packing models from the store
+        import time
+
+        from lucid_core.runtime.store.store import open_store, record_promotion
+
+        store = open_store(getattr(args, "store", None))
+        try:
+            with store.session() as session:
+                record_promotion(session, name, str(version.version),
+                                 str(registry.artifact_path(name, version.version)), dict(version.metrics),
+                                 "promoted by lucid models train-packing", time.time())
+        finally:
+            store.dispose()
+        print(f"hosts with {name.split(':', 1)[1]} in {store.url} now pair by this tree")
 
 
 def _train_packing(args: argparse.Namespace) -> int:
     from lucid_core.models.datasets import file_sha256
-    from lucid_core.models.packing import FEATURES, PackingTree, load_packing_catalog, pair_quality
+    from lucid_core.models.packing import FEATURES, PackingTree, catalog_key, load_packing_catalog, pair_quality
 
+    try:
+        key = catalog_key(args.catalog, args.gpu_model, args.sharing)
+    except ValueError as exc:
+        print(f"lucid models train-packing: error: {exc}", file=sys.stderr)
+        return 2
     catalog = load_packing_catalog(args.catalog)
     tree = PackingTree(args.tiny, args.medium, args.label_source).fit_catalog(catalog)
     X, y = catalog.profiles[list(FEATURES)], tree.catalog_labels(catalog)
-    nested = tree.nested_cv_accuracy(X, y)
     in_sample = pair_quality(catalog, tree.predict(X))
-    oof = pair_quality(catalog, tree.out_of_fold_labels(X, y))
     measured = pair_quality(catalog, y)
+    print(f"key: {key.describe()} (model kind {key.model_kind})")
     print(f"configurations: {len(X)}, pairs: {len(catalog.pairs)}, labels: {args.label_source}")
-    print(f"ccp_alpha {tree.ccp_alpha_:.4f}; CV accuracy {tree.cv_accuracy_:.3f} (nested {nested:.3f}; paper 0.941)")
+    metrics = {"pair_precision": in_sample.precision, "pair_coverage": in_sample.coverage}
+    qualities = [("tree (in-sample)", in_sample)]
+    if tree.cross_validated_:
+        nested = tree.nested_cv_accuracy(X, y)
+        print(f"ccp_alpha {tree.ccp_alpha_:.4f}; CV accuracy {tree.cv_accuracy_:.3f} (nested {nested:.3f}; "
+              "paper 0.941)")
+        metrics.update(cv_accuracy=tree.cv_accuracy_, nested_cv_accuracy=nested)
+        qualities.append(("tree (out-of-fold)", pair_quality(catalog, tree.out_of_fold_labels(X, y))))
+    else:
+        print(tree.fit_note_)
     print("Gini importances: " + ", ".join(f"{k} {v:.3f}" for k, v in tree.feature_importances_.items()))
     print(tree.export_text())
-    for label, q in (("tree (in-sample)", in_sample), ("tree (out-of-fold)", oof), ("measured labels", measured)):
+    for label, q in (*qualities, ("measured labels", measured)):
         print(f"pairs allowed by {label}: {q.allowed}; precision {q.precision:.3f} (paper 0.981), "
               f"coverage {q.coverage:.3f} (paper 0.870)")
     if args.out:
@@ -126,10 +161,10 @@ def _train_packing(args: argparse.Namespace) -> int:
         print(f"wrote {args.png}")
     data_hash = file_sha256(Path(args.catalog) / "single_data.csv")[:16] + file_sha256(
         Path(args.catalog) / "colocate_info.csv")[:16]
-    _register(args, "packing", tree, kind="packing_tree", training_window=(args.catalog, args.catalog),
-              data_hash=data_hash, metrics={"cv_accuracy": tree.cv_accuracy_, "nested_cv_accuracy": nested,
-                                            "pair_precision": in_sample.precision, "pair_coverage": in_sample.coverage},
-              params={"tiny": args.tiny, "medium": args.medium, "label_source": args.label_source})
+    _register(args, key.model_kind, tree, kind="packing_tree", training_window=(args.catalog, args.catalog),
+              data_hash=data_hash, metrics=metrics,
+              params={"tiny": args.tiny, "medium": args.medium, "label_source": args.label_source,
+                      "gpu_model": key.gpu_model, "sharing": key.mechanism})
     return 0
 
 

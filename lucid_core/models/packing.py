@@ -19,7 +19,7 @@ import pandas as pd
 from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_predict, cross_val_score
 from sklearn.tree import DecisionTreeClassifier
 
-from lucid_core.domain import Profile, ShareClass
+from lucid_core.domain import SHARING_MECHANISMS, Profile, ShareClass, SharingKey
 
 FEATURES = ("gpu_util", "mem_util", "gpu_mem_mb", "amp")
 FEATURE_LABELS = {"gpu_util": "UG", "mem_util": "UM", "gpu_mem_mb": "MG", "amp": "AMP"}
@@ -67,6 +67,42 @@ def load_packing_catalog(directory: str | Path) -> PackingCatalog:
     return PackingCatalog(profiles=profiles, pairs=pairs)
 
 
+#: the Lucid artifact's catalog (no environment.json): measured on RTX 3090s sharing by the GPU's time slicing
+ARTIFACT_KEY = SharingKey("NVIDIA GeForce RTX 3090", "time-slice")
+
+
+def catalog_key(directory: str | Path, gpu_model: str | None = None, sharing: str | None = None) -> SharingKey:
+    """The (GPU model, sharing mechanism) a catalog was measured on: its environment.json (`gpu_model`, else
+    the first of `gpus`; `sharing`), overridden by what the caller declares. A catalog that names neither
+    needs both declared: labels without a key would be applied to GPUs they say nothing of."""
+    env: dict[str, Any] = {}
+    try:
+        loaded = json.loads((Path(directory) / "environment.json").read_text(encoding="utf-8"))
+        env = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        pass
+    gpus = env.get("gpus")
+    found_model = env.get("gpu_model") or (gpus[0] if isinstance(gpus, list) and gpus else None)
+    model = gpu_model or (found_model if isinstance(found_model, str) else None)
+    mechanism = sharing or (env.get("sharing") if env.get("sharing") in SHARING_MECHANISMS else None)
+    if not env and (Path(directory) / "single_data.csv").is_file() and _is_artifact(Path(directory)):
+        model, mechanism = model or ARTIFACT_KEY.gpu_model, mechanism or ARTIFACT_KEY.mechanism
+    missing = [(flag, what) for flag, what, value in (("--gpu-model", "the GPU model", model),
+                                                     ("--sharing", "the sharing mechanism", mechanism)) if not value]
+    if missing:
+        raise ValueError(f"{directory}: its environment.json does not say {' or '.join(w for _, w in missing)} it "
+                         f"was measured with; declare {' and '.join(f for f, _ in missing)}")
+    return SharingKey(str(model), str(mechanism))
+
+
+def _is_artifact(directory: Path) -> bool:
+    """Whether a folder holds the Lucid artifact's own catalog (its 3090 workloads, ResNet18 on CIFAR-10 first)."""
+    try:
+        return directory.resolve().name == "lucid_artifact"
+    except OSError:
+        return False
+
+
 def speed_labels(mean_speed: np.ndarray, tiny_threshold: float = 0.95, medium_threshold: float = 0.85) -> np.ndarray:
     """Sharing score from mean co-located speed; never co-located (NaN) counts as Jumbo."""
     speed = np.asarray(mean_speed, dtype=float)
@@ -110,8 +146,9 @@ class PackingTree:
             return self.cv_folds
         counts = np.bincount(y)
         rarest = int(counts[counts > 0].min())
-        folds = min(self.cv_folds, len(y))
-        return min(folds, rarest) if rarest >= 2 else folds
+        if (counts > 0).sum() > 1 and rarest < 2:  # a label seen once cannot be split across folds
+            return 1
+        return min(self.cv_folds, len(y), rarest)
 
     def _cv(self, y: np.ndarray | None = None) -> StratifiedKFold:
         return StratifiedKFold(self._folds(y), shuffle=True, random_state=self.random_state)
@@ -126,7 +163,12 @@ class PackingTree:
     def fit(self, X: pd.DataFrame, y: Sequence[int]) -> PackingTree:
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
         y = np.asarray(y, dtype=int)
-        if self._folds(y) < 2:  # too few configurations to cross-validate: an unpruned tree
+        self.cross_validated_ = self._folds(y) >= 2
+        self.fit_note_ = ""
+        if not self.cross_validated_:  # too few configurations to cross-validate: an unpruned tree
+            counts = np.bincount(y)
+            self.fit_note_ = (f"fit without cross-validation: {len(y)} configuration(s), the rarest label has "
+                              f"{int(counts[counts > 0].min())}; the tree only restates the measured labels")
             self.ccp_alpha_, self.cv_accuracy_ = 0.0, float("nan")
             self.estimator_ = DecisionTreeClassifier(random_state=self.random_state).fit(X, y)
         else:
@@ -145,6 +187,8 @@ class PackingTree:
         """Accuracy with alpha re-chosen inside every outer fold: an unbiased estimate."""
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
         y = np.asarray(y, dtype=int)
+        if self._folds(y) < 3:  # the inner search needs two folds of each outer training part
+            return float("nan")
         path = DecisionTreeClassifier(random_state=self.random_state).cost_complexity_pruning_path(X, y)
         inner = GridSearchCV(DecisionTreeClassifier(random_state=self.random_state),
                              {"ccp_alpha": np.unique(np.clip(path.ccp_alphas, 0.0, None))},
@@ -157,6 +201,8 @@ class PackingTree:
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
         est = DecisionTreeClassifier(ccp_alpha=self.ccp_alpha_, random_state=self.random_state)
         y = np.asarray(y, dtype=int)
+        if self._folds(y) < 2:  # nothing to hold out: no out-of-fold labels exist
+            return np.full(len(y), -1)
         return cross_val_predict(est, X, y, cv=self._cv(y))
 
     # ---- inference ------------------------------------------------------------------------
@@ -230,6 +276,7 @@ class PackingTree:
             "kind": "lucid.packing_tree", "features": list(FEATURES), "classes": ["Tiny", "Medium", "Jumbo"],
             "tiny_threshold": self.tiny_threshold, "medium_threshold": self.medium_threshold,
             "label_source": self.label_source, "ccp_alpha": self.ccp_alpha_, "cv_accuracy": self.cv_accuracy_,
+            "fit_note": getattr(self, "fit_note_", ""),
             "feature_importances": self.feature_importances_, "nodes": self.nodes_,
         }
 
@@ -240,6 +287,8 @@ class PackingTree:
         tree = cls(data["tiny_threshold"], data["medium_threshold"], data["label_source"])
         tree.ccp_alpha_ = data["ccp_alpha"]
         tree.cv_accuracy_ = data["cv_accuracy"]
+        tree.fit_note_ = str(data.get("fit_note") or "")
+        tree.cross_validated_ = not tree.fit_note_
         tree.feature_importances_ = data["feature_importances"]
         tree.nodes_ = data["nodes"]
         return tree

@@ -53,6 +53,10 @@ class ModelRegistry:
     def _dir(self, name: str, version: int) -> Path:
         return self.root / name / f"v{version:04d}"
 
+    def artifact_path(self, name: str, version: int) -> Path:
+        """Where a version's model file lies (what a store's model_versions row points to)."""
+        return self._dir(name, version).resolve() / "model.joblib"
+
     def versions(self, name: str) -> list[int]:
         folder = self.root / name
         if not folder.is_dir():

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from lucid_core.config import BinderConfig
 from lucid_core.domain import Job, Profile, ShareClass, SharingMode
 from lucid_core.policy.decisions import SetSharingMode, Unpair
+from lucid_core.policy.packing_models import PackingModels
 from lucid_core.policy.predictors import Forecast, PackingClassifier, UtilizationRuleClassifier
 from lucid_core.policy.view import Allocation, ClusterView
 
@@ -40,12 +41,44 @@ def choose_mode(config: BinderConfig, forecast: Forecast) -> tuple[SharingMode, 
 class AffinityBinder:
     """Labels profiles and finds an affine partner for a job that cannot start alone."""
 
-    def __init__(self, config: BinderConfig, packing_model: PackingClassifier | None = None) -> None:
+    def __init__(self, config: BinderConfig, packing_model: PackingClassifier | None = None,
+                 packing_models: PackingModels | None = None) -> None:
         self.config = config
-        self.packing_model = packing_model or UtilizationRuleClassifier()
+        self.packing_models = packing_models or PackingModels.uniform(packing_model or UtilizationRuleClassifier())
+        self.packing_model = self.packing_models.any_model()
+        self._classes: dict[tuple[str, int], ShareClass | None] = {}  # (job, id of the model) -> class
 
-    def classify(self, profile: Profile) -> ShareClass:
-        return self.packing_model.classify([profile])[0]
+    @property
+    def per_host(self) -> bool:
+        """Whether classes depend on the host (keyed models), not one model for every host."""
+        return self.packing_models.uniform_model is None
+
+    def classify(self, profile: Profile) -> ShareClass | None:
+        """The job's class where it shares best: with one model, that model's; with a model per key, the
+        lightest among them (its class on a given host is `class_on`); None when no model exists."""
+        uniform = self.packing_models.uniform_model
+        if uniform is not None:
+            return uniform.classify([profile])[0]
+        models = [*self.packing_models.models.values(), *([self.packing_models.emulated]
+                                                         if self.packing_models.emulated else [])]
+        return min((m.classify([profile])[0] for m in models), default=None)
+
+    def attach(self, view: ClusterView) -> None:
+        """Let the view index running jobs by their class on their own host (keyed models only)."""
+        if self.per_host:
+            view.share_class_on = lambda job, node: self.class_on(view, job, node)
+
+    def class_on(self, view: ClusterView, job: Job, node: str) -> ShareClass | None:
+        """The job's class on `node`, by the model of that host's GPU model and mechanism (None: no model)."""
+        if not self.per_host or job.profile is None:
+            return job.share_class
+        model = self.packing_models.model_for(view.sharing_of(node))
+        if model is None:
+            return None
+        cache_key = (job.job_id, id(model))
+        if cache_key not in self._classes:
+            self._classes[cache_key] = model.classify([job.profile])[0]
+        return self._classes[cache_key]
 
     def update_mode(self, view: ClusterView, forecast: Forecast) -> SetSharingMode | None:
         mode, reason = choose_mode(self.config, forecast)
@@ -76,11 +109,16 @@ class AffinityBinder:
     def _rule_failure(self, view: ClusterView, job: Job, alloc: Allocation, capacity: int) -> str | None:
         """Why `job` may not join the running `alloc`, or None when every rule passes."""
         partner = view.jobs[alloc.job_id]
-        assert job.share_class is not None and partner.share_class is not None
         pool = view.pool(alloc.pool)
         if pool.held and any(ref.host in pool.held for ref in alloc.gpus):
             return "partner's node is reserved for an overdue job"
-        if int(job.share_class) + int(partner.share_class) > capacity:
+        host = alloc.gpus[0].host
+        job_class, partner_class = self.class_on(view, job, host), self.class_on(view, partner, host)
+        if job_class is None or partner_class is None:
+            return f"partner's host may not pair jobs: {self.packing_models.why_not(view.sharing_of(host))}"
+        if view.sharing_of(host).same_user_only and job.user != partner.user:
+            return "partner's host runs MPS with jobs as their submitters: one user's jobs pair there"
+        if int(job_class) + int(partner_class) > capacity:
             return "sharing scores exceed GPU capacity"
         if partner.gpus != job.gpus:
             return "different GPU demand"
@@ -114,10 +152,14 @@ class AffinityBinder:
         if found is None:
             return None
         partner = view.jobs[found]
-        assert job.share_class is not None and partner.share_class is not None
-        reason = (f"no compact exclusive fit for {job.gpus} GPU(s); shares with {partner.job_id} "
-                  f"({job.share_class.name.title()} + {partner.share_class.name.title()} = "
-                  f"{int(job.share_class) + int(partner.share_class)} <= GSS {capacity}, same GPU demand, "
+        host = view.allocations[found].gpus[0].host
+        job_class, partner_class = self.class_on(view, job, host), self.class_on(view, partner, host)
+        assert job_class is not None and partner_class is not None
+        sharing = view.sharing_of(host)
+        where = f" on {sharing.key.describe()}" if self.per_host and sharing.key is not None else ""
+        reason = (f"no compact exclusive fit for {job.gpus} GPU(s); shares with {partner.job_id}{where} "
+                  f"({job_class.name.title()} + {partner_class.name.title()} = "
+                  f"{int(job_class) + int(partner_class)} <= GSS {capacity}, same GPU demand, "
                   f"memory fits, partner not nearly done)")
         return PartnerChoice(partner.job_id, reason)
 

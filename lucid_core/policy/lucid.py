@@ -10,6 +10,7 @@ from lucid_core.policy.base import PolicyParts, SchedulingPolicy
 from lucid_core.policy.binder import AffinityBinder
 from lucid_core.policy.decisions import Decision, checkpoint_cost_s
 from lucid_core.policy.orchestrator import Orchestrator, Reserver, exclusive_reason, place_queue, reservation_nodes
+from lucid_core.policy.packing_models import PackingModels
 from lucid_core.policy.predictors import (
     DurationPredictor,
     HistoryDurationPredictor,
@@ -28,14 +29,15 @@ class LucidPolicy(SchedulingPolicy):
 
     def __init__(self, config: LucidConfig, duration_model: DurationPredictor | None = None,
                  packing_model: PackingClassifier | None = None,
-                 forecaster: ThroughputForecaster | None = None) -> None:
+                 forecaster: ThroughputForecaster | None = None,
+                 packing_models: PackingModels | None = None) -> None:
         self.config = config
         self.profiles = config.profiler.enabled
         self.model_sources: dict[str, str] = {}  # model kind -> where it came from (the live round fills it)
         self.duration_model = duration_model or HistoryDurationPredictor()
         self.forecaster = forecaster or RecentSlotsForecaster(config.forecast.slot_s)
         self.profiler = SpaceAwareProfiler(config.profiler, self.placement)
-        self.binder = AffinityBinder(config.binder, packing_model)
+        self.binder = AffinityBinder(config.binder, packing_model, packing_models)
         self.orchestrator = Orchestrator(self.duration_model, config.orchestrator.estimator,
                                          config.orchestrator.aging, config.orchestrator.guard_slowdown,
                                          config.profiler.tprof_s, config.orchestrator.long_quantile,
@@ -49,6 +51,7 @@ class LucidPolicy(SchedulingPolicy):
 
     # --- hooks ----------------------------------------------------------------------------
     def on_submit(self, view: ClusterView, job: Job) -> None:
+        self.binder.attach(view)
         self.forecaster.observe_submission(view.now, job.gpus)
         # a job the profiling pool could never hold (wider than its nodes allow) is profiled in its run
         if self.profiler.wants_profiling(view, job) and view.profiling.could_hold(job.gpus):
@@ -60,6 +63,7 @@ class LucidPolicy(SchedulingPolicy):
         self.orchestrator.enqueue(view, job)
 
     def on_profiled(self, view: ClusterView, job: Job, profile: Profile) -> None:
+        self.binder.attach(view)
         job.profile = profile
         job.share_class = self.binder.classify(profile)
         alloc = view.allocations.get(job.job_id)
@@ -72,6 +76,7 @@ class LucidPolicy(SchedulingPolicy):
 
     def on_restored(self, view: ClusterView, jobs: Sequence[Job]) -> None:
         """Class and prediction as stored: straight back into the main queue, nothing re-predicted."""
+        self.binder.attach(view)
         whole: list[Job] = []
         partial: list[Job] = []  # stored without a class or prediction: classified and predicted again
         for job in jobs:
@@ -87,6 +92,7 @@ class LucidPolicy(SchedulingPolicy):
 
     # --- the round ------------------------------------------------------------------------
     def schedule(self, view: ClusterView) -> list[Decision]:
+        self.binder.attach(view)
         decisions: list[Decision] = []
         decisions.extend(self._end_windows(view))
         decisions.extend(self.binder.split_unstable(view))

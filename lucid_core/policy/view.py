@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import GpuRef, Job, JobState, Pool, Profile, SharingMode
+from lucid_core.domain import GpuRef, Job, JobState, Pool, Profile, ShareClass, SharingMode
+from lucid_core.policy.packing_models import HostSharing
 from lucid_core.policy.placement import GpuPool
 
 SortKey = tuple[float, float, str]
+DEFAULT_SHARING = HostSharing(None)  # a host the driver said nothing of: shares by time slicing
 QueueKey = tuple[str, int, int]  # (placement VC, gpus, share class or -1 when unprofiled)
 
 
@@ -147,6 +149,10 @@ class ClusterView:
         # (job id, normalized speed) of running pairs, as the driver observes them; the binder
         # reads and clears them (the simulator knows co-located speeds; live telemetry may report)
         self.speed_reports: list[tuple[str, float]] = []
+        # how each host may share (its GPU model and mechanism); hosts not named share as DEFAULT_SHARING
+        self.host_sharing: dict[str, HostSharing] = {}
+        # a running job's class on its host (set by a binder whose models are per host); None: its one class
+        self.share_class_on: Callable[[Job, str], ShareClass | None] | None = None
 
     # --- building -------------------------------------------------------------------------
     def add_nodes(self, pool: Pool, count: int, prefix: str | None = None, vc: str = "") -> None:
@@ -155,6 +161,10 @@ class ClusterView:
         start = len(target.nodes)
         for i in range(start, start + count):
             target.add_node(f"{prefix}{i:04d}", vc=vc)
+
+    def sharing_of(self, node: str) -> HostSharing:
+        """How host `node` may share a GPU (a simulated node: as the simulation's one catalog)."""
+        return self.host_sharing.get(node, DEFAULT_SHARING)
 
     def placement_vc(self, job: Job) -> str:
         """The main-cluster partition a job may use: its VC when nodes are tagged with it, else the
@@ -245,12 +255,16 @@ class ClusterView:
     def refresh_share_candidate(self, job_id: str) -> None:
         alloc = self.allocations.get(job_id)
         job = self.jobs[job_id]
+        share_class = job.share_class
+        if alloc is not None and self.share_class_on is not None and alloc.gpus:
+            share_class = self.share_class_on(job, alloc.gpus[0].host)
         ok = (alloc is not None and alloc.pool is Pool.MAIN and alloc.partner is None
-              and job.share_class is not None and not job.no_share
+              and share_class is not None and not job.no_share
               and job.gpus <= self.config.cluster.gpus_per_node)
         if ok:
+            assert share_class is not None
             self.share_candidates.setdefault(job.gpus, {})[job_id] = None
-            key = (self.placement_vc(job), job.gpus, int(job.share_class))
+            key = (self.placement_vc(job), job.gpus, int(share_class))
             self.share_candidates_by_class.setdefault(key, {})[job_id] = None
         else:
             self.drop_share_candidate(job_id)

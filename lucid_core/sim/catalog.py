@@ -23,10 +23,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lucid_core.sim.records import TraceRecord, Workload
+
+if TYPE_CHECKING:
+    from lucid_core.models.packing import PackingCatalog, PackingTree
 
 SINGLE_FILE = "single_data.csv"
 COLOCATE_FILE = "colocate_info.csv"
@@ -124,6 +128,7 @@ class WorkloadCatalog:
             for e, lab in zip(self.entries, self.labels_, strict=True)
         ]
         self._heaviness = self._heaviness_scores()
+        self._packing_tree: PackingTree | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -199,6 +204,37 @@ class WorkloadCatalog:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def packing_tree(self) -> PackingTree:
+        """The packing tree trained from this catalog, as `lucid models train-packing` trains it: the
+        simulator labels jobs with what this catalog's GPU, shared its way, measured (never a fixed rule)."""
+        if self._packing_tree is None:
+            from lucid_core.models.packing import PackingTree
+
+            self._packing_tree = PackingTree().fit_catalog(self.packing_catalog())
+        return self._packing_tree
+
+    def packing_catalog(self) -> PackingCatalog:
+        """Profiles and measured pairs in the packing trainer's form (read again from the folder it came from)."""
+        from lucid_core.models.packing import PackingCatalog, load_packing_catalog
+
+        folder = Path(self.source) if self.source and not self.synthetic else None
+        if folder is not None and (folder / SINGLE_FILE).is_file() and (folder / COLOCATE_FILE).is_file():
+            return load_packing_catalog(folder)
+        import pandas as pd
+
+        measured = self.measured_
+        mean = [float(self.speed_[i][measured[i]].mean()) if measured[i].any() else math.nan
+                for i in range(len(self.entries))]
+        profiles = pd.DataFrame({
+            "key": [e.key for e in self.entries], "gpu_util": [e.gpu_util for e in self.entries],
+            "mem_util": [e.gmem_util for e in self.entries], "gpu_mem_mb": [e.gmem_mb for e in self.entries],
+            "amp": [int(e.amp) for e in self.entries], "mean_speed": mean,
+            "catalog_label": [int(lab) if lab >= 0 else math.nan for lab in self.labels_]})
+        rows = [(self.entries[i].key, self.entries[j].key, float(self.speed_[i, j]), float(self.speed_[j, i]))
+                for i in range(len(self.entries)) for j in range(i, len(self.entries)) if measured[i, j]]
+        pairs = pd.DataFrame(rows, columns=["key1", "key2", "speed1", "speed2"])
+        return PackingCatalog(profiles=profiles, pairs=pairs)
 
     def colocated_speeds(self, first: Workload, second: Workload) -> tuple[float, float]:
         """Normalized speeds (first, second) of two workloads sharing one GPU, each <= 1."""

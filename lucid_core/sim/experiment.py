@@ -103,6 +103,8 @@ def build_policy(name: str, exp: Experiment, duration_model: DurationPredictor |
         if duration_model is None:
             jobs, durations = history_jobs(exp.history)
             duration_model = HistoryDurationPredictor().fit(jobs, durations)
+        # classes from the tree trained on the catalog the jobs run on: what that GPU, shared its way, measured
+        packing_model = packing_model if packing_model is not None else exp.catalog.packing_tree()
         return LucidPolicy(config, duration_model=duration_model, packing_model=packing_model), config
     raise ValueError(f"unknown policy {name!r}; choose from "
                      f"{', '.join((*POLICIES, 'qssf-backfill', *ABLATIONS))}")

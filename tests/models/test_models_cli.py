@@ -67,3 +67,40 @@ def test_train_and_eval_throughput(tmp_path, capsys):
     assert run(["models", "eval", "throughput", "--registry", reg, "--data", str(part), "--from", "2020-07-01"]) == 0
     scores = json.loads(capsys.readouterr().out)
     assert scores["target"] == "submit_gpu_job" and scores["mae"] < scores["naive_mae"]
+
+
+H200 = shared_data_dir() / "gpu_calibration_h200"
+
+
+@pytest.mark.parametrize(("folder", "sharing", "labels"), [("mps", "mps", {"Tiny", "Medium"}),
+                                                           ("time_sliced", "time-slice", {"Jumbo"})])
+def test_train_packing_on_the_small_h200_catalogs_promotes_per_key_into_the_store(
+        tmp_path, capsys, folder, sharing, labels):
+    catalog = H200 / folder / "catalog"
+    if not (catalog / "single_data.csv").exists():
+        pytest.skip(f"H200 calibration catalog not found at {catalog}")
+    from lucid_core.runtime.round.snapshot import load_snapshot
+    from lucid_core.runtime.store.store import open_store
+
+    # the kit's older catalogs name the GPU but not the mechanism: training without it is refused, clearly
+    assert run(["models", "train-packing", "--catalog", str(catalog), "--no-register"]) == 2
+    assert "declare --sharing" in capsys.readouterr().err
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    assert run(["models", "train-packing", "--catalog", str(catalog), "--sharing", sharing, "--registry",
+                str(tmp_path / "reg"), "--promote", "--store", url]) == 0
+    out = capsys.readouterr().out
+    kind = f"packing:nvidia-h200:{sharing}"
+    assert f"key: NVIDIA H200 shared by {sharing} (model kind {kind})" in out
+    assert {word for word in labels if f"class: {word}" in out} == labels
+    if folder == "mps":  # two configurations: nothing to cross-validate, and it says so
+        assert "fit without cross-validation: 2 configuration(s)" in out and "CV accuracy" not in out
+    store = open_store(url)
+    try:
+        models = load_snapshot(store, 0.0).models
+    finally:
+        store.dispose()
+    assert list(models) == [kind]
+    from lucid_core.runtime.round.live_models import load_model
+
+    tree = load_model(models[kind][1], needs=("classify",))
+    assert tree is not None and tree.nodes_

@@ -59,6 +59,7 @@ class HostAddress:
     python: str = "python3"
     executor: str = "ssh"  # ssh | local
     run_as: str = "account"  # account: jobs run as `user`; submitter: as the job's user, through sudo
+    sharing: str = "time-slice"  # how jobs share its GPUs: none | time-slice | mps (an MPS control daemon)
 
 
 @dataclass(frozen=True, slots=True)

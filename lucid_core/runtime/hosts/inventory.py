@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, Pool, RunState
+from lucid_core.domain import ACTIVE_RUN_STATES, SHARING_MECHANISMS, Pool, RunState
 from lucid_core.runtime.hosts.executor import GpuInfo, HostAddress, HostExecutor
 from lucid_core.runtime.hosts.inputs import os_user_problem
 from lucid_core.runtime.store.lease import admin_lease
@@ -38,11 +38,13 @@ class HostSpec:
     gpus: int | None = None  # declared count; None: discover over the executor
     gpu_memory_mb: float = 24576.0
     run_as: str = "account"  # submitter: each job runs as the OS user named by the job's `user` (sudo -n -u)
+    sharing: str = "time-slice"  # none | time-slice | mps: how two jobs would share one of its GPUs
+    gpu_model: str | None = None  # declared GPU model; discovered hosts take nvidia-smi's name
 
 
 def host_address(row: HostRow) -> HostAddress:
     return HostAddress(row.name, row.address, row.port, row.user, row.key_path, row.workdir, row.python,
-                       row.executor, row.run_as or "account")
+                       row.executor, row.run_as or "account", row.sharing or "time-slice")
 
 
 def _check(spec: HostSpec) -> None:
@@ -57,6 +59,10 @@ def _check(spec: HostSpec) -> None:
         problems.append(f"telemetry: {spec.telemetry!r} is not nvml or emulated")
     if spec.run_as not in RUN_AS_MODES:
         problems.append(f"run_as: {spec.run_as!r} is not account or submitter")
+    if spec.sharing not in SHARING_MECHANISMS:
+        problems.append(f"sharing: {spec.sharing!r} is not one of {', '.join(SHARING_MECHANISMS)}")
+    if spec.gpu_model is not None and not (0 < len(spec.gpu_model.strip()) <= 128):
+        problems.append("gpu_model: must be 1-128 characters")
     if not 0 < spec.port < 65536:
         problems.append(f"port: {spec.port} is not a TCP port")
     if spec.gpus is not None and not 1 <= spec.gpus <= 64:
@@ -75,9 +81,10 @@ def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None,
     row = HostRow(name=spec.name, address=spec.address, port=spec.port, user=spec.user, key_path=spec.key_path,
                   vc=spec.vc, pool=spec.pool, executor=spec.executor, telemetry=spec.telemetry,
                   workdir=spec.workdir, python=spec.python, gpu_memory_mb=spec.gpu_memory_mb,
-                  run_as=spec.run_as, added_at=time.time())
+                  run_as=spec.run_as, sharing=spec.sharing,
+                  gpu_model=spec.gpu_model.strip() if spec.gpu_model else None, added_at=time.time())
     if spec.gpus is not None:
-        gpus = [GpuInfo(i, "declared", spec.gpu_memory_mb) for i in range(spec.gpus)]
+        gpus = [GpuInfo(i, row.gpu_model or "declared", spec.gpu_memory_mb) for i in range(spec.gpus)]
         declared = True
     else:
         if executor is None:
@@ -86,16 +93,39 @@ def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None,
         if not gpus:
             raise InventoryError(f"host {spec.name}: no NVIDIA GPU found; declare the count with gpus=N")
         row.gpu_memory_mb = min(g.memory_mb for g in gpus)
+        models = sorted({g.model for g in gpus})
+        if spec.gpu_model is None and len(models) == 1:
+            row.gpu_model = models[0]
+        elif spec.gpu_model is None:
+            raise InventoryError(f"host {spec.name}: GPUs of several models ({', '.join(models)}); packing labels "
+                                 "are per GPU model, so register each model's GPUs as its own entry")
         declared = False
     with admin_lease(store, f"add {spec.name}", wait_s=wait_s) as fenced, fenced.session() as s:
         if s.get(HostRow, spec.name) is not None:
             raise InventoryError(f"host {spec.name} already exists")
+        twin = same_machine_entry(s.scalars(select(HostRow)).all(), row)
+        if twin is not None:
+            raise InventoryError(
+                f"host {spec.name}: entry {twin} already reaches {row.address}:{row.port} with work directory "
+                f"{row.workdir}; two entries would share one ledger of live runs and each refuse the other's GPUs. "
+                "Give this entry its own --workdir, or declare all the machine's GPUs on one entry")
         s.add(row)
         s.flush()
         for g in gpus:
             s.add(GpuRow(host=spec.name, index=g.index, model=g.model, memory_mb=g.memory_mb, uuid=g.uuid,
                          declared=declared))
     return gpus
+
+
+def same_machine_entry(rows: list[HostRow], new: HostRow) -> str | None:
+    """The name of an entry that reaches the same machine account and work directory as `new`, if any."""
+    def place(row: HostRow) -> tuple[str, str, int, str, str]:
+        workdir = (row.workdir or "").rstrip("/") or "/"
+        user = row.user if workdir.startswith("~") or row.executor == "ssh" else ""
+        return (row.executor, row.address.strip().lower(), row.port, user, workdir)
+
+    target = place(new)
+    return next((row.name for row in rows if place(row) == target), None)
 
 
 def list_hosts(store: Store) -> list[dict[str, object]]:
@@ -110,7 +140,8 @@ def list_hosts(store: Store) -> list[dict[str, object]]:
     for host, indices in busy:
         used.setdefault(host, set()).update(indices)
     return [{"name": h.name, "address": f"{h.address}:{h.port}", "user": h.user, "vc": h.vc, "pool": h.pool,
-             "executor": h.executor, "telemetry": h.telemetry, "run_as": h.run_as, "gpus": count.get(h.name, 0),
+             "executor": h.executor, "telemetry": h.telemetry, "run_as": h.run_as,
+             "gpu_model": h.gpu_model, "sharing": h.sharing, "gpus": count.get(h.name, 0),
              "busy_gpus": len(used.get(h.name, ())), "draining": h.draining, "reachable": h.reachable,
              "last_error": h.last_error} for h in hosts]
 

@@ -9,9 +9,17 @@ from collections.abc import Callable
 from typing import Any
 
 from lucid_core.config import LucidConfig
+from lucid_core.domain import SHARING_MECHANISMS, SharingKey
 from lucid_core.policy.base import SchedulingPolicy
-from lucid_core.policy.predictors import Forecast, HistoryDurationPredictor, RecentSlotsForecaster
+from lucid_core.policy.packing_models import HostSharing, PackingModels
+from lucid_core.policy.predictors import (
+    Forecast,
+    HistoryDurationPredictor,
+    RecentSlotsForecaster,
+    UtilizationRuleClassifier,
+)
 from lucid_core.runtime.round.snapshot import Snapshot, job_of
+from lucid_core.runtime.store.schema import HostRow
 
 
 class ReplayForecaster:
@@ -43,8 +51,8 @@ def load_model(path: str, *, needs: tuple[str, ...]) -> Any | None:
     return None
 
 
-def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, Any, dict[str, str]]:
-    """(duration model, packing model or None, forecaster, kind -> source) for this round.
+def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, PackingModels, Any, dict[str, str]]:
+    """(duration model, packing models by key, forecaster, kind -> source) for this round.
 
     Promoted versions in `model_versions` (written by the Update Engine) win; the duration model
     then also learns the jobs that ended after it was trained. Without one, the fallbacks are
@@ -69,12 +77,7 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, An
         if history:  # grouped by the rows' own user and GPU demand: no Job built per finished job
             duration.fit([j for j, _ in history], [d for _, d in history])
         sources["duration"] = fallback_source(len(history))
-    packing = None
-    if "packing" in snapshot.models:
-        version, path, _ = snapshot.models["packing"]
-        packing = load_model(path, needs=("classify",))
-        if packing is not None:
-            sources["packing"] = f"promoted version {version}"
+    packing = packing_models(snapshot, sources)
     forecaster = None
     if "throughput_forecaster" in snapshot.models:
         version, path, _ = snapshot.models["throughput_forecaster"]
@@ -89,6 +92,40 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Any, An
     return duration, packing, ReplayForecaster(forecaster), sources
 
 
+def packing_models(snapshot: Snapshot, sources: dict[str, str]) -> PackingModels:
+    """One packing model per (GPU model, sharing mechanism): the promoted `packing:<key>` versions, the shipped
+    tree for the key it was measured on (the artifact's RTX 3090s, time-sliced), and the utilization rule for
+    hosts whose telemetry is emulated (no GPU, so nothing measured applies). Any other key shares nothing."""
+    from lucid_core.models.packing import ARTIFACT_KEY, PackingTree, default_tree_path
+
+    models: dict[SharingKey, Any] = {}
+    words = []
+    for kind, (version, path, _) in sorted(snapshot.models.items()):
+        key = SharingKey.from_kind(kind)
+        model = load_model(path, needs=("classify",)) if key is not None else None
+        if key is not None and model is not None:
+            models[key] = model
+            words.append(f"{key.slug} promoted version {version}")
+    if ARTIFACT_KEY not in models and default_tree_path().is_file():
+        try:
+            models[ARTIFACT_KEY] = PackingTree.load_json(default_tree_path())
+            words.append(f"{ARTIFACT_KEY.slug} shipped tree (Lucid artifact catalog)")
+        except (OSError, ValueError, KeyError):  # a broken shipped file: that key shares nothing
+            pass
+    words.append("emulated hosts: utilization rule")
+    sources["packing"] = "; ".join(words)
+    return PackingModels(models, emulated=UtilizationRuleClassifier())
+
+
+def host_sharing(row: HostRow) -> HostSharing:
+    """How a host may share: its key from the GPU model it registered, its mechanism, emulated or not."""
+    mechanism = row.sharing if row.sharing in SHARING_MECHANISMS else "none"  # an unknown word shares nothing
+    model = (row.gpu_model or "").strip()
+    key = SharingKey(model, mechanism) if model and model.lower() != "declared" else None
+    return HostSharing(key, mechanism, emulated=row.telemetry == "emulated",
+                       same_user_only=mechanism == "mps" and row.run_as == "submitter")
+
+
 def fallback_source(finished: int) -> str:
     """How the history fallback is named among a round's model sources."""
     return f"history of {finished} finished job(s)"
@@ -99,7 +136,7 @@ def default_policy(config: LucidConfig, snapshot: Snapshot) -> SchedulingPolicy:
     from lucid_core.policy.lucid import LucidPolicy
 
     duration, packing, forecaster, sources = policy_models(config, snapshot)
-    policy = LucidPolicy(config, duration_model=duration, packing_model=packing, forecaster=forecaster)
+    policy = LucidPolicy(config, duration_model=duration, packing_models=packing, forecaster=forecaster)
     policy.model_sources = sources
     return policy
 

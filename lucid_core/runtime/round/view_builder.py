@@ -21,7 +21,7 @@ from lucid_core.domain import (
 )
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.view import ClusterView
-from lucid_core.runtime.round.live_models import PolicyFactory, ReplayForecaster, fallback_source
+from lucid_core.runtime.round.live_models import PolicyFactory, ReplayForecaster, fallback_source, host_sharing
 from lucid_core.runtime.round.snapshot import Snapshot, job_of, profile_of_row
 from lucid_core.runtime.store.schema import RunRow
 
@@ -103,6 +103,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         # main nodes carry their VC so jobs are placed only on their own VC's hosts
         view.pool(pool).add_node(host.name, count, host.gpu_memory_mb, borrowed=host.name in borrowed,
                                  vc=host.vc if pool is Pool.MAIN else "")
+        view.host_sharing[host.name] = host_sharing(host)
         if host.name in borrowed:
             view.borrowed_nodes.append(host.name)
         if host.reachable and not host.draining and (host.cooldown_until is None or host.cooldown_until <= now):

@@ -89,6 +89,10 @@ class HostRow(Base):
     telemetry: Mapped[str] = mapped_column(String(16), default="nvml")  # nvml | emulated
     # account: jobs run as the SSH user; submitter: each job as its own user (sudo -n -u USER)
     run_as: Mapped[str] = mapped_column(String(16), default="account", server_default="account")
+    # the GPU model packing labels are looked up by (nvidia-smi's name, or declared); None: not known
+    gpu_model: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # how two jobs share a GPU here: none (never), time-slice (the GPU's default) or mps (a control daemon)
+    sharing: Mapped[str] = mapped_column(String(16), default="time-slice", server_default="time-slice")
     workdir: Mapped[str] = mapped_column(Text, default="~/.lucid-runs")
     python: Mapped[str] = mapped_column(String(256), default="python3")
     gpu_memory_mb: Mapped[float] = mapped_column(Float, default=24576.0)
@@ -233,7 +237,8 @@ class ModelVersionRow(Base):
     __tablename__ = "model_versions"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    kind: Mapped[str] = mapped_column(String(32), index=True)  # duration | packing | throughput
+    # duration | throughput_forecaster | packing:<gpu model slug>:<sharing mechanism> (one per key)
+    kind: Mapped[str] = mapped_column(String(160), index=True)
     version: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)

@@ -10,11 +10,11 @@ from typing import Any
 from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import ACTIVE_RUN_STATES, ShareClass
+from lucid_core.domain import ACTIVE_RUN_STATES, Pool, ShareClass
 from lucid_core.policy.orchestrator import ordering_rule
 from lucid_core.policy.predictors import UtilizationRuleClassifier
 from lucid_core.policy.view import saved_number
-from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
+from lucid_core.runtime.round.live_models import PolicyFactory, default_policy, host_sharing
 from lucid_core.runtime.round.pending import pending_text
 from lucid_core.runtime.round.prediction_words import (
     duration_terms,
@@ -44,6 +44,29 @@ def _packing_path(model: Any, job: Any) -> list[str]:
             return [f"gpu_util {u:.1f} >= {model.tiny_below:g}", f"gpu_util {u:.1f} < {model.medium_below:g} -> Medium"]
         return [f"gpu_util {u:.1f} >= {model.medium_below:g} -> Jumbo"]
     return []
+
+
+def _packing_by_host(policy: Any, hosts: list[Any], job: Any) -> list[dict[str, Any]]:
+    """The job's class on each kind of main host of its VC (GPU model and mechanism), or why none applies."""
+    models = getattr(getattr(policy, "binder", None), "packing_models", None)
+    if models is None:
+        return []
+    mine = [h for h in hosts if h.pool == Pool.MAIN.value and h.vc == job.vc] or [
+        h for h in hosts if h.pool == Pool.MAIN.value]
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for host in mine:
+        sharing = host_sharing(host)
+        entry = out.setdefault((sharing.key, sharing.mechanism, sharing.emulated), {
+            "sharing": sharing.key.describe() if sharing.key is not None else f"unknown GPU model, {sharing.mechanism}",
+            "emulated": sharing.emulated, "hosts": []})
+        entry["hosts"].append(host.name)
+        if "class" not in entry:
+            model = models.model_for(sharing)
+            klass = None if model is None or job.profile is None else model.classify([job.profile])[0]
+            entry["class"] = klass.name if klass is not None else None
+            entry["path"] = _packing_path(model, job) if model is not None else []
+            entry["why"] = models.why_not(sharing) if model is None else None
+    return list(out.values())
 
 
 def _sharing(row: JobRow, splits: list[DecisionRow], events: Any) -> dict[str, Any]:
@@ -105,6 +128,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                                    .order_by(DecisionRow.id.desc())).first()
             if joined is not None and joined.payload.get("partner") == job_id:
                 partner_reason = joined.reason
+    by_host = _packing_by_host(policy, snapshot.hosts, job)  # the first: the first kind of host it may run on
     placed = next((d for d in reversed(decisions) if d.kind == "Place"), None)
     rule, words = ordering_rule(job, now, config.orchestrator.guard_slowdown, config.profiler.tprof_s,
                                 placed.reason if placed is not None else None,
@@ -129,7 +153,9 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
             "gpu_mem_mb": job.profile.gpu_mem_mb, "emulated": job.profile.emulated},
         "packing": {
             "class": ShareClass(row.share_class).name if row.share_class is not None else None,
-            "path": _packing_path(packing_model, job) if packing_model is not None else [],
+            "path": (by_host[0]["path"] if by_host else
+                     _packing_path(packing_model, job) if packing_model is not None else []),
+            "by_host": by_host,
         },
         "partner": {"job_id": partner, "why": partner_reason} if partner else None,
         "sharing": _sharing(row, splits, events),

@@ -118,6 +118,13 @@ def add_parser(subparsers: Any) -> None:
     add.add_argument("--run-as", choices=("account", "submitter"), default="account",
                      help="whom jobs run as on the host: the SSH account (default), or each job's submitting "
                           "user through 'sudo -n -u USER' (the host's sudoers must allow it)")
+    add.add_argument("--sharing", choices=("none", "time-slice", "mps"), default="time-slice",
+                     help="how two jobs share one of its GPUs: time-slice (the GPU's default), mps (the host runs "
+                          "an MPS control daemon per shared GPU; Lucid starts it) or none; pairs form only where "
+                          "a packing model for this GPU model and mechanism was promoted")
+    add.add_argument("--gpu-model", default=None,
+                     help="GPU model name as nvidia-smi prints it, e.g. 'NVIDIA H200' (default: discovered; "
+                          "needed with --gpus, else the host shares nothing)")
     add.add_argument("--known-hosts", default=None)
     for name in ("list", "drain", "remove"):
         sp = hsub.add_parser(name)

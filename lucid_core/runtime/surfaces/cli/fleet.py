@@ -25,16 +25,19 @@ def cmd_hosts(args: argparse.Namespace) -> int:
             spec = HostSpec(args.name, address=args.address, port=args.port, user=args.user or "",
                             key_path=args.key, vc=args.vc, pool=args.pool, executor=args.executor,
                             telemetry=args.telemetry, workdir=args.workdir, python=args.python, gpus=args.gpus,
-                            gpu_memory_mb=args.gpu_memory_mb, run_as=args.run_as)
+                            gpu_memory_mb=args.gpu_memory_mb, run_as=args.run_as,
+                            sharing=args.sharing, gpu_model=args.gpu_model)
             gpus = add_host(store, spec, None if args.gpus else executor_of(args))
             emit(args, {"name": args.name, "gpus": len(gpus)}, f"added {args.name} with {len(gpus)} GPU(s)")
         elif args.hosts_cmd == "list":
             rows = list_hosts(store)
-            text = "\n".join(f"{h['name']:<12} {h['address']:<22} {h['pool']:<9} VC {h['vc']:<10} "
-                             f"{h['busy_gpus']}/{h['gpus']} busy"
-                             f"{' jobs run as their user' if h['run_as'] == 'submitter' else ''}"
-                             f"{' draining' if h['draining'] else ''}{'' if h['reachable'] else ' UNREACHABLE'}"
-                             for h in rows)
+            lines = [f"{h['name']:<12} {h['address']:<22} {h['pool']:<9} {h['vc']:<10} "
+                     f"{(h['gpu_model'] or 'unknown')[:20]:<20} {h['sharing']:<10} {h['busy_gpus']}/{h['gpus']}"
+                     f"{' jobs run as their user' if h['run_as'] == 'submitter' else ''}"
+                     f"{' draining' if h['draining'] else ''}{'' if h['reachable'] else ' UNREACHABLE'}"
+                     for h in rows]
+            header = f"{'NAME':<12} {'ADDRESS':<22} {'POOL':<9} {'VC':<10} {'GPU MODEL':<20} {'SHARING':<10} BUSY"
+            text = "\n".join([header, *lines]) if lines else ""
             emit(args, rows, text or "no hosts")
         elif args.hosts_cmd == "drain":
             drain_host(store, args.name, not args.undo, remove=args.remove, wait_s=args.wait)

@@ -214,8 +214,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         lines.append("  the duration model now says:" if recorded else "  the duration model says:")
         lines += [f"    {line}" for line in now_says]
     packing = data["packing"]
-    if packing["class"]:
+    by_host = packing.get("by_host") or []
+    if packing["class"] and len(by_host) <= 1:
         lines.append(f"packing class {packing['class']}: " + " / ".join(packing["path"]))
+    for kind in by_host if len(by_host) > 1 or any(k["class"] is None for k in by_host) else []:
+        hosts = ", ".join(kind["hosts"][:3]) + (" ..." if len(kind["hosts"]) > 3 else "")
+        says = (f"class {kind['class']}: " + " / ".join(kind["path"]) if kind["class"] else
+                f"shares nothing: {kind['why']}" if kind["why"] else "not profiled yet")
+        lines.append(f"on {kind['sharing']} ({hosts}): {says}")
     if data["partner"]:
         lines.append(f"shares with {data['partner']['job_id']}: {data['partner']['why']}")
     if data["shared"]:
