@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import Job, Pool, Profile, SharingKey, ShareClass
+from lucid_core.domain import Job, Pool, Profile, ShareClass, SharingKey
 from lucid_core.policy.binder import AffinityBinder
 from lucid_core.policy.packing_models import HostSharing, PackingModels
 from lucid_core.policy.view import ClusterView
@@ -63,7 +63,8 @@ def test_a_job_pairs_on_the_host_whose_key_measured_it_safe_and_nowhere_else():
     _running(view, binder, "on-mps", "mps")
     job = _waiting(view, binder)
     assert job.share_class is ShareClass.TINY  # its lightest class over the fleet's keys
-    assert binder.class_on(view, job, "sliced") is ShareClass.JUMBO and binder.class_on(view, job, "mps") is ShareClass.TINY
+    assert binder.class_on(view, job, "sliced") is ShareClass.JUMBO
+    assert binder.class_on(view, job, "mps") is ShareClass.TINY
     found = binder.find_partner(view, job)
     assert found is not None and found.partner == "on-mps"
     assert "NVIDIA H200 shared by mps" in found.reason and "Tiny + Tiny = 0" in found.reason

@@ -8,7 +8,7 @@ import pytest
 
 from lucid_core.cli import main
 from lucid_core.config import LucidConfig
-from lucid_core.domain import SharingKey, ShareClass
+from lucid_core.domain import ShareClass, SharingKey
 from lucid_core.runtime.hosts.inventory import HostSpec, InventoryError, add_host, list_hosts
 from lucid_core.runtime.round.live_models import default_policy, host_sharing
 from lucid_core.runtime.round.snapshot import load_snapshot
@@ -19,12 +19,12 @@ from lucid_core.runtime.store.store import Store, record_promotion
 def test_a_second_entry_for_the_same_machine_and_work_directory_is_refused(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     add_host(store, HostSpec("gpu1-a", executor="local", gpus=2, workdir=str(tmp_path / "runs")))
-    with pytest.raises(InventoryError, match="entry gpu1-a already reaches .* one ledger of live runs"):
+    with pytest.raises(InventoryError, match=r"entry gpu1-a already reaches .* one ledger of live runs"):
         add_host(store, HostSpec("gpu1-b", executor="local", gpus=2, workdir=str(tmp_path / "runs") + "/"))
     add_host(store, HostSpec("gpu1-b", executor="local", gpus=2, workdir=str(tmp_path / "runs-b")))
     # SSH entries: the same address, port, account and work directory is the same ledger
     add_host(store, HostSpec("r1", address="10.0.0.7", user="lucid", gpus=1))
-    with pytest.raises(InventoryError, match="already reaches 10.0.0.7:22"):
+    with pytest.raises(InventoryError, match=r"already reaches 10\.0\.0\.7:22"):
         add_host(store, HostSpec("r2", address="10.0.0.7", user="lucid", gpus=1))
     add_host(store, HostSpec("r2", address="10.0.0.7", port=2222, user="lucid", gpus=1))
     assert [h["name"] for h in list_hosts(store)] == ["gpu1-a", "gpu1-b", "r1", "r2"]

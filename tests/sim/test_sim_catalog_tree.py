@@ -13,6 +13,7 @@ from lucid_core.sim.engine import simulate
 from lucid_core.sim.experiment import Experiment, build_policy
 from lucid_core.sim.records import TraceRecord
 
+
 def _profile(w) -> Profile:
     return Profile(w.gpu_util, w.mem_util, w.gpu_mem_mb, w.amp, emulated=True)
 
