@@ -25,6 +25,8 @@ SINGLE_COLUMNS = ["model", "dataset", "batchsize", "amp", "speed", "gpu_util", "
 PAIR_COLUMNS = ["", "model1", "dataset1", "gpu_num1", "batchsize1", "amp1", "speed1", "model2", "dataset2",
                 "gpu_num2", "batchsize2", "amp2", "speed2", "gpu_util", "gmem_util", "gmem"]
 ENVIRONMENT_NAME = "environment.json"
+# how two jobs share the GPU while measured: packing labels hold for one GPU model and one of these
+SHARING_MECHANISMS = ("time-slice", "mps")
 
 
 def sharing_label(mean_speed: float, tiny_threshold: float = 0.95, medium_threshold: float = 0.85) -> ShareClass:
@@ -98,8 +100,31 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
 
 
 def write_environment(directory: str | Path, environment: Mapping[str, Any]) -> Path:
-    """Record what the catalog was measured on (GPU model, driver, torch, emulated or not) beside it."""
+    """Record what the catalog was measured on (GPU model, sharing, driver, torch, emulated or not) beside it."""
     path = Path(directory) / ENVIRONMENT_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(environment), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(dict(environment), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
     return path
+
+
+def catalog_sharing_key(directory: str | Path) -> tuple[str | None, str | None]:
+    """(gpu_model, sharing) a catalog was measured under, from its environment.json: what its labels hold for.
+
+    Catalogs written before these keys existed give the first of their "gpus" and no sharing (None);
+    a missing or unreadable file gives (None, None).
+    """
+    try:
+        environment = json.loads((Path(directory) / ENVIRONMENT_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None, None
+    if not isinstance(environment, dict):
+        return None, None
+    model = environment.get("gpu_model")
+    if not isinstance(model, str) or not model:
+        gpus = environment.get("gpus")
+        first = gpus[0] if isinstance(gpus, list) and gpus else None
+        model = first if isinstance(first, str) and first else None
+    sharing = environment.get("sharing")
+    return model, sharing if isinstance(sharing, str) and sharing else None

@@ -6,19 +6,32 @@
 `--host local` (or localhost) runs on this machine through the local executor; any other host is
 reached over SSH with verified host keys (the runtime's executor). The host needs the
 `workloads` extra (torch) and lucid_core importable by --python (or on --pythonpath).
+
+`--sharing mps` starts NVIDIA's MPS control daemon on the host (pipe and log directories under --workdir)
+for the runs and quits it at the end; environment.json records the sharing and the GPU model.
+A daemon started by a non-root account serves only that account's processes.
+SIGINT or SIGTERM (e.g. `timeout --signal=INT`) stops the runs on the host, quits the daemon, keeps the
+catalog measured so far and exits 3; rerunning the same command resumes.
+Exit status: 0 done, 1 a run or the host failed, 2 bad arguments, 3 stopped by a signal.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
+from lucid_core.calibration.catalog import SHARING_MECHANISMS
 from lucid_core.calibration.configs import parse_configs
 from lucid_core.calibration.workloads import WORKLOADS
 
 LOCAL_NAMES = {"local", "localhost"}
+EXIT_STOPPED = 3  # stopped by SIGINT/SIGTERM (a time limit): what was measured is kept, a rerun resumes
 
 
 def _source_root() -> str:
@@ -32,6 +45,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", required=True, help="host name or address; 'local' runs on this machine")
     p.add_argument("--gpus", default="0", help="GPU index on the host to calibrate (one GPU per catalog)")
+    p.add_argument("--sharing", choices=SHARING_MECHANISMS, default="time-slice",
+                   help="how a pair shares the GPU: time-slice (the driver's default) or mps (the kit runs "
+                        "nvidia-cuda-mps-control on the host for its runs)")
     p.add_argument("--workloads", nargs="+", required=True,
                    help=f"NAME[:BATCH[:amp]] items, comma- or space-separated; names: {', '.join(WORKLOADS)}")
     p.add_argument("--seconds", type=float, default=60.0, help="measured window per run")
@@ -60,14 +76,69 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="extra environment for the workload processes on the host (repeatable)")
     p.add_argument("--workdir", default="~/.lucid-runs/calibration", help="run directories on the host")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--workload-module", default=None, help=argparse.SUPPRESS)  # a test double's module
     p.set_defaults(func=run_calibrate)
     return p
 
 
+class _StopSignal:
+    """Which stop signal arrived first (None: none yet)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "a signal"
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[_StopSignal]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt once; later ones are ignored so the clean-up can finish.
+
+    `timeout` signals the kit and then its whole process group, so the kit sees the signal twice.
+    Outside the main thread (no handlers there) it only yields.
+    """
+    stop = _StopSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.signum is None:
+            stop.signum = signum
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
+    """Run `lucid calibrate`; a stop signal ends it with EXIT_STOPPED and one line on stderr, no traceback."""
+    with _stop_on_signals() as stop:
+        try:
+            return _calibrate(args, stop)
+        except KeyboardInterrupt:  # before the runs began or after they ended
+            print(f"lucid calibrate: stopped by {stop.name} outside the runs; rerun the same command to resume",
+                  file=sys.stderr)
+            return EXIT_STOPPED
+
+
+def _calibrate(args: argparse.Namespace, stop: _StopSignal) -> int:
     from lucid_core.calibration.compare import compare_labels, comparison_markdown
     from lucid_core.calibration.emulation import EmulatedProfiles
-    from lucid_core.calibration.harness import CalibrationSettings, CalibrationTarget, Calibrator, TrialFailed
+    from lucid_core.calibration.harness import (
+        CalibrationInterrupted,
+        CalibrationSettings,
+        CalibrationTarget,
+        Calibrator,
+        TrialFailed,
+    )
+    from lucid_core.calibration.mps import MpsUnavailable
     from lucid_core.runtime.hosts.executor import HostAddress, HostCommandFailed, HostUnreachable
 
     gpus = [g for g in str(args.gpus).split(",") if g.strip()]
@@ -114,14 +185,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
     settings = CalibrationSettings(seconds=args.seconds, warmup_s=args.warmup, startup_s=args.startup,
                                    hold_s=args.hold, telemetry_interval_s=args.interval, device=args.device,
                                    threads=args.threads, gpu_memory_mb=args.gpu_memory_mb,
-                                   memory_headroom_mb=args.headroom_mb)
+                                   memory_headroom_mb=args.headroom_mb,
+                                   **({"workload_module": args.workload_module} if args.workload_module else {}))
     target = CalibrationTarget(host, int(gpus[0]), args.pythonpath or (_source_root() if local else None),
-                               extra_env)
+                               extra_env, sharing=args.sharing)
     calibrator = Calibrator(executor, target, args.out, settings, emulation,
                             progress=None if args.no_progress else sys.stderr)
     try:
         report = calibrator.run(configs)
-    except (TrialFailed, HostUnreachable, HostCommandFailed) as exc:
+    except CalibrationInterrupted as exc:
+        print(f"lucid calibrate: stopped by {stop.name} (a time limit or Ctrl-C): measured {exc.measured} of "
+              f"{exc.total} runs; rerun the same command to resume", file=sys.stderr)
+        return EXIT_STOPPED
+    except (TrialFailed, MpsUnavailable, HostUnreachable, HostCommandFailed) as exc:
         print(f"lucid calibrate: error: calibration stopped: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -26,6 +26,8 @@ class EmulatedProfiles:
     table: Mapping[tuple[str, int, int], Triple] = field(default_factory=dict)
     fallback: Triple = DEFAULT_TRIPLE
     source: str = "defaults"
+    # the GPU the catalog's environment.json names: "emulated" unless a caller declares the GPU it stands for
+    gpu_model: str = "emulated"
 
     @classmethod
     def from_single_data(cls, path: str | Path) -> EmulatedProfiles:

@@ -5,7 +5,9 @@ two workload processes which all begin measuring at the same host-clock second a
 training until the last has finished, with the runtime's telemetry agent sampling the GPU next
 to them. Results are appended to the journal and the catalog CSVs are rewritten after every
 trial, so an interrupted calibration resumes where it stopped: measured trials are skipped, and
-a trial whose run is still on the host (same run id) is collected instead of launched again.
+a trial whose run is still on the host (same run id) is collected instead of launched again. An
+interrupt (KeyboardInterrupt) stops the runs this calibration started before it ends the calibration.
+With MPS sharing the control daemon runs on the host for the calibration's runs (`mps`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from lucid_core.calibration.catalog import CatalogFiles, write_catalog, write_environment
+from lucid_core.calibration.catalog import SHARING_MECHANISMS, CatalogFiles, write_catalog, write_environment
 from lucid_core.calibration.configs import WorkloadConfig, all_pairs
 from lucid_core.calibration.emulation import EmulatedProfiles
 from lucid_core.calibration.journal import (
@@ -32,9 +34,18 @@ from lucid_core.calibration.journal import (
     pair_key,
     trial_id,
 )
+from lucid_core.calibration.mps import MpsDaemon, MpsUnavailable
 from lucid_core.calibration.workloads.protocol import WorkloadResult, parse_events, parse_results
 from lucid_core.runtime.hosts import telemetry, telemetry_agent
-from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor, LaunchSpec, RunStatus
+from lucid_core.runtime.hosts.executor import (
+    GpuInfo,
+    HostAddress,
+    HostCommandFailed,
+    HostExecutor,
+    HostUnreachable,
+    LaunchSpec,
+    RunStatus,
+)
 from lucid_core.runtime.hosts.launch import TelemetryLaunch
 
 TAGS = ("A", "B")
@@ -42,6 +53,15 @@ TAGS = ("A", "B")
 
 class TrialFailed(RuntimeError):
     """A trial ran but gave no usable measurement (crash, timeout, no result, windows not overlapping)."""
+
+
+class CalibrationInterrupted(RuntimeError):
+    """The calibration was interrupted: its runs on the host were stopped; the journal keeps what was measured."""
+
+    def __init__(self, measured: int, total: int) -> None:
+        super().__init__(f"interrupted: measured {measured} of {total} runs")
+        self.measured = measured
+        self.total = total
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,11 @@ class CalibrationTarget:
     gpu: int = 0
     pythonpath: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the workload processes
+    sharing: str = "time-slice"  # how a pair shares the GPU: time-slice (the driver's default) or mps
+
+    def __post_init__(self) -> None:
+        if self.sharing not in SHARING_MECHANISMS:
+            raise ValueError(f"sharing {self.sharing!r} is not one of {', '.join(SHARING_MECHANISMS)}")
 
 
 @dataclass(frozen=True)
@@ -166,15 +191,38 @@ class Calibrator:
         self.journal = Journal.open(self.out_dir)
         ident = f"{self.out_dir.resolve()}|{target.host.name}|{target.gpu}|{self.settings.seconds:g}"
         self.catalog_id = hashlib.sha256(ident.encode()).hexdigest()[:8]
+        self._gpu_info: GpuInfo | None = None
+        self._gpu_asked = False
+        self._mps: MpsDaemon | None = None
+        self._live: dict[str, None] = {}  # run ids launched (or being launched) and not yet seen ending
+        self._current: tuple[Trial, int] | None = None  # the trial and attempt being measured
 
     # ---- planning -----------------------------------------------------------------------
+    def host_gpu(self) -> GpuInfo | None:
+        """The calibrated GPU as nvidia-smi on the host reports it (None without one); asked once."""
+        if not self._gpu_asked:
+            self._gpu_info = next((g for g in self.executor.discover_gpus(self.target.host)
+                                   if g.index == self.target.gpu), None)
+            self._gpu_asked = True
+        return self._gpu_info
+
+    def gpu_model(self, environment: Mapping[str, Any]) -> str | None:
+        """The GPU name for environment.json: nvidia-smi's, else torch's; the emulation's when emulating."""
+        if self.emulation is not None:
+            return self.emulation.gpu_model
+        info = self.host_gpu()
+        if info is not None and info.model:
+            return info.model
+        gpus = environment.get("gpus")
+        return str(gpus[0]) if isinstance(gpus, list) and gpus else None
+
     def gpu_memory_mb(self) -> float:
         """Capacity for the memory check: the setting, else nvidia-smi's total, else an error."""
         if self.settings.gpu_memory_mb is not None:
             return self.settings.gpu_memory_mb
-        for gpu in self.executor.discover_gpus(self.target.host):
-            if gpu.index == self.target.gpu:
-                return gpu.memory_mb
+        info = self.host_gpu()
+        if info is not None:
+            return info.memory_mb
         raise TrialFailed(f"host {self.target.host.name} reports no GPU {self.target.gpu} through nvidia-smi; "
                           "pass the GPU memory explicitly (--gpu-memory-mb) when emulating telemetry")
 
@@ -200,7 +248,8 @@ class Calibrator:
                "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
         if self.target.pythonpath:
             env["PYTHONPATH"] = self.target.pythonpath
-        return {**env, **self.target.env}
+        mps = self._mps.client_env() if self._mps is not None and self._mps.directory is not None else {}
+        return {**env, **mps, **self.target.env}
 
     def _wait(self, run_id: str, least_s: float = 0.0) -> RunStatus:
         """Poll the run until it ends; the first poll waits `least_s`, the shortest the run can take."""
@@ -210,9 +259,11 @@ class Calibrator:
         while True:
             status = self.executor.poll(host, [run_id]).get(run_id, RunStatus("MISSING"))
             if status.state in {"EXITED", "VANISHED", "MISSING"}:
+                self._live.pop(run_id, None)
                 return status
             if self.clock() > deadline:
                 self.executor.stop(host, run_id, "calibration trial timed out", grace_s=5.0)
+                self._live.pop(run_id, None)
                 raise TrialFailed(f"{run_id} did not finish within its time budget; stopped")
             self.sleep(self.settings.poll_interval_s)
 
@@ -224,6 +275,7 @@ class Calibrator:
                                s.trial_budget_s() + s.timeout_slack_s, self._emulated_triple(trial),
                                seed=attempt)
         command = trial_command(trial, self.target, s, s.workload_module)
+        self._live[run_id] = None  # before the launch: an interrupt during it still stops the run
         launched = self.executor.launch(host, LaunchSpec(run_id, command, self._env(), tel))
         shortest = 0.0 if launched.already_launched else s.warmup_s + s.seconds + s.hold_s
         status = self._wait(run_id, least_s=shortest)
@@ -285,6 +337,7 @@ class Calibrator:
         host = self.target.host
         run_id = f"calib-{self.catalog_id}-env-{int(self.clock())}"
         command = f"{shlex.quote(host.python)} -m {self.settings.workload_module} env"
+        self._live[run_id] = None
         self.executor.launch(host, LaunchSpec(run_id, command, self._env()))
         status = self._wait(run_id)
         out = self.executor.read(host, run_id, "stdout.log")
@@ -297,6 +350,7 @@ class Calibrator:
         env.update({"host": host.name, "gpu_index": self.target.gpu,
                     "telemetry": "emulated" if self.emulation is not None else "nvml",
                     "emulation_source": self.emulation.source if self.emulation is not None else "",
+                    "sharing": self.target.sharing,
                     "seconds": self.settings.seconds, "warmup_s": self.settings.warmup_s})
         return env
 
@@ -306,7 +360,76 @@ class Calibrator:
         return range(first, first + self.settings.max_attempts)
 
     def run(self, configs: Sequence[WorkloadConfig]) -> CalibrationReport:
-        """Measure every configuration alone, then every pair that fits; rewrite the catalog after each."""
+        """Measure every configuration alone, then every pair that fits; rewrite the catalog after each.
+
+        With MPS sharing the control daemon is started first and quit at the end, however it ends. On a
+        KeyboardInterrupt the runs started on the host are stopped and CalibrationInterrupted is raised.
+        """
+        solos = [Trial((c,)) for c in configs]
+        pairs = [Trial(p) for p in all_pairs(list(configs))]
+        try:
+            if self.target.sharing == "mps":
+                self._start_mps()
+            return self._measure(solos, pairs)
+        except KeyboardInterrupt:
+            self._stop_live_runs("the calibration was interrupted")
+            raise CalibrationInterrupted(*self.progress_counts(solos + pairs)) from None
+        finally:
+            self._stop_mps()
+
+    def progress_counts(self, trials: Sequence[Trial]) -> tuple[int, int]:
+        """(measured, to measure) of `trials` by the journal; pairs refused for memory count in neither."""
+        measured = refused = 0
+        for trial in trials:
+            if self._measured(trial):
+                measured += 1
+            elif trial.is_pair and pair_key(*trial.configs) in self.journal.refused:
+                refused += 1
+        return measured, len(trials) - refused
+
+    def _measured(self, trial: Trial) -> bool:
+        """Whether the journal holds this trial's measurement (from this invocation or an earlier one)."""
+        if trial.is_pair:
+            return self.journal.has_pair(*trial.configs)
+        return trial.configs[0].key in self.journal.solos
+
+    def _start_mps(self) -> None:
+        """Start the host's MPS daemon on the GPU (named by UUID when nvidia-smi gives one: MPS renumbers)."""
+        info = self.host_gpu()
+        self._mps = MpsDaemon(self.executor, self.target.host, self.target.gpu,
+                              info.uuid if info is not None and info.uuid else None)
+        self._mps.start()
+
+    def _stop_mps(self) -> None:
+        """Quit the MPS daemon if a start was sent; a failure to quit is a warning, never the outcome."""
+        daemon, self._mps = self._mps, None
+        if daemon is None or not daemon.attempted:
+            return
+        try:
+            daemon.stop()
+        except (MpsUnavailable, HostUnreachable, HostCommandFailed) as exc:
+            self._warn(f"warning: {exc}")
+
+    def _stop_live_runs(self, reason: str) -> None:
+        """Stop the runs this calibration launched and has not seen end; the trial in hand counts as failed."""
+        host = self.target.host
+        for run_id in list(self._live):
+            try:
+                self.executor.stop(host, run_id, reason, grace_s=5.0)
+            except (HostUnreachable, HostCommandFailed) as exc:
+                self._warn(f"warning: could not stop run {run_id} on {host.name}: {exc}")
+            self._live.pop(run_id, None)
+        if self._current is not None and not self._measured(self._current[0]):
+            trial, attempt = self._current
+            # the next invocation then launches a fresh attempt instead of rejoining the stopped run
+            self.journal.append(FailedTrial(trial.configs, self.run_id(trial, attempt), attempt, f"stopped: {reason}"))
+        self._current = None
+
+    def _warn(self, text: str) -> None:
+        print(text, file=self.progress or sys.stderr)
+
+    def _measure(self, solos: list[Trial], pairs: list[Trial]) -> CalibrationReport:
+        """Probe the host, record its environment, then measure what the journal lacks (run's body)."""
         report = CalibrationReport()
         report.environment = self.probe_environment()
         if self.emulation is None and report.environment.get("nvml_error"):
@@ -315,30 +438,31 @@ class Calibrator:
                               "--emulate and --gpu-memory-mb")
         capacity = self.gpu_memory_mb()
         report.environment["gpu_memory_mb"] = capacity
+        report.environment["gpu_model"] = self.gpu_model(report.environment)
         write_environment(self.out_dir, report.environment)
-        solos = [Trial((c,)) for c in configs]
-        pairs = [Trial(p) for p in all_pairs(list(configs))]
         todo_solo = [t for t in solos if t.configs[0].key not in self.journal.solos]
         todo_pairs = [t for t in pairs if not self.journal.has_pair(*t.configs)]
         report.skipped += [t.id for t in solos + pairs if t not in todo_solo and t not in todo_pairs]
         bar = _Progress(len(todo_solo) + len(todo_pairs), self.settings.trial_budget_s(), self.progress)
-        for trial in todo_solo:
-            self._do(trial, report, bar, lambda t, n: self.journal.append(self.measure_solo(t.configs[0], n)))
-        for trial in todo_pairs:
-            a, b = trial.configs
-            if a.key not in self.journal.solos or b.key not in self.journal.solos:
-                report.failed.append(f"{trial.id} (a solo measurement is missing)")
-                bar.step(trial.id, measured=False)
-                continue
-            ok, why = self.fits(a, b, capacity)
-            if not ok:
-                if pair_key(a, b) not in self.journal.refused:
-                    self.journal.append(RefusedPair(a, b, f"does not fit: {why}"))
-                report.refused.append(f"{trial.id}: {why}")
-                bar.step(trial.id, measured=False)
-                continue
-            self._do(trial, report, bar, lambda t, n: self.journal.append(self.measure_pair(*t.configs, n)))
-        bar.close()
+        try:
+            for trial in todo_solo:
+                self._do(trial, report, bar, lambda t, n: self.journal.append(self.measure_solo(t.configs[0], n)))
+            for trial in todo_pairs:
+                a, b = trial.configs
+                if a.key not in self.journal.solos or b.key not in self.journal.solos:
+                    report.failed.append(f"{trial.id} (a solo measurement is missing)")
+                    bar.step(trial.id, measured=False)
+                    continue
+                ok, why = self.fits(a, b, capacity)
+                if not ok:
+                    if pair_key(a, b) not in self.journal.refused:
+                        self.journal.append(RefusedPair(a, b, f"does not fit: {why}"))
+                    report.refused.append(f"{trial.id}: {why}")
+                    bar.step(trial.id, measured=False)
+                    continue
+                self._do(trial, report, bar, lambda t, n: self.journal.append(self.measure_pair(*t.configs, n)))
+        finally:
+            bar.close()
         report.files = write_catalog(self.journal, self.out_dir, self.settings.tiny_threshold,
                                      self.settings.medium_threshold)
         return report
@@ -347,16 +471,19 @@ class Calibrator:
             measure: Callable[[Trial, int], None]) -> None:
         began = self.clock()
         for attempt in self._attempts(trial):
+            self._current = (trial, attempt)
             try:
                 measure(trial, attempt)
             except TrialFailed as exc:
                 self.journal.append(FailedTrial(trial.configs, self.run_id(trial, attempt), attempt, str(exc)))
                 bar.note(f"{trial.id} attempt {attempt} failed: {exc}")
                 continue
+            self._current = None
             report.measured.append(trial.id)
             write_catalog(self.journal, self.out_dir, self.settings.tiny_threshold, self.settings.medium_threshold)
             bar.step(trial.id, measured=True, took_s=self.clock() - began)
             return
+        self._current = None
         report.failed.append(trial.id)
         bar.step(trial.id, measured=False)
 

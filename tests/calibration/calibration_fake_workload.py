@@ -5,7 +5,8 @@ kernel time) and sleeps the rest (host-side work). Two processes on one lock con
 the locked part, so a pair of light jobs keeps its speed and a pair of busy ones slows down,
 as on a real GPU. The duty is the configuration's GPU utilization in a reference catalog
 (LUCID_FAKE_PROFILES). It speaks the real workload's command line and line protocol, and uses
-the real timing code (barrier, window, hold). LUCID_FAKE_CRASH=name makes that workload fail.
+the real timing code (barrier, window, hold). LUCID_FAKE_CRASH=name makes that workload fail;
+LUCID_FAKE_EVENT_LOG=file makes each process append one JSON line with the CUDA variables it saw.
 """
 
 from __future__ import annotations
@@ -23,10 +24,22 @@ from lucid_core.calibration.workloads.protocol import PREFIX, WorkloadResult
 from lucid_core.calibration.workloads.timing import LoopTiming, run_timed
 
 PERIOD_S = 0.004
+SEEN_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+
+
+def note_environment(command: str, workload: str) -> None:
+    """Append what this process saw to LUCID_FAKE_EVENT_LOG (one write: processes share the file)."""
+    path = os.environ.get("LUCID_FAKE_EVENT_LOG")
+    if path:
+        line = json.dumps({"event": command, "workload": workload, "time": time.time(),
+                           **{name: os.environ.get(name) for name in SEEN_VARIABLES}})
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
 
 
 def main() -> int:
     args = build_parser().parse_args()
+    note_environment(args.command, getattr(args, "workload", ""))
     if args.command == "env":
         emit_line(PREFIX + json.dumps({"event": "env", "torch": "none (test double)", "driver": "", "gpus": []}))
         return 0

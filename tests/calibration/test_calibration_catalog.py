@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from lucid_core.calibration.catalog import PAIR_COLUMNS, SINGLE_COLUMNS, sharing_label, write_catalog
+from lucid_core.calibration.catalog import (
+    PAIR_COLUMNS,
+    SINGLE_COLUMNS,
+    catalog_sharing_key,
+    sharing_label,
+    write_catalog,
+    write_environment,
+)
 from lucid_core.calibration.compare import compare_labels, comparison_markdown
 from lucid_core.calibration.configs import WorkloadConfig
 from lucid_core.calibration.emulation import EmulatedProfiles
@@ -146,3 +153,29 @@ def test_window_and_overlap_helpers() -> None:
 
     assert overlap_fraction([result(0, 10), result(1, 11)]) == pytest.approx(0.9)
     assert overlap_fraction([result(0, 1), result(2, 3)]) == 0.0
+
+
+def test_catalog_sharing_key_reads_the_keys_falls_back_for_old_catalogs_and_tolerates_bad_files(
+        tmp_path: Path) -> None:
+    write_environment(tmp_path / "new", {"gpu_model": "NVIDIA H100 80GB HBM3", "sharing": "mps",
+                                         "gpus": ["something else"]})
+    assert catalog_sharing_key(tmp_path / "new") == ("NVIDIA H100 80GB HBM3", "mps")
+    write_environment(tmp_path / "old", {"gpus": ["NVIDIA H200"], "telemetry": "nvml"})
+    assert catalog_sharing_key(tmp_path / "old") == ("NVIDIA H200", None)  # written before the keys existed
+    write_environment(tmp_path / "bare", {"gpu_model": None, "gpus": []})
+    assert catalog_sharing_key(tmp_path / "bare") == (None, None)
+    assert catalog_sharing_key(tmp_path / "missing") == (None, None)
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "environment.json").write_text('{"gpu_model": "NVI', encoding="utf-8")
+    assert catalog_sharing_key(tmp_path / "torn") == (None, None)
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "environment.json").write_text("[1, 2]", encoding="utf-8")
+    assert catalog_sharing_key(tmp_path / "list") == (None, None)
+
+
+def test_catalog_sharing_key_of_the_h200_mps_catalog_measured_before_the_keys() -> None:
+    directory = shared_data_dir() / "gpu_calibration_h200" / "mps" / "catalog"
+    if not (directory / "environment.json").is_file():
+        pytest.skip(f"H200 MPS catalog {directory} missing (set LUCID_SHARED_DATA)")
+    # measured under MPS, but its environment.json predates the sharing key: the GPU is known, the sharing not
+    assert catalog_sharing_key(directory) == ("NVIDIA H200", None)

@@ -90,6 +90,7 @@ def test_full_calibration_writes_an_artifact_format_catalog_the_packing_tree_tra
         assert float(row["speed"]) > 0 and row["label"] in {"0", "1", "2"}
     env = json.loads((out / "environment.json").read_text())
     assert env["telemetry"] == "emulated" and env["host"] == "main1"
+    assert env["sharing"] == "time-slice" and env["gpu_model"] == "emulated"  # the catalog's (GPU, sharing) key
     journal = Journal.open(out)
     assert all(s.emulated for s in journal.solos.values()) and all(p.emulated for p in journal.pairs.values())
     assert all(p.overlap > 0.8 for p in journal.pairs.values())
