@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lucid_core.config import ConfigError, LucidConfig, load_config, load_live_config
-from lucid_core.sim.fleet import Fleet
+from lucid_core.sim.fleet import Fleet, FleetCatalogs
 from lucid_core.sim.records import TraceRecord, stored_flag
 
 #: Form field -> config knob it sets (what the Params form and the CLI accept).
@@ -152,7 +152,7 @@ def outcome_metrics(result) -> dict[str, float]:
 def run_configuration(records: Sequence[TraceRecord], overrides: Mapping[str, Any], settings: TunerSettings,
                       index: int = 0, base: LucidConfig | None = None, catalog=None,
                       history: Sequence[TraceRecord] = (), seed: int | None = None,
-                      role: str = "candidate") -> ConfigResult:
+                      role: str = "candidate", catalogs: FleetCatalogs | None = None) -> ConfigResult:
     """Simulate Lucid with `overrides` on `records` exactly as `lucid simulate` does (catalog co-location
     speeds, predictors trained on `history`), on the settings' fleet or on N nodes with the profiling
     pool carved out of them; errors are recorded, not raised, so a sweep continues. `seed` (default:
@@ -175,9 +175,14 @@ def run_configuration(records: Sequence[TraceRecord], overrides: Mapping[str, An
             if not kept:
                 raise ValueError(f"none of the {len(records)} jobs fits the fleet ({settings.fleet.describe()})")
             exp = Experiment(kept, list(history), catalog, config, len(settings.fleet.main_hosts), seed)
-            policy, config = build_policy("lucid", exp, duration_model=predictor)
-            result = simulate_on_fleet(kept, policy, config, settings.fleet, workloads=catalog.assign(kept, seed=seed),
-                                       speeds=catalog.colocated_speeds)
+            if catalogs is not None:
+                policy, config = build_policy("lucid", exp, duration_model=predictor,
+                                              packing_models=catalogs.packing_models())
+                result = simulate_on_fleet(kept, policy, config, settings.fleet, catalogs=catalogs, seed=seed)
+            else:
+                policy, config = build_policy("lucid", exp, duration_model=predictor)
+                result = simulate_on_fleet(kept, policy, config, settings.fleet,
+                                           workloads=catalog.assign(kept, seed=seed), speeds=catalog.colocated_speeds)
             outcome.left_out = len(left_out)
         else:
             exp = Experiment(list(records), list(history), catalog, config, settings.main_nodes, seed)
@@ -539,6 +544,10 @@ def add_parser(subparsers) -> Any:
     parser.add_argument("--cadence", default="daily", help="update cadences: daily, weekly, never")
     parser.add_argument("--aging", default="32", help="priority aging values (GPU-seconds per second waited)")
     parser.add_argument("--catalog", default=None, help="workload catalog dir (default: synthetic)")
+    parser.add_argument("--catalog-for", action="append", default=[], metavar="[GPU MODEL:MECHANISM=]DIR",
+                        help="with --fleet: the catalog of one GPU model and sharing mechanism of the fleet (its "
+                             "key from the catalog's environment.json when not given); hosts of other keys run by "
+                             "--catalog and share nothing (repeatable)")
     parser.add_argument("--objective", default="avg_jct", choices=sorted(OBJECTIVES))
     parser.add_argument("--out", default="out/tuner", help="report folder")
     parser.add_argument("--config", default=None,
@@ -546,6 +555,24 @@ def add_parser(subparsers) -> Any:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE", help="override a knob")
     parser.set_defaults(func=_run_cli)
     return parser
+
+
+def fleet_catalogs(items: Sequence[str], default: Any) -> FleetCatalogs:
+    """`[GPU MODEL:MECHANISM=]DIR` items as a catalog per key (the key from the catalog's own record if not given)."""
+    from lucid_core.domain import SharingKey
+    from lucid_core.models.packing import catalog_key
+    from lucid_core.sim.catalog import WorkloadCatalog
+
+    by_key = {}
+    for item in items:
+        named, _, folder = item.rpartition("=")
+        if named:
+            model, _, mechanism = named.rpartition(":")
+            key = SharingKey(model, mechanism)
+        else:
+            key = catalog_key(folder)
+        by_key[key] = WorkloadCatalog.from_artifact(folder)
+    return FleetCatalogs(by_key, default)
 
 
 def _run_cli(args) -> int:
@@ -567,9 +594,11 @@ def _run_cli(args) -> int:
     results = []
     items = sweep_items(configs, seed=settings.seed)
     base = load_live_config(args.config, args.set)
+    catalogs = fleet_catalogs(args.catalog_for, catalog) if args.catalog_for else None
     for item in items:
         results.append(run_configuration(exp.records, item["overrides"], settings, index=item["index"], base=base,
-                                         catalog=catalog, history=exp.history, seed=item["seed"], role=item["role"]))
+                                         catalog=catalog, history=exp.history, seed=item["seed"], role=item["role"],
+                                         catalogs=catalogs))
         print(f"[{item['index'] + 1}/{len(items)}] {item['role']} {item['overrides'] or ''}: "
               + (results[-1].error or f"avg JCT {duration_text(results[-1].metrics['avg_jct_s'])}"), flush=True)
     summary = write_report(results, settings, args.out, context={"trace": str(args.trace)})

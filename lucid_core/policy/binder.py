@@ -64,13 +64,16 @@ class AffinityBinder:
         return min((m.classify([profile])[0] for m in models), default=None)
 
     def attach(self, view: ClusterView) -> None:
-        """Let the view index running jobs by their class on their own host (keyed models only)."""
-        if self.per_host:
+        """Let the view index running jobs by their class on their own host (keyed models, or hosts that
+        never share)."""
+        if self.per_host or any(h.mechanism == "none" for h in view.host_sharing.values()):
             view.share_class_on = lambda job, node: self.class_on(view, job, node)
 
     def class_on(self, view: ClusterView, job: Job, node: str) -> ShareClass | None:
         """The job's class on `node`, by the model of that host's GPU model and mechanism (None: no model)."""
-        if not self.per_host or job.profile is None:
+        if not self.per_host:
+            return job.share_class if view.sharing_of(node).mechanism != "none" else None
+        if job.profile is None:
             return job.share_class
         model = self.packing_models.model_for(view.sharing_of(node))
         if model is None:

@@ -15,7 +15,7 @@ import heapq
 import math
 import time as wallclock
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -31,6 +31,20 @@ SpeedFn = Callable[[Workload, Workload], tuple[float, float]]
 StopCause = Literal["job", "time", "rounds", "idle"]
 
 _FINISH, _ARRIVAL, _WAKE = 0, 1, 2  # at equal times: free GPUs first, then arrivals
+
+
+@dataclass(frozen=True)
+class HostCatalogs:
+    """Each GPU model of a fleet measured by its own catalog: a job's profile and co-located speeds on a host
+    come from the catalog of that host's key (its workload drawn there), not from one catalog for all."""
+
+    node_key: Mapping[str, Hashable]  # node -> key of its catalog (hosts not named: `default`)
+    workloads: Mapping[Hashable, Sequence[Workload]]  # key -> one workload per trace record
+    speeds: Mapping[Hashable, SpeedFn]  # key -> co-located speeds of two of its workloads
+    default: Hashable = None
+
+    def key_of(self, node: str | None) -> Hashable:
+        return self.node_key.get(node, self.default) if node is not None else self.default
 
 
 @dataclass(slots=True)
@@ -80,7 +94,8 @@ def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: L
              workloads: Sequence[Workload] | None = None, speeds: SpeedFn | None = None,
              check_invariants: bool = False, keep_log: bool = False,
              progress: Callable[[int, int], None] | None = None,
-             start: StartState | None = None, until: Until | None = None) -> SimResult:
+             start: StartState | None = None, until: Until | None = None,
+             host_catalogs: HostCatalogs | None = None) -> SimResult:
     """Run `policy` over `records` on `main_nodes` nodes (+ a profiling pool when it profiles).
 
     With `start`, the run continues the cluster of `start.view` (whose jobs `policy` already
@@ -89,7 +104,7 @@ def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: L
     """
     return Simulation(records, policy, config, main_nodes=main_nodes, profiling_nodes=profiling_nodes,
                       workloads=workloads, speeds=speeds, check_invariants=check_invariants, keep_log=keep_log,
-                      progress=progress, start=start, until=until).run()
+                      progress=progress, start=start, until=until, host_catalogs=host_catalogs).run()
 
 
 class Simulation:
@@ -101,12 +116,17 @@ class Simulation:
                  workloads: Sequence[Workload] | None = None, speeds: SpeedFn | None = None,
                  check_invariants: bool = False, keep_log: bool = False,
                  progress: Callable[[int, int], None] | None = None,
-                 start: StartState | None = None, until: Until | None = None) -> None:
+                 start: StartState | None = None, until: Until | None = None,
+                 host_catalogs: HostCatalogs | None = None) -> None:
         self.started = wallclock.perf_counter()
         if workloads is not None and len(workloads) != len(records):
             raise ValueError(f"{len(workloads)} workloads for {len(records)} trace records")
         self.records, self.policy, self.config = records, policy, config
         self.speeds = speeds or default_speeds
+        self.host_catalogs = host_catalogs
+        if host_catalogs is not None and (workloads is not None or speeds is not None):
+            raise ValueError("give per-host catalogs or one set of workloads and speeds, not both")
+        self.index = {r.job_id: i for i, r in enumerate(records)} if host_catalogs is not None else {}
         self.check_invariants, self.keep_log, self.progress = check_invariants, keep_log, progress
         self.start, self.until = start, until
         # profiles measured before the run (a live start state's); a trace job's come from its workload
@@ -164,20 +184,40 @@ class Simulation:
         heapq.heapify(self.heap)
 
     # --- what the policy may know of a job -----------------------------------------------
+    def _node_of(self, job_id: str) -> str | None:
+        alloc = self.view.allocations.get(job_id)
+        return alloc.gpus[0].host if alloc is not None and alloc.gpus else None
+
+    def _catalog_workload(self, job_id: str, node: str | None) -> Workload | None:
+        """The job's workload in the catalog of `node`'s GPU model (per-host catalogs), else its one workload."""
+        if self.host_catalogs is None:
+            run = self.runs.get(job_id)
+            return run.workload if run is not None else None
+        index = self.index.get(job_id)
+        drawn = self.host_catalogs.workloads.get(self.host_catalogs.key_of(node))
+        return drawn[index] if index is not None and drawn is not None else None
+
     def _profile_of(self, job_id: str) -> Profile | None:
-        run = self.runs.get(job_id)
-        w = run.workload if run is not None else None
+        w = self._catalog_workload(job_id, self._node_of(job_id) if self.host_catalogs is not None else None)
         if w is None:
             return self._measured_profile(job_id)
         return Profile(w.gpu_util, w.mem_util, w.gpu_mem_mb, w.amp, emulated=True)
 
-    def _workload_of(self, job_id: str) -> Workload | None:
-        """A job's workload for co-located speeds: the trace's, else one from its measured profile."""
-        w = self.runs[job_id].workload
+    def _workload_of(self, job_id: str, node: str | None = None) -> Workload | None:
+        """A job's workload for co-located speeds on `node` (default: where it runs): the trace's, else one
+        from its measured profile."""
+        if node is None and self.host_catalogs is not None:
+            node = self._node_of(job_id)
+        w = self._catalog_workload(job_id, node)
         if w is not None:
             return w
         p = self.view.jobs[job_id].profile
         return None if p is None else Workload(job_id, p.gpu_util, p.mem_util, p.gpu_mem_mb, p.amp)
+
+    def _pair_speeds(self, node: str | None) -> SpeedFn:
+        if self.host_catalogs is None:
+            return self.speeds
+        return self.host_catalogs.speeds.get(self.host_catalogs.key_of(node), default_speeds)
 
     # --- events and the work of running jobs ---------------------------------------------
     def _push(self, t: float, kind: int, job_id: str, version: int = 0) -> None:
@@ -265,8 +305,9 @@ class Simulation:
             if until is not None:
                 self._wake(until)
         if decision.partner is not None:
-            a, b = self._workload_of(decision.job_id), self._workload_of(decision.partner)
-            s_job, s_partner = self.speeds(a, b) if a is not None and b is not None else (1.0, 1.0)
+            node = self._node_of(decision.partner) if self.host_catalogs is not None else None  # partner's GPUs
+            a, b = self._workload_of(decision.job_id, node), self._workload_of(decision.partner, node)
+            s_job, s_partner = self._pair_speeds(node)(a, b) if a is not None and b is not None else (1.0, 1.0)
             self._set_rate(decision.job_id, min(1.0, s_job), now)
             self._set_rate(decision.partner, min(1.0, s_partner), now)
             self.view.speed_reports.append((decision.job_id, min(s_job, s_partner)))
@@ -329,7 +370,7 @@ class Simulation:
         if start is not None:
             self.original.update((r.job_id, r.duration) for r in self.carried)
             self.submitted_at.update((r.job_id, r.submit_time) for r in self.carried)
-            _resume(start, self.runs, self.speeds, self._workload_of, self._plan_end, self._wake)
+            _resume(start, self.runs, self._pair_speeds(None), self._workload_of, self._plan_end, self._wake)
         stop_job = until.job_finished if until is not None else None
         stop_time = until.time if until is not None and until.time is not None else math.inf
         max_rounds = until.rounds if until is not None else None

@@ -20,6 +20,7 @@ from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.baselines import FifoPolicy, QssfPolicy, SjfPolicy, TiresiasPolicy
 from lucid_core.policy.horus import HorusPolicy, QssfDurations
 from lucid_core.policy.lucid import LucidPolicy
+from lucid_core.policy.packing_models import PackingModels
 from lucid_core.policy.predictors import DurationPredictor, HistoryDurationPredictor, PackingClassifier
 from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.engine import SimResult, simulate
@@ -81,7 +82,8 @@ def history_jobs(history: Sequence[TraceRecord]) -> tuple[list[Job], list[float]
 
 
 def build_policy(name: str, exp: Experiment, duration_model: DurationPredictor | None = None,
-                 packing_model: PackingClassifier | None = None) -> tuple[SchedulingPolicy, LucidConfig]:
+                 packing_model: PackingClassifier | None = None, *,
+                 packing_models: PackingModels | None = None) -> tuple[SchedulingPolicy, LucidConfig]:
     """A fresh policy object (policies keep state) and the config it runs with."""
     config = exp.config
     if name in ABLATIONS:
@@ -104,8 +106,10 @@ def build_policy(name: str, exp: Experiment, duration_model: DurationPredictor |
             jobs, durations = history_jobs(exp.history)
             duration_model = HistoryDurationPredictor().fit(jobs, durations)
         # classes from the tree trained on the catalog the jobs run on: what that GPU, shared its way, measured
-        packing_model = packing_model if packing_model is not None else exp.catalog.packing_tree()
-        return LucidPolicy(config, duration_model=duration_model, packing_model=packing_model), config
+        if packing_models is None and packing_model is None:
+            packing_model = exp.catalog.packing_tree()
+        return LucidPolicy(config, duration_model=duration_model, packing_model=packing_model,
+                           packing_models=packing_models), config
     raise ValueError(f"unknown policy {name!r}; choose from "
                      f"{', '.join((*POLICIES, 'qssf-backfill', *ABLATIONS))}")
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lucid_core.config import LucidConfig
+from lucid_core.domain import SharingKey
 from lucid_core.sim.records import TraceRecord
 
 PROFILING = "profiling"
@@ -27,6 +28,12 @@ class FleetHost:
     pool: str = "main"
     vc: str = "default"
     gpu_memory_mb: float | None = None
+    gpu_model: str | None = None  # with `sharing`, the key of the catalog and packing model it runs by
+    sharing: str = "time-slice"
+
+    @property
+    def sharing_key(self) -> SharingKey | None:
+        return SharingKey(self.gpu_model, self.sharing) if self.gpu_model else None
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,8 @@ class Fleet:
     def from_inventory(cls, rows: Sequence[Mapping[str, Any]]) -> Fleet:
         """From `inventory.list_hosts` rows; hosts with no GPU registered are left out."""
         hosts = tuple(FleetHost(str(r["name"]), int(r["gpus"]), str(r.get("pool") or "main"),
-                                str(r.get("vc") or "default"), r.get("gpu_memory_mb"))
+                                str(r.get("vc") or "default"), r.get("gpu_memory_mb"),
+                                _text(r.get("gpu_model")), str(r.get("sharing") or "time-slice"))
                       for r in rows if int(r.get("gpus") or 0) > 0)
         return cls(hosts)
 
@@ -97,6 +105,7 @@ class Fleet:
 
     def view(self, config: LucidConfig, by_vc: bool, now: float = 0.0):
         """An empty `ClusterView` with one node per host (`config` from `config_for`)."""
+        from lucid_core.policy.packing_models import HostSharing
         from lucid_core.policy.view import ClusterView, Pool
 
         view = ClusterView(config, now=now)
@@ -104,6 +113,7 @@ class Fleet:
             pool = Pool.PROFILING if h.pool == PROFILING else Pool.MAIN
             view.pool(pool).add_node(h.name, h.gpus, h.gpu_memory_mb,
                                      vc=h.vc if pool is Pool.MAIN and by_vc else "")
+            view.host_sharing[h.name] = HostSharing(h.sharing_key, h.sharing)
         return view
 
 
@@ -112,8 +122,10 @@ def _count(n: int, noun: str) -> str:
 
 
 def simulate_on_fleet(records: Sequence[TraceRecord], policy, config: LucidConfig, fleet: Fleet, *,
-                      workloads=None, speeds=None):
-    """Replay `records` under `policy` on `fleet` (config from `fleet.config_for`); a `SimResult`."""
+                      workloads=None, speeds=None, catalogs: FleetCatalogs | None = None, seed: int = 0,
+                      keep_log: bool = False):
+    """Replay `records` under `policy` on `fleet` (config from `fleet.config_for`); a `SimResult`.
+    With `catalogs`, each host's jobs run by the catalog of its GPU model and mechanism."""
     from lucid_core.sim.engine import simulate
     from lucid_core.sim.start import StartState
 
@@ -121,5 +133,34 @@ def simulate_on_fleet(records: Sequence[TraceRecord], policy, config: LucidConfi
         raise ValueError("the fleet has no main host with GPUs: nothing could run")
     now = min((r.submit_time for r in records), default=0.0)
     view = fleet.view(config, fleet.by_vc(records), now=now)
+    host_catalogs = catalogs.host_catalogs(fleet, records, seed) if catalogs is not None else None
     return simulate(records, policy, config, workloads=workloads, speeds=speeds,
-                    start=StartState(view, now, ()))
+                    start=StartState(view, now, ()), host_catalogs=host_catalogs, keep_log=keep_log)
+
+
+@dataclass(frozen=True)
+class FleetCatalogs:
+    """A catalog per (GPU model, mechanism) of a fleet, and the one for hosts of any other key: each kind of
+    host is simulated by what was measured on it, and pairs there only as its own tree allows."""
+
+    by_key: Mapping[SharingKey, Any]  # SharingKey -> WorkloadCatalog
+    default: Any  # WorkloadCatalog for hosts whose key has none (their profiles; they share nothing)
+
+    def packing_models(self):
+        """One tree per key, trained on that key's catalog; hosts of other keys share nothing."""
+        from lucid_core.policy.packing_models import PackingModels
+
+        return PackingModels({key: catalog.packing_tree() for key, catalog in self.by_key.items()})
+
+    def host_catalogs(self, fleet: Fleet, records: Sequence[TraceRecord], seed: int = 0):
+        """Each record's workload drawn in every catalog, and each host pointed at its key's."""
+        from lucid_core.sim.engine import HostCatalogs
+
+        catalogs: dict[Any, Any] = {None: self.default, **self.by_key}
+        node_key = {h.name: (h.sharing_key if h.sharing_key in self.by_key else None) for h in fleet.hosts}
+        return HostCatalogs(node_key, {k: c.assign(records, seed=seed) for k, c in catalogs.items()},
+                            {k: c.colocated_speeds for k, c in catalogs.items()})
+
+
+def _text(value: Any) -> str | None:
+    return value.strip() if isinstance(value, str) and value.strip() else None

@@ -64,3 +64,63 @@ def test_a_synthetic_catalog_is_labelled_by_a_tree_trained_on_its_own_pairs():
     measured = [ShareClass(w.label) for w in catalog.workloads]
     agree = sum(p == m for p, m in zip(predicted, measured, strict=True)) / len(measured)
     assert agree >= 0.75
+
+
+def test_a_fleet_of_two_gpu_models_runs_each_by_its_own_catalog_and_tree():
+    """H200s shared by time slicing (no safe pair measured) beside H200s under MPS: pairs form only on the MPS
+    hosts, and a pair there runs at the MPS catalog's speeds."""
+    from lucid_core.domain import SharingKey
+    from lucid_core.sim.fleet import Fleet, FleetCatalogs, FleetHost, simulate_on_fleet
+
+    sliced, mps = _catalog("time_sliced"), _catalog("mps")
+    fleet = Fleet((FleetHost("prof", 1, pool="profiling", gpu_model="NVIDIA H200", sharing="mps"),
+                   FleetHost("ts0", 1, gpu_model="NVIDIA H200", sharing="time-slice"),
+                   FleetHost("ts1", 1, gpu_model="NVIDIA H200", sharing="time-slice"),
+                   FleetHost("mps0", 1, gpu_model="NVIDIA H200", sharing="mps")))
+    catalogs = FleetCatalogs({SharingKey("NVIDIA H200", "time-slice"): sliced,
+                              SharingKey("NVIDIA H200", "mps"): mps}, default=sliced)
+    config = fleet.config_for(LucidConfig().with_overrides({"binder.sharing": "on"}))
+    records = _crowd(30)
+    policy = LucidPolicy(config, packing_models=catalogs.packing_models())
+    result = simulate_on_fleet(records, policy, config, fleet, catalogs=catalogs, keep_log=True)
+    pair_reasons = [why for _, kind, _, why in result.decision_log if kind == "Place" and "shares with" in why]
+    assert len(result.outcomes) == 30
+    assert pair_reasons and all("on NVIDIA H200 shared by mps" in why for why in pair_reasons)
+    shared = len([o for o in result.outcomes if o.shared_seconds > 0])
+    assert len(pair_reasons) < shared <= 2 * len(pair_reasons)  # a running job may take partners in turn
+    # the same crowd with every host time-sliced: no pair at all
+    only_sliced = Fleet(tuple(FleetHost(h.name, h.gpus, h.pool, gpu_model="NVIDIA H200", sharing="time-slice")
+                              for h in fleet.hosts))
+    policy = LucidPolicy(config, packing_models=catalogs.packing_models())
+    again = simulate_on_fleet(records, policy, config, only_sliced, catalogs=catalogs)
+    assert not [o for o in again.outcomes if o.shared_seconds > 0]
+
+
+def test_the_tuner_replays_a_mixed_fleet_with_a_catalog_per_gpu_model():
+    from lucid_core.domain import SharingKey
+    from lucid_core.sim.fleet import Fleet, FleetCatalogs, FleetHost
+    from lucid_core.tuner import TunerSettings, run_configuration
+
+    sliced, mps = _catalog("time_sliced"), _catalog("mps")
+    fleet = Fleet((FleetHost("prof", 1, pool="profiling", gpu_model="NVIDIA H200", sharing="mps"),
+                   FleetHost("ts0", 1, gpu_model="NVIDIA H200"), FleetHost("mps0", 1, gpu_model="NVIDIA H200",
+                                                                            sharing="mps")))
+    catalogs = FleetCatalogs({SharingKey("NVIDIA H200", "time-slice"): sliced,
+                              SharingKey("NVIDIA H200", "mps"): mps}, default=sliced)
+    result = run_configuration(_crowd(20), {"binder.sharing": "on"}, TunerSettings(fleet=fleet), catalogs=catalogs)
+    assert result.error is None and result.metrics["jobs_shared"] > 0  # on the MPS host
+    single = run_configuration(_crowd(20), {"binder.sharing": "on"}, TunerSettings(fleet=fleet), catalog=sliced)
+    assert single.error is None and single.metrics["jobs_shared"] == 0  # the time-sliced catalog on every host
+
+
+def test_catalog_for_items_name_their_key_or_take_it_from_the_catalog(tmp_path):
+    from lucid_core.domain import SharingKey
+    from lucid_core.tuner import fleet_catalogs
+
+    folder = H200 / "mps" / "catalog"
+    if not (folder / "single_data.csv").exists():
+        pytest.skip(f"H200 calibration catalog not found at {folder}")
+    named = fleet_catalogs([f"NVIDIA H200:mps={folder}"], None)
+    assert list(named.by_key) == [SharingKey("NVIDIA H200", "mps")]
+    with pytest.raises(ValueError, match="declare --sharing"):  # the kit's older record names no mechanism
+        fleet_catalogs([str(folder)], None)
