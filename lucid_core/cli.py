@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lucid_core.config import ConfigError, load_config, parse_overrides
+from lucid_core.config import ConfigError, check_overrides, load_config, parse_overrides
 
 
 def _repo_include() -> Path:
@@ -63,6 +64,7 @@ def _share(text: str) -> float:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    policies = _policies(args.policy, args.format)  # before any file is read: a typo costs no wait
     from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import read_vc_config
     from lucid_core.sim.report import PlotWorker
@@ -79,7 +81,6 @@ def _simulate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nodes takes integers like 108,72,54, got {args.nodes!r}") from None
     if any(n < 1 for n in node_counts):
         raise ConfigError(f"--nodes must be positive, got {args.nodes!r}")
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     vc_nodes = read_vc_config(args.vc_config) if args.vc_config else None
     if vc_nodes:
         node_counts = [sum(vc_nodes.values())]
@@ -93,6 +94,26 @@ def _simulate(args: argparse.Namespace) -> int:
         for nodes in node_counts:
             _simulate_size(args, nodes, config, catalog, vc_nodes, policies, out / f"nodes{nodes}", plots)
     return 0
+
+
+def _policies(text: str, trace_format: str) -> list[str]:
+    """The --policy names, each known to the simulator for this trace format (ConfigError naming the others)."""
+    if trace_format == "pollux":
+        from lucid_core.sim.pollux_experiment import POLLUX_POLICIES as known
+    else:
+        from lucid_core.sim.experiment import ABLATIONS, POLICIES
+
+        known = (*POLICIES, "qssf-backfill", *ABLATIONS)
+    policies = [p.strip() for p in text.split(",") if p.strip()]
+    if not policies:
+        raise ConfigError(f"--policy names no policy; choose from {', '.join(known)}")
+    for name in policies:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            kind = " for pollux workloads" if trace_format == "pollux" else ""
+            raise ConfigError(f"--policy: unknown policy {name!r}{hint}; choose{kind} from {', '.join(known)}")
+    return policies
 
 
 def _simulate_size(args: argparse.Namespace, nodes: int, config, catalog, vc_nodes: dict[str, int] | None,
@@ -193,23 +214,65 @@ def usage_line(error: UsageError, argv: Sequence[str]) -> str:
     return f"{parser.prog}: error: {message}; see {parser.prog} --help"
 
 
+#: Every subcommand, in the order `lucid --help` lists them: the module whose `add_parser` registers it and
+#: its one-line help. `lucid --help` is written from this table and a command's own parser is built from its
+#: module alone, so neither imports the areas it does not use (the models' pandas, the simulator's numpy).
+#: tests/test_cli_ecosystem.py checks the table against what the modules register.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": (__name__, "replay a trace under Lucid and the baselines, side by side"),
+    "check-trace": ("lucid_core.sim.check_trace", "read a trace file and report bad rows"),
+    "make-sample": ("lucid_core.sim.sample", "write the synthetic sample trace and workload catalog"),
+    "models": ("lucid_core.models.cli", "train, evaluate and version the interpretable models"),
+    **{name: ("lucid_core.runtime.surfaces.cli.commands", text) for name, text in (
+        ("submit", "submit a job: lucid submit --gpus 2 [--vc VC] -- COMMAND..."),
+        ("cancel", "cancel a job"),
+        ("status", "a job's state and runs"),
+        ("explain", "why a job is where it is"),
+        ("eta", "what-if start and end time of a job"),
+        ("logs", "a job's output (its latest run's stdout, or --stderr)"),
+        ("queue", "running and waiting jobs with priority and pending reason"),
+        ("history", "finished, failed and cancelled jobs (like sacct)"),
+        ("hosts", "GPU hosts: add, list, drain, remove, check"),
+        ("metrics", "Prometheus metrics of the store (queue, GPUs, hosts, rounds)"),
+        ("round", "run one scheduling round (reconcile, decide, execute)"))},
+    "calibrate": ("lucid_core.calibration.cli", "measure exclusive and co-located speeds on a GPU; write a catalog"),
+    "tune": ("lucid_core.tuner", "simulate a grid of scheduler settings on a trace and rank them"),
+}
+
+
+def _register(sub: argparse._SubParsersAction, module: str) -> None:
+    """Register the subcommands of `module` (skipped when it is an optional area not installed here)."""
+    if module == __name__:
+        add_simulate_parser(sub)
+        return
+    try:
+        mod = __import__(module, fromlist=["add_parser"])
+    except ModuleNotFoundError as exc:  # an optional area not installed in this checkout
+        if exc.name and module.startswith(exc.name):
+            return
+        raise
+    mod.add_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The `lucid` parser with every subcommand."""
     parser = LucidParser(prog="lucid", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    add_simulate_parser(sub)
-    from lucid_core.sim import check_trace, sample
+    for module in dict.fromkeys(module for module, _ in COMMANDS.values()):
+        _register(sub, module)
+    return parser
 
-    check_trace.add_parser(sub)
-    sample.add_parser(sub)
-    for module in ("lucid_core.models.cli", "lucid_core.runtime.surfaces.cli.commands", "lucid_core.calibration.cli",
-                   "lucid_core.tuner"):
-        try:
-            mod = __import__(module, fromlist=["add_parser"])
-        except ModuleNotFoundError as exc:  # an optional area not installed in this checkout
-            if exc.name and module.startswith(exc.name):
-                continue
-            raise
-        mod.add_parser(sub)
+
+def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser `main` reads `argv` with: only the area registering its subcommand, or, with none named
+    (`lucid --help`, a typo), help-only stand-ins listing every subcommand from `COMMANDS`."""
+    parser = LucidParser(prog="lucid", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    if argv and argv[0] in COMMANDS:  # the top parser has no options but --help: a command comes first
+        _register(sub, COMMANDS[argv[0]][0])
+    else:
+        for name, (_, text) in COMMANDS.items():
+            sub.add_parser(name, help=text)
     return parser
 
 
@@ -235,17 +298,48 @@ def error_line(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = parser_for(argv)
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
         print(usage_line(exc, argv), file=sys.stderr)
         raise SystemExit(2) from None
     try:
-        return int(args.func(args) or 0)
-    except expected_errors() as exc:
-        print(f"lucid {args.command}: error: {error_line(exc)}", file=sys.stderr)
+        if getattr(args, "set", None):  # every knob checked before the command reads or writes anything
+            check_overrides(args.set)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except BrokenPipeError:  # the reader went away (`lucid queue | head -1`): what it wanted was printed
+        _quiet_stdout()
+        return 0
+    except expected_errors() as exc:  # one line, saying too where a new store was made (the likely cause)
+        note = _new_store_note(args)
+        name = argv[0]  # not args.command: `submit` has a positional of that name, the job's command line
+        print(f"lucid {name}: error: {error_line(exc)}" + (f"; {note}" if note else ""), file=sys.stderr)
         return 2
+    note = _new_store_note(args)
+    if note:
+        print(f"lucid: {note}", file=sys.stderr)
+    return code
+
+
+def _new_store_note(args: argparse.Namespace) -> str | None:
+    """`new_store_note` of a live-scheduler command (None for the others, which open no store)."""
+    if getattr(args, "new_store", None) is None:
+        return None
+    from lucid_core.runtime.surfaces.cli.context import new_store_note
+
+    return new_store_note(args)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit writes into no closed pipe (and says nothing)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a stdout without a file descriptor (a test's capture): nothing to flush
+        pass
 
 
 if __name__ == "__main__":

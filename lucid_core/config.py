@@ -292,6 +292,49 @@ def parse_overrides(items: Sequence[str]) -> dict[str, str]:
     return pairs
 
 
+def knob_takes(typ: type, meta: Mapping[str, Any]) -> str:
+    """What a knob accepts, in words: `a number (float) from 1 to 86400`, `true or false`, `one of a, b`."""
+    if meta.get("choices"):
+        return f"one of {', '.join(meta['choices'])}"
+    if typ is bool:
+        return "true or false"
+    what = {int: "a whole number (int)", float: "a number (float)"}.get(typ, typ.__name__)
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and hi is not None:
+        return f"{what} from {lo:g} to {hi:g}"
+    if lo is not None:
+        return f"{what} >= {lo:g}"
+    return f"{what} <= {hi:g}" if hi is not None else what
+
+
+def check_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """Each `SECTION.KNOB=VALUE` of the CLI's --set checked on its own against the schema (the knob exists,
+    the value has its type and range), returned converted. ConfigError in one line naming the knob and what it
+    takes, or, for an unknown name, the closest known ones and the section's knobs."""
+    import difflib
+
+    sections = {f.name: f.default_factory() for f in fields(LucidConfig)}  # type: ignore[misc]
+    checked: dict[str, Any] = {}
+    for key, value in parse_overrides(items).items():
+        section, _, knob = key.partition(".")
+        given = f"--set {key}"
+        if section not in sections:
+            close = difflib.get_close_matches(section, sections, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{given}: unknown section {section!r}{hint}; sections: {', '.join(sections)}")
+        known = {f.name: f for f in fields(sections[section])}
+        if knob not in known:
+            close = difflib.get_close_matches(knob, known, n=3, cutoff=0.5)
+            hint = f" (did you mean {', '.join(f'{section}.{c}' for c in close)}?)" if close else ""
+            raise ConfigError(f"{given}: unknown knob{hint}; {section} knobs: {', '.join(known)}")
+        typ = get_type_hints(type(sections[section]))[knob]
+        try:
+            checked[key] = _coerce(section, knob, value, typ, known[knob].metadata)
+        except ConfigError:
+            raise ConfigError(f"{given}: expected {knob_takes(typ, known[knob].metadata)}, got {value!r}") from None
+    return checked
+
+
 def load_live_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                      env: Mapping[str, str] | None = None) -> LucidConfig:
     """The configuration the live scheduler runs with: `path` when given (a --config flag), else the live

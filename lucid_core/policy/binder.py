@@ -161,9 +161,9 @@ class AffinityBinder:
         sharing = view.sharing_of(host)
         where = f" on {sharing.key.describe()}" if self.per_host and sharing.key is not None else ""
         reason = (f"no compact exclusive fit for {job.gpus} GPU(s); shares with {partner.job_id}{where} "
-                  f"({job_class.name.title()} + {partner_class.name.title()} = "
-                  f"{int(job_class) + int(partner_class)} <= GSS {capacity}, same GPU demand, "
-                  f"memory fits, partner not nearly done)")
+                  f"(sharing scores {job_class.name.title()} {int(job_class)} + {partner_class.name.title()} "
+                  f"{int(partner_class)} = {int(job_class) + int(partner_class)}, within the GPU's capacity "
+                  f"{capacity} (GSS), same GPU demand, memory fits, partner not nearly done)")
         return PartnerChoice(partner.job_id, reason)
 
     def pending_reason(self, view: ClusterView, job: Job) -> str:

@@ -67,7 +67,8 @@ def test_a_job_pairs_on_the_host_whose_key_measured_it_safe_and_nowhere_else():
     assert binder.class_on(view, job, "mps") is ShareClass.TINY
     found = binder.find_partner(view, job)
     assert found is not None and found.partner == "on-mps"
-    assert "NVIDIA H200 shared by mps" in found.reason and "Tiny + Tiny = 0" in found.reason
+    assert "NVIDIA H200 shared by mps" in found.reason
+    assert "sharing scores Tiny 0 + Tiny 0 = 0, within the GPU's capacity 2 (GSS)" in found.reason
 
 
 def test_a_host_whose_key_has_no_model_shares_nothing_and_says_why():

@@ -6,23 +6,24 @@ SQLite under LUCID_HOME by default (one file, WAL journal); PostgreSQL by URL fo
 from __future__ import annotations
 
 import copy
+import functools
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.orm import Session, sessionmaker
 
 from lucid_core.config import lucid_home
 from lucid_core.runtime.store.fencing import install_fence
 from lucid_core.runtime.store.schema import ModelVersionRow, SchedulerStateRow
+
+if TYPE_CHECKING:  # Alembic is imported only to migrate: a store already at the head opens without it
+    from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
@@ -49,7 +50,31 @@ def with_installed_driver(url: str) -> str:
     return url
 
 
+_REVISION_LINE = re.compile(r"""^(revision|down_revision)\s*(?::[^=]*)?=\s*(None|'(\w+)'|"(\w+)")\s*$""", re.M)
+
+
+@functools.cache
+def packaged_head() -> str | None:
+    """The head revision of the packaged migrations, read from their `revision` and `down_revision` lines
+    without importing Alembic; None when the files do not read as one simple chain (`migrate` then asks Alembic)."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        if path.name.startswith(("__init__", ".#")):  # what Alembic skips too
+            continue
+        found = {key: a or b or None for key, _, a, b in _REVISION_LINE.findall(path.read_text(encoding="utf-8"))}
+        if not found.get("revision") or "down_revision" not in found:
+            return None
+        revisions.add(found["revision"])  # type: ignore[arg-type]
+        if found["down_revision"]:
+            parents.add(found["down_revision"])  # type: ignore[arg-type]
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 and parents <= revisions else None
+
+
 def _alembic_config(connection: sa.Connection) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.attributes["connection"] = connection
@@ -89,14 +114,30 @@ class Store:
         return self.engine.dialect.name
 
     def migrate(self) -> None:
-        """Upgrade the schema to the packaged head (no-op when already there)."""
+        """Upgrade the schema to the packaged head (no-op when already there; that is checked without Alembic)."""
+        head = packaged_head()
+        if head is not None and self._stamped() == [head]:
+            return
+        from alembic import command
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
         with self.engine.begin() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
             cfg = _alembic_config(conn)
             if current != ScriptDirectory.from_config(cfg).get_current_head():
                 command.upgrade(cfg, "head")
 
+    def _stamped(self) -> list[str]:
+        """The revisions the store's alembic_version table holds (none when it has no such table)."""
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table("alembic_version"):
+                return []
+            return [row[0] for row in conn.execute(sa.text("SELECT version_num FROM alembic_version"))]
+
     def revision(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
         with self.engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
 

@@ -5,19 +5,18 @@ log, a promoted version's drift reference), is a query here; the round and the s
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lucid_core.domain import TERMINAL_STATES, JobState, RunState
-from lucid_core.runtime.hosts.executor import HostExecutor
-from lucid_core.runtime.hosts.inventory import host_address
-from lucid_core.runtime.round.pair_speed import mutual_pairs
-from lucid_core.runtime.round.pending import pending_text
 from lucid_core.runtime.store.schema import DecisionRow, GpuRow, HostRow, JobEventRow, JobRow, ModelVersionRow, RunRow
-from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.submission import UnknownJob
+
+if TYPE_CHECKING:  # imported where used: `lucid queue`, `status` and `history` start without the fleet and the round
+    from lucid_core.runtime.hosts.executor import HostExecutor
+    from lucid_core.runtime.store.store import Store
 
 _STATE_ORDER = {JobState.RUNNING.value: 0, JobState.PROFILING.value: 1, JobState.QUEUED.value: 2,
                 JobState.SUBMITTED.value: 3}
@@ -43,6 +42,8 @@ def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[st
     A stored speed belongs to the current pair: a new partner clears it (round.py), and a run whose
     partner has ended is not listed, so what is shown is never a past pair's figure.
     """
+    from lucid_core.runtime.round.pair_speed import mutual_pairs
+
     query = (select(RunRow, JobRow.vc).join(JobRow, JobRow.job_id == RunRow.job_id)
              .where(RunRow.kind == "main", RunRow.node_rank == 0, RunRow.state == RunState.RUNNING,
                     RunRow.partner.is_not(None)))
@@ -63,8 +64,11 @@ def _number_or_zero(value: Any) -> int:
     return value if type(value) is int else 0
 
 
-def queue(store: Store) -> list[dict[str, Any]]:
-    """Waiting and running jobs: running first, then each queue in the policy's order."""
+def queue(store: Store, *, priority_in_reason: bool = True) -> list[dict[str, Any]]:
+    """Waiting and running jobs: running first, then each queue in the policy's order. Without
+    `priority_in_reason`, the pending reason leaves the priority out (`lucid queue` prints it in a column)."""
+    from lucid_core.runtime.round.pending import describe_pending  # with the policy's modules: not for `history`
+
     active = [s.value for s in JobState if s not in TERMINAL_STATES]
     with store.session() as s:
         rows = s.scalars(select(JobRow).where(JobRow.state.in_(active))).all()
@@ -73,17 +77,24 @@ def queue(store: Store) -> list[dict[str, Any]]:
     return [{"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
              "position": r.queue_position, "predicted_duration_s": r.predicted_duration,
              "priority_gpu_s": r.gpus * r.predicted_duration if isinstance(r.predicted_duration, float | int) else None,
-             "share_class": r.share_class, "pending_reason": pending_text(r), "submit_time": r.submit_time}
+             "share_class": r.share_class,
+             "pending_reason": describe_pending(r.state, r.queue_position, r.pending_reason, r.gpus,
+                                                r.predicted_duration if priority_in_reason else None),
+             "submit_time": r.submit_time}
             for r in rows]
 
 
 def status(store: Store, job_id: str) -> dict[str, Any]:
+    """A job's row and runs, its pending reason in words, and its measured speed while it shares GPUs."""
+    from lucid_core.runtime.round.pending import pending_text
+
     with store.session() as s:
         r = s.get(JobRow, job_id)
         if r is None:
             raise UnknownJob(job_id)
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
-        shared = shared_speeds(s, [job_id]).get(job_id)
+        pairs = any(x.state == RunState.RUNNING and x.partner is not None for x in runs)
+        shared = shared_speeds(s, [job_id]).get(job_id) if pairs else None
     return {"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
             "command": r.command, "submit_time": r.submit_time, "start_time": r.start_time, "end_time": r.end_time,
             "exit_code": r.exit_code, "end_reason": r.end_reason, "ended_in_profiling": r.ended_in_profiling,
@@ -97,6 +108,8 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
 def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdout",
          max_bytes: int = 65536) -> str:
     """The tail of the job's latest run's stdout or stderr, read from its host."""
+    from lucid_core.runtime.hosts.inventory import host_address
+
     if stream not in ("stdout", "stderr"):
         raise ValueError("stream must be stdout or stderr")
     with store.session() as s:

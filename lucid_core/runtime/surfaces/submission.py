@@ -6,15 +6,17 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 
 from lucid_core.domain import TERMINAL_STATES, JobState
 from lucid_core.runtime.hosts.inputs import ENV_NAME_PATTERN
-from lucid_core.runtime.hosts.inventory import submitter_user_problem
 from lucid_core.runtime.store.schema import HostRow, JobEventRow, JobRow
-from lucid_core.runtime.store.store import Store
+
+if TYPE_CHECKING:  # the queries read `UnknownJob` from here: they start faster without the fleet's modules
+    from lucid_core.runtime.store.store import Store
 
 MAX_NAME = 256
 MAX_USER = 128
@@ -185,6 +187,8 @@ def fleet_problem(store: Store, gpus: int, vc: str) -> str | None:
 
 def submit(store: Store, request: JobRequest, *, now: float | None = None) -> str:
     """Validate and record a job; returns its id. Raises SubmissionError naming each bad field."""
+    from lucid_core.runtime.hosts.inventory import submitter_user_problem
+
     errors = validate(request, vc_capacity(store))
     if "user" not in errors and "vc" not in errors:  # hosts that run jobs as their user need an OS user name
         problem = submitter_user_problem(store, request.user, request.vc)

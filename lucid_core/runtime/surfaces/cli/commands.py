@@ -51,12 +51,12 @@ def _seconds(text: str) -> float:
 
 def add_parser(subparsers: Any) -> None:
     """Register the live-scheduler subcommands on the `lucid` parser's subparsers."""
-    p = subparsers.add_parser("submit", help="submit a job: lucid submit --gpus 2 --vc VC -- COMMAND...")
+    p = subparsers.add_parser("submit", help="submit a job: lucid submit --gpus 2 [--vc VC] -- COMMAND...")
     _common(p)
     p.add_argument("--gpus", type=int, required=True)
     p.add_argument("--name", default="")
     p.add_argument("--user", default=getpass.getuser())
-    p.add_argument("--vc", required=True)
+    p.add_argument("--vc", default=None, help="virtual cluster (default: the only one, when the main hosts have one)")
     p.add_argument("--amp", action="store_true", help="the job trains with mixed precision")
     p.add_argument("--long-cold-start", action="store_true", help="give it the longer profiling window")
     p.add_argument("--preemptible", action="store_true",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lucid_core.config import LucidConfig, load_live_config
@@ -15,10 +17,53 @@ if TYPE_CHECKING:
 
 
 def store_of(args: argparse.Namespace) -> Store:
-    """The store of --store (default: LUCID_STORE_URL, else SQLite in LUCID_HOME)."""
-    from lucid_core.runtime.store.store import open_store
+    """The store of --store (default: LUCID_STORE_URL, else SQLite in LUCID_HOME). Opening a SQLite file that
+    does not exist creates it: noted in `args.new_store` for `lucid_core.cli.main` to say (`new_store_note`),
+    since a forgotten LUCID_HOME otherwise reads as an empty cluster."""
+    from lucid_core.runtime.store.store import default_store_url, open_store
 
-    return open_store(args.store_url)
+    url = args.store_url or default_store_url()
+    new = new_sqlite_file(url)
+    store = open_store(url)
+    if new is not None:
+        args.new_store = new
+    return store
+
+
+def new_store_note(args: argparse.Namespace) -> str | None:
+    """What `main` says when the command created a new store (None when it opened an existing one)."""
+    new = getattr(args, "new_store", None)
+    return None if new is None else f"created a new store at {new} (set LUCID_HOME or --store to use another)"
+
+
+def refuse(args: argparse.Namespace, message: str) -> int:
+    """Say a refusal in one line, with `new_store_note` when there is one (as `main` says a raised error),
+    and return the exit code 2."""
+    note = new_store_note(args)
+    args.new_store = None  # said here: `main` says it no more
+    print(message + (f"; {note}" if note else ""), file=sys.stderr)
+    return 2
+
+
+def new_sqlite_file(url: str) -> Path | None:
+    """The file a SQLite store URL names when it does not exist yet (None: it exists, or not a SQLite file)."""
+    prefix = next((p for p in ("sqlite:///", "sqlite+pysqlite:///") if url.startswith(p)), None)
+    if prefix is None:
+        return None
+    name = url[len(prefix):].split("?", 1)[0]
+    if not name or name.startswith(":memory:") or name.startswith("file:"):
+        return None
+    path = Path(name).expanduser()
+    return None if path.exists() else path.absolute()
+
+
+def gpu_time_words(gpu_s: float) -> str:
+    """GPU-time in the unit its size reads best in: 42 GPU-s, 1.5 GPU-min, 12 GPU-min, 3.4 GPU-h, 120 GPU-h."""
+    # a unit from just under its size on, where the smaller one would round to 60 of it
+    unit, size = next(((u, s) for u, s in (("GPU-h", 3600.0), ("GPU-min", 60.0)) if gpu_s >= s - s / 120),
+                      ("GPU-s", 1.0))
+    value = gpu_s / size
+    return f"{value:.1f} {unit}" if value < 9.95 and unit != "GPU-s" else f"{value:.0f} {unit}"
 
 
 def config_of(args: argparse.Namespace) -> LucidConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lucid_core.runtime.surfaces.cli.context import emit, executor_of, store_of
+from lucid_core.runtime.surfaces.cli.context import emit, executor_of, refuse, store_of
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
@@ -61,8 +61,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
                    "\n".join(r.describe() for r in reports) or "no hosts")
             return 0 if all(r.ok for r in reports) else 1
     except InventoryError as exc:
-        print(f"lucid hosts {args.hosts_cmd}: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(args, f"lucid hosts {args.hosts_cmd}: error: {exc}")
     except LeaseHeld as exc:  # not bad input: a round holds the lease for longer than --wait
         print(f"lucid hosts {args.hosts_cmd}: {exc}", file=sys.stderr)
         return 1

@@ -11,9 +11,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from lucid_core.runtime.surfaces.cli.context import config_of, emit, executor_of, store_of
+from lucid_core.runtime.surfaces.cli.context import (
+    config_of,
+    emit,
+    executor_of,
+    gpu_time_words,
+    refuse,
+    store_of,
+)
 from lucid_core.runtime.surfaces.history_table import (
     STATE_ALIASES,
     history_columns,
@@ -21,6 +28,9 @@ from lucid_core.runtime.surfaces.history_table import (
     local_time,
     parse_since,
 )
+
+if TYPE_CHECKING:
+    from lucid_core.runtime.store.store import Store
 
 T = TypeVar("T")
 
@@ -38,17 +48,29 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"lucid submit: error: --env {item!r} must look like NAME=VALUE", file=sys.stderr)
             return 2
         env[key] = value
-    request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc, name=args.name, amp=args.amp,
-                         long_cold_start=args.long_cold_start, preemptible=args.preemptible, env=env,
-                         workload=args.workload)
+    store = store_of(args)
+    request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc or _only_vc(store),
+                         name=args.name, amp=args.amp, long_cold_start=args.long_cold_start,
+                         preemptible=args.preemptible, env=env, workload=args.workload)
     try:
-        job_id = submit(store_of(args), request)
+        job_id = submit(store, request)
     except SubmissionError as exc:
-        print("lucid submit: error: " + "; ".join(f"{field}: {problem}" for field, problem in exc.errors.items()),
-              file=sys.stderr)
-        return 2
+        return refuse(args, "lucid submit: error: " + "; ".join(f"{field}: {problem}"
+                                                               for field, problem in exc.errors.items()))
     emit(args, {"job_id": job_id}, job_id)
     return 0
+
+
+def _only_vc(store: Store) -> str:
+    """The VC of a cluster whose main hosts all have one; ValueError listing them when there are several."""
+    from lucid_core.runtime.surfaces.submission import vc_capacity
+
+    vcs = sorted(vc_capacity(store))
+    if len(vcs) == 1:
+        return vcs[0]
+    if not vcs:
+        raise ValueError("no VC to submit to: the store has no main host (lucid hosts add NAME --vc VC ...)")
+    raise ValueError(f"--vc is needed: this cluster has {len(vcs)} VCs: {', '.join(vcs)}")
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -77,15 +99,15 @@ def _cut(text: str, width: int) -> str:
 def cmd_queue(args: argparse.Namespace) -> int:
     from lucid_core.runtime.surfaces.queries import queue
 
-    rows = queue(store_of(args))
+    rows = queue(store_of(args), priority_in_reason=args.as_json)  # the text has a PRIORITY column
     lines = [f"{'JOB':<10} {'NAME':<24} {'USER':<10} {'VC':<10} {'STATE':<10} {'POS':>4} {'GPUS':>4} "
-             f"{'PRED':>9} {'PRIO(GPU-h)':>11}  REASON"]
+             f"{'PRED':>9} {'PRIORITY':>12}  REASON"]
     for r in rows:
         pred = "-" if r["predicted_duration_s"] is None else _duration(r["predicted_duration_s"])
-        prio = "-" if r["priority_gpu_s"] is None else f"{r['priority_gpu_s'] / 3600:.3f}"
+        prio = "-" if r["priority_gpu_s"] is None else gpu_time_words(r["priority_gpu_s"])
         lines.append(f"{r['job_id']:<10} {_cut(r['name'] or '-', 24):<24} {_cut(r['user'], 10):<10} "
                      f"{_cut(r['vc'], 10):<10} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
-                     f"{prio:>11}  {r['pending_reason'] or ''}")
+                     f"{prio:>12}  {r['pending_reason'] or ''}")
     emit(args, rows, "\n".join(lines) if rows else "no running or waiting job (finished ones: lucid history)")
     return 0
 
@@ -202,7 +224,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     prio = data["priority"]
     lines = [f"{data['job_id']} {data['state']}: {data['gpus']} GPU(s), user {data['user']}, VC {data['vc']}"]
     if prio["predicted_duration_s"] is not None:
-        lines.append(f"priority {prio['value_gpu_s'] / 3600:.3f} GPU-h = {prio['gpus']} GPU(s) x predicted "
+        lines.append(f"priority {gpu_time_words(prio['value_gpu_s'])} = {prio['gpus']} GPU(s) x predicted "
                      f"{_duration(prio['predicted_duration_s'])}")
     if data.get("ordered_by"):
         lines.append(f"ordered by {data['ordered_by']['why']}")
