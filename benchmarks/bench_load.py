@@ -65,10 +65,10 @@ def peak_rss_mb(pid: int) -> float:
 def setup_cluster(store: Store) -> None:
     for i in range(MAIN_HOSTS):
         add_host(store, HostSpec(f"node{i:03d}", executor="local", vc=f"vc{i % VCS}", gpus=GPUS_PER_HOST,
-                                 telemetry="emulated"))
+                                 telemetry="emulated", workdir=f"~/.lucid-runs/node{i:03d}"))
     for i in range(PROF_HOSTS):
         add_host(store, HostSpec(f"prof{i}", executor="local", pool="profiling", vc="vc0", gpus=GPUS_PER_HOST,
-                                 telemetry="emulated"))
+                                 telemetry="emulated", workdir=f"~/.lucid-runs/prof{i}"))
 
 
 def job_body(i: int) -> dict:

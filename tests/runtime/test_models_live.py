@@ -34,11 +34,12 @@ def test_promoted_duration_model_is_used_and_fallback_otherwise(tmp_path):
     joblib.dump(Wrapped(trained), path)
     with store.session() as s:
         s.add(ModelVersionRow(kind="duration", version="v7", path=str(path), created_at=time.time(), active=True))
-        s.add(ModelVersionRow(kind="packing", version="broken", path=str(tmp_path / "missing.joblib"),
+        s.add(ModelVersionRow(kind="packing:nvidia-h200:mps", version="broken", path=str(tmp_path / "missing.joblib"),
                               created_at=time.time(), active=True))
     policy = default_policy(LucidConfig(), load_snapshot(store, time.time()))
     assert policy.model_sources["duration"] == "promoted version v7"
-    assert "packing" not in policy.model_sources  # an unreadable artifact falls back, it does not crash
+    # an unreadable artifact is left out (that key shares nothing); it does not crash the round
+    assert "nvidia-h200:mps" not in policy.model_sources["packing"]
     assert abs(policy.duration_model.predict_duration([probe])[0] - 120.0) < 1e-6
     store.dispose()
 

@@ -316,7 +316,7 @@ def test_a_wide_job_one_of_whose_hosts_refuses_its_user_fails_and_stops_the_node
     for name, account in (("wide-a", SERVICE), ("wide-b", BARE_SERVICE)):
         add_host(store, HostSpec(name, address="127.0.0.1", port=submitter_host.port, user=account,
                                  key_path=str(submitter_host.client_key), vc="vc-wide", executor="ssh",
-                                 telemetry="emulated", gpus=2, run_as="submitter", workdir=f"~/{run_root.name}"))
+                                 telemetry="emulated", gpus=2, run_as="submitter", workdir=f"~/{run_root.name}/{name}"))
     job = submit(store, JobRequest("sleep 300", 4, USER_A, "vc-wide"))
     jobs = rounds_until(store, submitter_host, lambda jobs: jobs[job].state in TERMINAL)
     assert jobs[job].state == "FAILED" and f"host wide-b cannot run the job as user '{USER_A}'" in jobs[job].end_reason
@@ -363,7 +363,8 @@ def test_the_cli_adds_a_submitter_host_lists_it_and_refuses_a_bad_user_on_it(tmp
     url = f"sqlite:///{tmp_path / 'lucid.db'}"
     assert main(["hosts", "add", "g0", "--store", url, "--executor", "local", "--gpus", "2", "--vc", "vc-c",
                  "--run-as", "submitter"]) == 0
-    assert main(["hosts", "add", "g1", "--store", url, "--executor", "local", "--gpus", "2", "--vc", "vc-d"]) == 0
+    assert main(["hosts", "add", "g1", "--store", url, "--executor", "local", "--gpus", "2", "--vc", "vc-d",
+                 "--workdir", str(tmp_path / "g1")]) == 0
     capsys.readouterr()
     assert main(["hosts", "list", "--store", url, "--json"]) == 0
     assert {h["name"]: h["run_as"] for h in json.loads(capsys.readouterr().out)} == {"g0": "submitter",
@@ -382,8 +383,9 @@ def test_the_api_answers_422_naming_user_for_a_name_a_submitter_host_cannot_run(
     from lucid_core.runtime.surfaces.api import create_app
 
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
-    add_host(store, HostSpec("p0", executor="local", pool="profiling", gpus=1, run_as="submitter"))
-    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1))
+    add_host(store, HostSpec("p0", executor="local", pool="profiling", gpus=1, run_as="submitter",
+                             workdir="~/.lucid-runs/p0"))
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1, workdir="~/.lucid-runs/m0"))
     client = TestClient(create_app(store.url, store=store))
     # the shared profiling host runs jobs as their user, so every VC's jobs need an OS user name
     refused = client.post("/jobs", json={"command": "true", "gpus": 1, "vc": "vc-a", "user": "ana@example.com"})

@@ -15,9 +15,9 @@ HEAD = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()  # the newest pac
 
 
 def _hosts(store):
-    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=4))
-    add_host(store, HostSpec("m1", executor="local", vc="vc-b", gpus=8))
-    add_host(store, HostSpec("p0", executor="local", vc="vc-a", pool="profiling", gpus=2))
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=4, workdir="~/.lucid-runs/m0"))
+    add_host(store, HostSpec("m1", executor="local", vc="vc-b", gpus=8, workdir="~/.lucid-runs/m1"))
+    add_host(store, HostSpec("p0", executor="local", vc="vc-a", pool="profiling", gpus=2, workdir="~/.lucid-runs/p0"))
 
 
 def test_open_migrates_to_head_and_reopening_is_a_no_op(store_url):
