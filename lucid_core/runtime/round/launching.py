@@ -22,6 +22,7 @@ from lucid_core.runtime.hosts.executor import (
 )
 from lucid_core.runtime.hosts.inventory import host_address
 from lucid_core.runtime.hosts.launch import TelemetryLaunch
+from lucid_core.runtime.hosts.mps import mps_client_command
 from lucid_core.runtime.round.base import (
     TERMINAL_VALUES,
     WATCH_S,
@@ -191,7 +192,12 @@ class LaunchSteps(RoundBase):
                 keep_all_s=(self._kept_window_s(run) if windowed else 0.0) if watched else None,
                 # profiled in place and watched: dense samples for the window, the watch's rate after it
                 watch_interval_s=self.settings.monitor_interval_s if windowed and watched else None)
-        return LaunchSpec(run.run_id, job.command, env, telemetry, user=job.user, job_id=job.job_id,
+        command = job.command
+        if host.sharing == "mps" and run.pool == Pool.MAIN.value and len(peers) <= 1:
+            # an MPS client of its GPU set's daemon (multi-host jobs never share, so they run as they are)
+            limit = job.gpu_mem_mb + self.config.binder.memory_headroom_mb if job.gpu_mem_mb else None
+            command = mps_client_command(command, host.workdir, run.gpu_indices, run.run_id, limit)
+        return LaunchSpec(run.run_id, command, env, telemetry, user=job.user, job_id=job.job_id,
                           gpu_indices=tuple(run.gpu_indices), partner=run.partner)
 
     @staticmethod
