@@ -69,3 +69,16 @@ def test_a_job_failure_keeps_its_exit_code_and_a_missing_daemon_fails_the_run_cl
 def test_memory_limits_name_each_visible_device():
     assert pinned_limit(2, 2047.6) == "0=2048M,1=2048M"
     assert pinned_limit(1, None) is None and pinned_limit(1, 0) is None
+
+
+def test_the_daemon_never_carries_the_runs_marker_and_a_trailing_comment_is_harmless(tmp_path):
+    env = {**_stand_in(tmp_path), "LUCID_RUN_MARKER": "r1.abc"}
+    bin_dir = tmp_path / "bin"
+    recorded = 'echo "$* $CUDA_VISIBLE_DEVICES ${LUCID_RUN_MARKER:-none}" >> "$CALLS"'
+    (bin_dir / "nvidia-cuda-mps-control").write_text(
+        STAND_IN.replace('echo "$* $CUDA_VISIBLE_DEVICES" >> "$CALLS"', recorded))
+    done = subprocess.run(["sh", "-c", mps_client_command("echo ran # a comment", str(tmp_path / "r"), [0], "r1",
+                                                          None)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "ran", done.stderr
+    starts = [c for c in (tmp_path / "calls").read_text().splitlines() if c.startswith("-d")]
+    assert starts == ["-d 0 none"]

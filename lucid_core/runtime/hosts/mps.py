@@ -15,6 +15,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from lucid_core.runtime.hosts.run_records import RUN_MARKER
+
 MPS_CONTROL = "nvidia-cuda-mps-control"
 
 
@@ -50,7 +52,9 @@ def mps_client_command(command: str, workdir: str, gpu_indices: Sequence[int], r
         "(",
         "  flock -x 9",
         f"  if ! echo get_server_list | timeout 5 {MPS_CONTROL} >/dev/null 2>&1; then",
-        f"    CUDA_VISIBLE_DEVICES={shlex.quote(devices)} {MPS_CONTROL} -d || exit 97",
+        # the daemon outlives this run and serves its partner: it must not carry the run's marker, which a
+        # stop of this run kills by
+        f"    env -u {RUN_MARKER} CUDA_VISIBLE_DEVICES={shlex.quote(devices)} {MPS_CONTROL} -d 9>&- || exit 97",
         "    i=0",
         f"    until echo get_server_list | timeout 5 {MPS_CONTROL} >/dev/null 2>&1; do",
         '      i=$((i+1)); [ "$i" -lt 25 ] || exit 97; sleep 0.2',
@@ -58,7 +62,7 @@ def mps_client_command(command: str, workdir: str, gpu_indices: Sequence[int], r
         "  fi",
         f'  : > "$M/clients/"{client}',
         ') 9>"$M/lock" || { echo "lucid: the MPS control daemon did not start; see $M/log" >&2; exit 97; }',
-        f"( {command} )",
+        f"(\n{command}\n)",  # on lines of its own: a command ending in a comment still closes
         "rc=$?",
         "(",
         "  flock -x 9",
