@@ -75,17 +75,13 @@ def catalog_key(directory: str | Path, gpu_model: str | None = None, sharing: st
     """The (GPU model, sharing mechanism) a catalog was measured on: its environment.json (`gpu_model`, else
     the first of `gpus`; `sharing`), overridden by what the caller declares. A catalog that names neither
     needs both declared: labels without a key would be applied to GPUs they say nothing of."""
-    env: dict[str, Any] = {}
-    try:
-        loaded = json.loads((Path(directory) / "environment.json").read_text(encoding="utf-8"))
-        env = loaded if isinstance(loaded, dict) else {}
-    except (OSError, ValueError):
-        pass
-    gpus = env.get("gpus")
-    found_model = env.get("gpu_model") or (gpus[0] if isinstance(gpus, list) and gpus else None)
-    model = gpu_model or (found_model if isinstance(found_model, str) else None)
-    mechanism = sharing or (env.get("sharing") if env.get("sharing") in SHARING_MECHANISMS else None)
-    if not env and (Path(directory) / "single_data.csv").is_file() and _is_artifact(Path(directory)):
+    from lucid_core.calibration.catalog import catalog_sharing_key
+
+    found_model, found_sharing = catalog_sharing_key(directory)
+    model = gpu_model or found_model
+    mechanism = sharing or (found_sharing if found_sharing in SHARING_MECHANISMS else None)
+    recorded = found_model or found_sharing
+    if not recorded and (Path(directory) / "single_data.csv").is_file() and _is_artifact(Path(directory)):
         model, mechanism = model or ARTIFACT_KEY.gpu_model, mechanism or ARTIFACT_KEY.mechanism
     missing = [(flag, what) for flag, what, value in (("--gpu-model", "the GPU model", model),
                                                      ("--sharing", "the sharing mechanism", mechanism)) if not value]
