@@ -66,7 +66,8 @@ if [ "$DRY" = 1 ]; then
 pipe="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
 log="${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}"
 mkdir -p "$pipe" "$log"
-echo "$(date +%s) $* pipe=$pipe" >> "${LUCID_FAKE_MPS_CALLS:-/dev/null}"
+# Lucid starts daemons with a clean environment: the calls file is found next to this stand-in then
+echo "$(date +%s) $* pipe=$pipe" >> "${LUCID_FAKE_MPS_CALLS:-$(dirname "$0")/../mps-calls.log}"
 if [ "${1:-}" = "-d" ]; then : > "$pipe/control"; echo "daemon started (stand-in)" >> "$log/control.log"; exit 0; fi
 [ -e "$pipe/control" ] || exit 1
 while read -r cmd; do

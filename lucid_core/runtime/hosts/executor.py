@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from lucid_core.runtime.hosts import launch as host_launch
+from lucid_core.runtime.hosts import mps as host_mps
 from lucid_core.runtime.hosts import reads as host_reads
 from lucid_core.runtime.hosts import stop as host_stop
 from lucid_core.runtime.hosts.claims import CONFLICT, LaunchClaim
@@ -232,6 +233,16 @@ class HostExecutor:
         """The front of a run's file, lines longer than `line_bytes` dropped (host_reads.read_front_lines_script)."""
         script = host_reads.read_front_lines_script(host.workdir, run_id, name, max_bytes, line_bytes, scan_bytes)
         return self._run(host, script).stdout
+
+    def mps_fault_read(self, host: HostAddress, gpu_indices: Sequence[int], run_ids: Sequence[str],
+                       user: str | None = None) -> host_mps.FaultRead:
+        """The runs' times and the fault lines of their GPU set's MPS daemon logs (bounded reads; on a host that
+        runs jobs as their submitters, `user`'s daemons). Nothing readable there: no runs, no faults."""
+        as_user = user if host.run_as == "submitter" else None
+        if as_user is not None and os_user_problem(as_user) is not None:
+            return host_mps.FaultRead({}, None, ())
+        script = host_mps.fault_read_script(host.workdir, gpu_indices, run_ids, as_user)
+        return host_mps.parse_fault_read(self._run(host, script).stdout)
 
     def discover_gpus(self, host: HostAddress) -> list[GpuInfo]:
         """GPUs reported by nvidia-smi on the host (empty when it has none)."""

@@ -22,7 +22,7 @@ from lucid_core.runtime.hosts.executor import (
 )
 from lucid_core.runtime.hosts.inventory import host_address
 from lucid_core.runtime.hosts.launch import TelemetryLaunch
-from lucid_core.runtime.hosts.mps import mps_client_command
+from lucid_core.runtime.hosts.mps import memory_limit_mb, mps_client_command
 from lucid_core.runtime.round.base import (
     TERMINAL_VALUES,
     WATCH_S,
@@ -71,7 +71,9 @@ class LaunchSteps(RoundBase):
                 if not still_planned:
                     continue  # another node's launch failed this round and ended this one: nothing of it may start
                 if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
-                    self._abandon_planned(run)
+                    ended = job is not None and JobState(job.state) in TERMINAL_STATES
+                    self._abandon_planned(run, f"not launched: its job had ended ({job.state})" if ended and job
+                                          else "job cancelled before launch")
                     continue
                 address, spec = host_address(self._hosts[run.host]), self._launch_spec(run, job)
                 launches.append(run)
@@ -194,9 +196,13 @@ class LaunchSteps(RoundBase):
                 watch_interval_s=self.settings.monitor_interval_s if windowed and watched else None)
         command = job.command
         if host.sharing == "mps" and run.pool == Pool.MAIN.value and len(peers) <= 1:
-            # an MPS client of its GPU set's daemon (multi-host jobs never share, so they run as they are)
-            limit = job.gpu_mem_mb + self.config.binder.memory_headroom_mb if job.gpu_mem_mb else None
-            command = mps_client_command(command, host.workdir, run.gpu_indices, run.run_id, limit)
+            # an MPS client of its GPU set's daemon (every main run there: the GPU is the daemon's), limited to
+            # its profiled footprint plus headroom: none before its profile, nor for a job that never shares
+            # (no partner to keep room for). Profiling-pool runs never share and must measure the job alone, as
+            # it runs outside MPS; multi-host jobs never share either: both run as they are
+            limit = None if job.no_share else memory_limit_mb(job.gpu_mem_mb, self.config.binder.memory_headroom_mb)
+            command = mps_client_command(command, host.workdir, run.gpu_indices, run.run_id, limit,
+                                         as_submitter=host.run_as == "submitter")
         return LaunchSpec(run.run_id, command, env, telemetry, user=job.user, job_id=job.job_id,
                           gpu_indices=tuple(run.gpu_indices), partner=run.partner)
 
@@ -219,7 +225,7 @@ class LaunchSteps(RoundBase):
             self._emulated_profile = emulated_profile_from_catalog(catalog)
         return self._emulated_profile(job)
 
-    def _abandon_planned(self, run: RunRow) -> None:
+    def _abandon_planned(self, run: RunRow, why: str) -> None:
         """End a planned run of a job that ended or was cancelled. A round that died between a launch and
         its record may have started it: stop it on its host first (MISSING when it never started); a host
         that does not answer keeps the run planned for a later round."""
@@ -231,10 +237,9 @@ class LaunchSteps(RoundBase):
             if status is None:
                 return
             if status.state != "MISSING":
-                self._abandon(run, f"stopped ({status.state}): its job was cancelled after a round that died "
-                                   "had launched it")
+                self._abandon(run, f"stopped ({status.state}), as a round that died had launched it: {why}")
                 return
-        self._abandon(run, "job cancelled before launch")
+        self._abandon(run, why)
 
     def _abandon(self, run: RunRow, why: str) -> None:
         with self.store.session() as s:

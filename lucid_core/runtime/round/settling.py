@@ -19,11 +19,11 @@ from lucid_core.runtime.hosts.executor import (
 from lucid_core.runtime.hosts.inventory import host_address
 from lucid_core.runtime.round.base import (
     TERMINAL_VALUES,
-    RoundBase,
     call_value,
     pair_results,
     update_unsynced,
 )
+from lucid_core.runtime.round.mps_faults import MpsFaultChecks
 from lucid_core.runtime.store.schema import (
     HostRow,
     JobRow,
@@ -31,7 +31,7 @@ from lucid_core.runtime.store.schema import (
 )
 
 
-class SettlingSteps(RoundBase):
+class SettlingSteps(MpsFaultChecks):
     """Poll and settle steps of a round."""
 
     # ---------------------------------------------------------------------------- reconcile
@@ -60,6 +60,7 @@ class SettlingSteps(RoundBase):
             seen.extend((run, statuses[run.run_id]) for run in by_host.get(name, []) if run.run_id in statuses)
         swept = self._sweep_leftovers([run for run, status in seen
                                        if status.state == "EXITED" and run.stop_reason is None])
+        self._exited_now = {run.run_id: status for run, status in seen if status.state == "EXITED"}
         for run, status in seen:
             self._judge(run, status, now, swept.get((run.run_id, run.host)))
         self._cancel_requested()
@@ -139,6 +140,7 @@ class SettlingSteps(RoundBase):
         """A run ended (on its own or stopped): record it and decide the job's fate."""
         if status.state not in {"EXITED", "VANISHED", "MISSING"}:
             return
+        fault = self._partner_fault(run, status)  # a host read, only for a failed run of an MPS pair
         now = self.clock()
         stopped = status.stop_requested and run.stop_reason is not None
         if status.state == "MISSING":
@@ -156,6 +158,8 @@ class SettlingSteps(RoundBase):
                         "and were killed")
         elif status.escaped:
             outcome += f"; the stop also killed {status.escaped} of its processes that had left its process group"
+        if fault is not None:
+            outcome += f"; requeued: {fault}"
         with self.store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))
             if row is None or row.state == RunState.ENDED:
@@ -188,6 +192,8 @@ class SettlingSteps(RoundBase):
                 return
             if status.state == "EXITED" and status.exit_code == 0:
                 self._end_job(s, job, JobState.COMPLETED, 0, outcome, run)
+            elif fault is not None:
+                self._requeue_after_fault(s, job, fault)
             else:
                 self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run)
 
