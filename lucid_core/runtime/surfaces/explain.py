@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import ACTIVE_RUN_STATES, Pool, ShareClass
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, Pool, ShareClass
 from lucid_core.policy.orchestrator import ordering_rule
 from lucid_core.policy.predictors import UtilizationRuleClassifier
 from lucid_core.policy.view import saved_number
@@ -23,6 +23,7 @@ from lucid_core.runtime.round.snapshot import job_of, load_snapshot
 from lucid_core.runtime.store.schema import DecisionRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.queries import shared_speeds
+from lucid_core.runtime.surfaces.shared_time import shared_spans, shared_words
 
 
 def _packing_path(model: Any, job: Any) -> list[str]:
@@ -107,6 +108,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
         splits = [d for d in s.scalars(select(DecisionRow).where(DecisionRow.kind == "Unpair").order_by(DecisionRow.id))
                   if job_id in (d.job_id, d.payload.get("partner"))]
         shared = shared_speeds(s, [job_id]).get(job_id)
+        spans = shared_spans(s, now, [job_id]).get(job_id, [])
     snapshot = load_snapshot(store, now)
     policy = (policy_factory or default_policy)(config, snapshot)
     cap = snapshot.state.get("long_cap") if config.orchestrator.long_quantile < 1 else None
@@ -128,6 +130,8 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                                    .order_by(DecisionRow.id.desc())).first()
             if joined is not None and joined.payload.get("partner") == job_id:
                 partner_reason = joined.reason
+    if partner is None:  # no decision of its own named one: the run records still may (it was joined)
+        partner = next((r.partner for r in reversed(runs) if r.partner), None)
     by_host = _packing_by_host(policy, snapshot.hosts, job)  # the first: the first kind of host it may run on
     placed = next((d for d in reversed(decisions) if d.kind == "Place"), None)
     rule, words = ordering_rule(job, now, config.orchestrator.guard_slowdown, config.profiler.tprof_s,
@@ -157,7 +161,12 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                      _packing_path(packing_model, job) if packing_model is not None else []),
             "by_host": by_host,
         },
-        "partner": {"job_id": partner, "why": partner_reason} if partner else None,
+        # the partner it was placed beside; `sharing_now`: both run on its GPUs now (the run records say so)
+        "partner": {"job_id": partner, "why": partner_reason,
+                    "sharing_now": any(x.ongoing and x.partner == partner for x in spans)} if partner else None,
+        # when it really shared a GPU, from the run records (a partner that never ran beside it: none)
+        "shared_spans": [{**asdict(x), "seconds": x.seconds} for x in spans],
+        "shared_time": shared_words(spans, partner, row.state in {x.value for x in TERMINAL_STATES}),
         "sharing": _sharing(row, splits, events),
         "shared": None if shared is None else {
             **asdict(shared), "age_s": None if shared.measured_at is None else max(0.0, now - shared.measured_at)},

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, JobState
+from lucid_core.domain import ACTIVE_RUN_STATES, JobState, RunState
 from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, ModelVersionRow, RoundRow, RunRow
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.queries import shared_speeds
@@ -41,7 +41,7 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
                             .where(JobRow.state.in_(_WAITING))).all()
         hosts = s.scalars(select(HostRow)).all()
         gpus = s.execute(select(GpuRow.host, GpuRow.index)).all()
-        runs = s.execute(select(RunRow.host, RunRow.gpu_indices)
+        runs = s.execute(select(RunRow.host, RunRow.gpu_indices, RunRow.state)
                          .where(RunRow.state.in_(ACTIVE_RUN_STATES))).all()
         last_round = s.scalars(select(RoundRow).where(RoundRow.ended_at.is_not(None))
                                .order_by(RoundRow.id.desc()).limit(1)).first()
@@ -69,16 +69,19 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
 
     host_pool = {h.name: (h.pool, h.vc) for h in hosts}
     jobs_on_gpu: Counter[tuple[str, int]] = Counter()
-    for host, indices in runs:
-        for index in indices or []:
+    running_on_gpu: Counter[tuple[str, int]] = Counter()
+    for host, indices, state in runs:
+        for index in indices if isinstance(indices, list) else []:
             jobs_on_gpu[(host, int(index))] += 1
-    gpu_state = gauge("lucid_gpus", "GPUs by pool, VC and occupancy (idle, busy: one job, shared: two)",
-                      ["pool", "vc", "state"])
+            running_on_gpu[(host, int(index))] += state == RunState.RUNNING
+    gpu_state = gauge("lucid_gpus", "GPUs by pool, VC and occupancy (idle; busy: held by a job, or planned for a "
+                      "second that has not started; shared: two jobs running on it)", ["pool", "vc", "state"])
     counts: Counter[tuple[str, str, str]] = Counter()
     for host, index in gpus:
         pool, vc = host_pool.get(host, ("", ""))
         n = jobs_on_gpu[(host, index)]
-        counts[(pool, vc, "idle" if n == 0 else "busy" if n == 1 else "shared")] += 1
+        two_running = running_on_gpu[(host, index)] > 1
+        counts[(pool, vc, "idle" if n == 0 else "shared" if two_running else "busy")] += 1
     for pool, vc in set(host_pool.values()):
         for state in ("idle", "busy", "shared"):
             gpu_state.labels(pool, vc, state).set(counts[(pool, vc, state)])

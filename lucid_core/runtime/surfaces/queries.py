@@ -4,6 +4,7 @@ log, a promoted version's drift reference), is a query here; the round and the s
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from lucid_core.domain import TERMINAL_STATES, JobState, RunState
 from lucid_core.runtime.store.schema import DecisionRow, GpuRow, HostRow, JobEventRow, JobRow, ModelVersionRow, RunRow
+from lucid_core.runtime.surfaces.shared_time import shared_spans, shared_words
 from lucid_core.runtime.surfaces.submission import UnknownJob
 
 if TYPE_CHECKING:  # imported where used: `lucid queue`, `status` and `history` start without the fleet and the round
@@ -95,6 +97,8 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
         pairs = any(x.state == RunState.RUNNING and x.partner is not None for x in runs)
         shared = shared_speeds(s, [job_id]).get(job_id) if pairs else None
+        spans = shared_spans(s, time.time(), [job_id]).get(job_id, [])
+        planned = next((x.partner for x in reversed(runs) if x.partner), None)
     return {"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
             "command": r.command, "submit_time": r.submit_time, "start_time": r.start_time, "end_time": r.end_time,
             "exit_code": r.exit_code, "end_reason": r.end_reason, "ended_in_profiling": r.ended_in_profiling,
@@ -102,7 +106,10 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
             "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
                       "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome} for x in runs],
             # the speed measured while it shares GPUs with `partner` (null: running alone or not yet measured)
-            "shared": asdict(shared) if shared is not None else None}
+            "shared": asdict(shared) if shared is not None else None,
+            # when it really shared a GPU, from the run records (a planned partner that never ran beside it: none)
+            "shared_spans": [{**asdict(x), "seconds": x.seconds} for x in spans],
+            "sharing": shared_words(spans, planned, r.state in {x.value for x in TERMINAL_STATES})}
 
 
 def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdout",

@@ -160,6 +160,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"ended {local_time(data['end_time'])}{exit_code}",
         *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {r['outcome'] or ''}"
           for r in data["runs"]),
+        *([data["sharing"]] if data["sharing"] else []),
         *([f"waiting: {data['pending_reason']}"] if data["pending_reason"] else []),
         *([f"end: {data['end_reason']}"] if data["end_reason"] else []),
     ])
@@ -245,7 +246,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 f"shares nothing: {kind['why']}" if kind["why"] else "not profiled yet")
         lines.append(f"on {kind['sharing']} ({hosts}): {says}")
     if data["partner"]:
-        lines.append(f"shares with {data['partner']['job_id']}: {data['partner']['why']}")
+        partner = data["partner"]
+        if partner["sharing_now"]:
+            lines.append(f"shares with {partner['job_id']}: {partner['why']}")
+        else:
+            lines.append(f"placed beside {partner['job_id']}: {partner['why']}")
+    if data["shared_time"]:
+        lines.append(data["shared_time"])
     if data["shared"]:
         lines.append(shared_speed_line(data["shared"]))
     sharing = data["sharing"]

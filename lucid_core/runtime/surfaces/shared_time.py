@@ -1,0 +1,130 @@
+"""When two jobs really shared a GPU: the one truth every surface reports (summary, explain, status, pages,
+metrics). A placement beside a partner is a plan; the jobs shared only for the time both of their runs ran
+on one host with a GPU in common, as the run records show (start and end of each run, or now for one still
+running). A partner that ended inside its profiling window before the other started never shared."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from lucid_core.runtime.store.schema import RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSpan:
+    """One stretch of time during which `job_id`'s run and `partner`'s run both ran on `gpus` of `host`."""
+
+    job_id: str
+    partner: str
+    host: str
+    gpus: tuple[int, ...]
+    start: float
+    end: float
+    ongoing: bool  # both runs still run: `end` is the time of the read
+
+    @property
+    def seconds(self) -> float:
+        """How long the two ran together."""
+        return self.end - self.start
+
+
+def _indices(run: RunRow) -> set[int]:
+    """A run's GPU indices; a stored value that is not a list of integers counts as none."""
+    value = run.gpu_indices
+    if not isinstance(value, list):
+        return set()
+    return {int(i) for i in value if isinstance(i, int) and not isinstance(i, bool)}
+
+
+def overlap(a: RunRow, b: RunRow, now: float) -> SharedSpan | None:
+    """The span during which runs `a` and `b` both ran on a common GPU of one host (None: they never did)."""
+    if a.host != b.host or a.started_at is None or b.started_at is None:
+        return None
+    common = _indices(a) & _indices(b)
+    if not common:
+        return None
+    a_end = a.ended_at if a.ended_at is not None else now
+    b_end = b.ended_at if b.ended_at is not None else now
+    start, end = max(a.started_at, b.started_at), min(a_end, b_end)
+    if end <= start:
+        return None
+    return SharedSpan(a.job_id, b.job_id, a.host, tuple(sorted(common)), start, end,
+                      a.ended_at is None and b.ended_at is None)
+
+
+def spans_of_runs(runs: Iterable[RunRow], now: float) -> list[SharedSpan]:
+    """Every span, seen from each side, between runs of which one names the other's job as its partner."""
+    by_job: dict[str, list[RunRow]] = {}
+    listed = list(runs)
+    for run in listed:
+        by_job.setdefault(run.job_id, []).append(run)
+    seen: set[frozenset[tuple[str, str]]] = set()
+    out: list[SharedSpan] = []
+    for run in listed:
+        if not run.partner or run.partner == run.job_id:
+            continue
+        for other in by_job.get(run.partner, []):
+            key = frozenset({(run.run_id, run.host), (other.run_id, other.host)})
+            if key in seen:
+                continue
+            seen.add(key)
+            span = overlap(run, other, now)
+            if span is not None:
+                out += [span, SharedSpan(other.job_id, run.job_id, span.host, span.gpus, span.start, span.end,
+                                         span.ongoing)]
+    return sorted(out, key=lambda x: (x.start, x.job_id))
+
+
+def shared_spans(session: Session, now: float, job_ids: Sequence[str] | None = None) -> dict[str, list[SharedSpan]]:
+    """The spans each job (of `job_ids`, or all) really shared a GPU, from the run records."""
+    query = select(RunRow).where(RunRow.started_at.is_not(None))
+    if job_ids is not None:
+        wanted = list(job_ids)
+        partners = select(RunRow.partner).where(RunRow.job_id.in_(wanted), RunRow.partner.is_not(None))
+        query = query.where(or_(RunRow.job_id.in_(wanted), RunRow.partner.in_(wanted), RunRow.job_id.in_(partners)))
+    out: dict[str, list[SharedSpan]] = {}
+    for span in spans_of_runs(session.scalars(query), now):
+        if job_ids is None or span.job_id in job_ids:
+            out.setdefault(span.job_id, []).append(span)
+    return out
+
+
+def shared_pairs(session: Session, now: float) -> dict[tuple[str, str], float]:
+    """Each pair of jobs that really shared a GPU (sorted ids) and the seconds they did."""
+    out: dict[tuple[str, str], float] = {}
+    for spans in shared_spans(session, now).values():
+        for span in spans:
+            if span.job_id < span.partner:
+                key = (span.job_id, span.partner)
+                out[key] = out.get(key, 0.0) + span.seconds
+    return out
+
+
+def shared_words(spans: Sequence[SharedSpan], planned_partner: str | None, ended: bool) -> str | None:
+    """What a job's sharing was, in words: with whom, where, for how long; or that a planned partner never ran
+    beside it (`ended`: the job has ended, so it never will). None: it never was placed to share."""
+    if not spans:
+        if planned_partner and ended:
+            return f"placed to share with {planned_partner}, but the two never ran on one GPU at the same time"
+        if planned_partner:
+            return f"placed to share with {planned_partner}; the two have not run on one GPU together yet"
+        return None
+    parts = []
+    for span in spans:
+        gpus = ",".join(str(g) for g in span.gpus)
+        state = " (still sharing)" if span.ongoing else ""
+        parts.append(f"{span.partner} on {span.host} GPU {gpus} for {_seconds_words(span.seconds)}{state}")
+    return "shared a GPU with " + "; ".join(parts)
+
+
+def _seconds_words(seconds: float) -> str:
+    """A span's length in its natural unit."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
