@@ -9,17 +9,21 @@ evaluate against the promoted model on the most recent data -> promote or keep -
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 
 from airflow.sdk import Asset, Param, dag, task
 
 #: updated when the Update Engine decides (promote or keep); the live round loads promoted models
 LUCID_MODELS = Asset(name="lucid_models")
+#: LUCID_UPDATE_SCHEDULE overrides the daily schedule; "none" leaves only triggered runs (the embedded demo)
+_SCHEDULE = os.environ.get("LUCID_UPDATE_SCHEDULE") or "@daily"
+UPDATE_SCHEDULE = None if _SCHEDULE.lower() == "none" else _SCHEDULE
 
 
 @dag(
     dag_id="lucid_update_engine",
-    schedule="@daily",
+    schedule=UPDATE_SCHEDULE,
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
@@ -111,19 +115,16 @@ def lucid_update_engine():
     @task
     def alert(drift: dict, params=None) -> list[str]:
         """Send the drift alert through the SMTP notifier, numbers in the subject and body."""
-        from html import escape
-
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
         from airflow.sdk import get_current_context
 
-        drifted = [r for r in drift["reports"] if r["drifted"]]
-        if not drifted:
+        from lucid_core.alerts import alert_message
+
+        message = alert_message(drift["reports"])
+        if message is None:
             return []
-        subject = "; ".join(r["subject"] for r in drifted)
-        body = "".join(f"<h3>{escape(r['subject'])}</h3><pre>{escape(r['body'])}</pre>" for r in drifted)
         recipients = [a.strip() for a in params["alert_to"].split(",") if a.strip()]
-        notifier = SmtpNotifier(to=recipients, subject=subject.replace("{", "(").replace("}", ")"),
-                                html_content=body.replace("{", "&#123;").replace("}", "&#125;"),
+        notifier = SmtpNotifier(to=recipients, subject=message[0], html_content=message[1],
                                 smtp_conn_id=params["smtp_conn_id"])
         notifier.notify(get_current_context())
         return recipients

@@ -135,3 +135,19 @@ def check_drift(
         shifts.append(InputShift(feature, psi, psi > psi_threshold))
     return DriftReport(model, reference_mae, recent_mae, ratio, mae_ratio_threshold, psi_threshold,
                        tuple(shifts), int(ref_err.size), int(rec_err.size))
+
+
+def alert_message(reports: Sequence[Mapping]) -> tuple[str, str] | None:
+    """Subject and HTML body of the drift alert for the drifted ones of `reports` (dicts as
+    `lucid_core.update.drift_reports` returns them: `drifted`, `subject`, `body`); None when none drifted.
+
+    Braces are escaped: Airflow's SMTP notifier renders subject and body as Jinja templates."""
+    from html import escape
+
+    drifted = [r for r in reports if r.get("drifted")]
+    if not drifted:
+        return None
+    subject = "; ".join(str(r["subject"]) for r in drifted)
+    body = "".join(f"<h3>{escape(str(r['subject']))}</h3><pre>{escape(str(r['body']))}</pre>" for r in drifted)
+    return (subject.replace("{", "(").replace("}", ")"),
+            body.replace("{", "&#123;").replace("}", "&#125;"))

@@ -448,3 +448,38 @@ def save_drift_history(directory: str | Path, run_id: str | None, reports: list[
     path.write_text(json.dumps({"run_id": run_id, "time": time.time(), "reports": reports,
                                 "alert_sent_to": alert_to}, indent=2, default=str), encoding="utf-8")
     return path
+
+
+def minimum_rows(suite: str) -> int:
+    """The least row count the suite `suite` ("job_log", "throughput") accepts (0 when it sets none)."""
+    from lucid_core.validation import suite_path
+
+    data = json.loads(suite_path(suite).read_text(encoding="utf-8"))
+    return next((int(e["kwargs"].get("min_value") or 0) for e in data["expectations"]
+                 if e["type"] == "expect_table_row_count_to_be_between"), 0)
+
+
+def training_status(update_dir: str | Path) -> str:
+    """What the newest batch under `update_dir` (the Update Engine's reports/update) held against what
+    training needs, for pages with too little data: e.g. "the last Update Engine run found 2 of 20 finished
+    jobs and 1 of 12 10-minute submission slots (finetune window, 7 days): training waits for more".
+    "" when no batch was extracted yet."""
+    root = Path(update_dir)
+    batches = sorted(root.glob("*/jobs.csv"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+    if not batches:
+        return ""
+    directory = batches[-1].parent
+    window = ""
+    try:
+        report = json.loads((directory / "validation.json").read_text(encoding="utf-8"))
+        jobs, slots = int(report["job_log"]["rows"]), int(report["throughput"]["rows"])
+        batch = report["batch"]
+        window = f" ({batch['mode']} window, {(batch['until'] - batch['since']) / 86400:.0f} days)"
+    except (OSError, ValueError, KeyError, TypeError):
+        jobs = len(pd.read_csv(directory / "jobs.csv"))
+        slots = len(pd.read_csv(directory / "slots.csv")) if (directory / "slots.csv").is_file() else 0
+    need_jobs, need_slots = minimum_rows("job_log"), minimum_rows("throughput")
+    enough = jobs >= need_jobs and slots >= need_slots
+    return (f"the last Update Engine run found {jobs} of {need_jobs} finished jobs and {slots} of {need_slots} "
+            f"{SLOT_S / 60:.0f}-minute submission slots{window}: "
+            + ("enough to train" if enough else "training waits for more"))

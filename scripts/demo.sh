@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# a local Airflow (standalone, SQLite), emulated GPU hosts, a sample workload scheduled to the end
+# a local Airflow (SQLite, on 127.0.0.1), emulated GPU hosts, seeded history, a sample workload scheduled to the
+# end, the Update Engine trained and checked for drift (alert mail to a local SMTP sink); signals stop it all
 exec .venv/bin/python scripts/demo.py "$@"
