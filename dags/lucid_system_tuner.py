@@ -1,10 +1,13 @@
 """Lucid System Tuner: replay recent history in the simulator over a grid of knobs, one mapped task each.
 
-Weekly, and on demand from the trigger form: its defaults replay the store's finished jobs on the
-live inventory (the hosts, GPUs per host, VCs and profiling pool of `lucid hosts list`). Each
+Weekly (Mondays 03:00 UTC, never on unpausing: see SCHEDULE), and on demand from the trigger form:
+one press of Trigger is one run. Its defaults replay the store's finished jobs on the live inventory
+(the hosts, GPUs per host, VCs and profiling pool of `lucid hosts list`). Each
 configuration is its own mapped task instance, so a Celery or Kubernetes executor spreads the sweep
 over workers; the current configuration is replayed too, under several workload draws, to measure
-the run-to-run noise. The report (verdict, table with the current row first, plots) is kept under
+the run-to-run noise. The grid is built around the live configuration: a knob's field left empty keeps
+its current value, or, when the knob is listed in `around`, takes a smaller, the current and a larger
+value. The report (verdict, table with the current row first, plots) is kept under
 LUCID_HOME/reports/tuner/<run id> and shown by the Lucid plugin at /lucid/tuner. It says "keep the
 current configuration" when no configuration beats it by more than that noise. The apply step
 writes the best configuration only when the `apply` parameter is on and the report proposes a change.
@@ -12,24 +15,44 @@ writes the best configuration only when the `apply` parameter is on and the repo
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import timedelta
 
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Asset, CronTriggerTimetable, Param, dag, task
 
 #: updated each time a sweep's report is written (visible under Assets in the UI)
 TUNER_REPORT = Asset(name="lucid_tuner_report")
 
 OBJECTIVES = ["avg_jct", "avg_queue_delay", "p999_queue_delay", "utilization"]
 
+#: The form names of the knobs a sweep can vary (lucid_core.tuner_grid.GRID_KNOBS; not imported at parse time).
+KNOBS = ["tprof_s", "nprof_gpus", "cprof_nodes", "tiny_threshold", "medium_threshold", "sharing", "update_cadence",
+         "aging", "guard_slowdown", "long_quantile", "guard_tail", "yield_margin", "yield_max"]
 
-def _numbers(default: list, description: str, **items) -> Param:
-    return Param(default, type="array", items={"type": "number", **items}, description=description)
+#: Mondays 03:00 UTC. A cron trigger timetable with no start_date and run_immediately=timedelta(0): on
+#: the first unpause the scheduler waits for the next Monday instead of creating a run for the last one.
+#: In Airflow 3.3, with catchup=False and a start_date the scheduler runs the most recent past tick at once
+#: (so unpausing and pressing Trigger made two runs), and run_immediately=False still does so within a
+#: tenth of the interval after a tick; timedelta(0) never does.
+SCHEDULE = CronTriggerTimetable("0 3 * * 1", timezone="UTC", run_immediately=timedelta(0))
+
+_EMPTY = "A JSON list of values; empty: the current value (or values around it when listed in `around`)."
+
+
+def _numbers(description: str, **items) -> Param:
+    """An optional list of numbers for one knob (null or empty: the knob is not given values)."""
+    return Param(None, type=["null", "array"], items={"type": "number", **items},
+                 description=f"{description}. {_EMPTY}")
+
+
+def _choices(description: str, choices: list[str]) -> Param:
+    """An optional list of choices for one text knob."""
+    return Param(None, type=["null", "array"], items={"type": "string", "enum": choices},
+                 description=f"{description}. {_EMPTY}")
 
 
 @dag(
     dag_id="lucid_system_tuner",
-    schedule="@weekly",
-    start_date=datetime(2026, 1, 1),
+    schedule=SCHEDULE,
     catchup=False,
     max_active_runs=1,
     tags=["lucid"],
@@ -47,26 +70,26 @@ def _numbers(default: list, description: str, **items) -> Param:
         "main_nodes": Param(None, type=["null", "integer"], minimum=1, maximum=10000,
                             description="Empty: simulate the live inventory (hosts, GPUs per host, VCs, profiling "
                                         "pool). A number: that many 8-GPU nodes instead (profiling pool carved out)."),
-        "tprof_s": _numbers([100, 200, 300], "Tprof: profiling window (s)", minimum=1),
-        "nprof_gpus": _numbers([8], "Nprof: widest job profiled on the pool (GPUs)", minimum=0),
-        "cprof_nodes": _numbers([2], "Cprof: profiling pool nodes", minimum=0),
-        "tiny_threshold": _numbers([0.95], "Tiny threshold (mean co-located speed)", minimum=0, maximum=1),
-        "medium_threshold": _numbers([0.85], "Medium threshold", minimum=0, maximum=1),
-        "sharing": Param(["auto", "off"], type="array", items={"type": "string", "enum": ["auto", "on", "off"]},
-                         description="GPU sharing on/off/auto"),
-        "update_cadence": Param(["daily"], type="array",
-                                items={"type": "string", "enum": ["daily", "weekly", "never"]},
-                                description="How often the duration model refreshes"),
-        "aging": _numbers([0], "Priority aging: GPU-seconds of priority a queued job gains per second", minimum=0),
-        "guard_slowdown": _numbers([8], "Starvation guard: a job waiting this many times its predicted run time "
-                                        "goes first with a node reservation (0: off)", minimum=0),
-        "long_quantile": _numbers([0.95], "Jobs above this quantile of predicted GPU-time run in arrival order, "
-                                          "the oldest taking GPUs from younger ones (1: off)", minimum=0, maximum=1),
-        "guard_tail": _numbers([0], "Tail guard: a job waiting this many times the recent P99 queueing goes "
-                                    "first with a node reservation (0: off)", minimum=0),
-        "yield_margin": _numbers([4], "Yielding: a waiting job takes GPUs from preemptible jobs with more than this "
-                                      "many times its predicted GPU-time left (0: never stop a job)", minimum=0),
-        "yield_max": _numbers([4], "Yielding: times one job may be stopped", minimum=0),
+        "around": Param(["tprof_s", "sharing"], type="array", items={"type": "string", "enum": KNOBS},
+                        description="Knobs swept around their current value (a smaller, the current and a larger "
+                                    "one; every choice of a text knob) when their own field below is empty"),
+        "tprof_s": _numbers("Tprof: profiling window (s)", minimum=1),
+        "nprof_gpus": _numbers("Nprof: widest job profiled on the pool (GPUs)", minimum=0),
+        "cprof_nodes": _numbers("Cprof: profiling pool nodes", minimum=0),
+        "tiny_threshold": _numbers("Tiny threshold (mean co-located speed)", minimum=0, maximum=1),
+        "medium_threshold": _numbers("Medium threshold", minimum=0, maximum=1),
+        "sharing": _choices("GPU sharing on/off/auto", ["auto", "on", "off"]),
+        "update_cadence": _choices("How often the duration model refreshes", ["daily", "weekly", "never"]),
+        "aging": _numbers("Priority aging: GPU-seconds of priority a queued job gains per second", minimum=0),
+        "guard_slowdown": _numbers("Starvation guard: a job waiting this many times its predicted run time "
+                                   "goes first with a node reservation (0: off)", minimum=0),
+        "long_quantile": _numbers("Jobs above this quantile of predicted GPU-time run in arrival order, "
+                                  "the oldest taking GPUs from younger ones (1: off)", minimum=0, maximum=1),
+        "guard_tail": _numbers("Tail guard: a job waiting this many times the recent P99 queueing goes "
+                               "first with a node reservation (0: off)", minimum=0),
+        "yield_margin": _numbers("Yielding: a waiting job takes GPUs from preemptible jobs with more than this "
+                                 "many times its predicted GPU-time left (0: never stop a job)", minimum=0),
+        "yield_max": _numbers("Yielding: times one job may be stopped", minimum=0),
         "objective": Param("avg_jct", enum=OBJECTIVES,
                            description="What the ranking minimizes (utilization: maximizes)"),
         "max_configurations": Param(64, type="integer", minimum=1, maximum=4096),
@@ -77,12 +100,12 @@ def lucid_system_tuner():
     @task
     def expand_grid(params=None) -> list[dict]:
         """One item per configuration of the grid (the unit each mapped task simulates)."""
-        from lucid_airflow.tuning import tuner_fleet
+        from lucid_airflow.tuning import current_config, tuner_fleet
 
-        from lucid_core.tuner import GRID_KNOBS, expand_grid, sweep_items
+        from lucid_core.tuner import GRID_KNOBS, sweep_configurations, sweep_items
 
-        grid = {name: params[name] for name in GRID_KNOBS}
-        configs = expand_grid(grid)
+        configs = sweep_configurations({name: params.get(name) for name in GRID_KNOBS}, params.get("around") or [],
+                                       current_config())
         if not configs:
             raise ValueError("the grid has no valid configuration (is a Medium threshold above every Tiny one?)")
         if len(configs) > params["max_configurations"]:
@@ -97,15 +120,12 @@ def lucid_system_tuner():
         import socket
 
         from airflow.sdk import get_current_context
-        from lucid_airflow.tuning import load_tuner_trace
+        from lucid_airflow.tuning import current_config, load_tuner_trace, tuner_settings
+
+        from lucid_core.tuner import item_label, run_configuration
 
         role = item.get("role", "candidate")
-        get_current_context()["lucid_config_label"] = (
-            f"current, draw {item.get('seed', 0)}" if role == "current" else f"#{item['index']} " + ", ".join(
-                f"{k.split('.')[-1]}={v}" for k, v in item["overrides"].items()))
-        from lucid_airflow.tuning import current_config, tuner_settings
-
-        from lucid_core.tuner import run_configuration
+        get_current_context()["lucid_config_label"] = item_label(item)
 
         records = load_tuner_trace(params)
         settings = tuner_settings(params, item.get("fleet"))

@@ -19,23 +19,15 @@ from typing import Any
 from lucid_core.config import ConfigError, LucidConfig, load_config, load_live_config
 from lucid_core.sim.fleet import Fleet, FleetCatalogs
 from lucid_core.sim.records import TraceRecord, stored_flag
-
-#: Form field -> config knob it sets (what the Params form and the CLI accept).
-GRID_KNOBS: dict[str, str] = {
-    "tprof_s": "profiler.tprof_s",
-    "nprof_gpus": "profiler.nprof_gpus",
-    "cprof_nodes": "profiler.pool_nodes",
-    "tiny_threshold": "binder.tiny_threshold",
-    "medium_threshold": "binder.medium_threshold",
-    "sharing": "binder.sharing",
-    "update_cadence": "update.cadence",
-    "aging": "orchestrator.aging",
-    "guard_slowdown": "orchestrator.guard_slowdown",
-    "long_quantile": "orchestrator.long_quantile",
-    "guard_tail": "orchestrator.guard_tail",
-    "yield_margin": "orchestrator.yield_margin",
-    "yield_max": "orchestrator.yield_max",
-}
+from lucid_core.tuner_grid import (
+    DEFAULT_AROUND,
+    GRID_KNOBS,
+    drop_current,
+    grid_request,
+    knob_name,
+    knob_text,
+    knob_value,
+)
 
 #: objective -> (metric key, True when larger is better)
 OBJECTIVES: dict[str, tuple[str, bool]] = {
@@ -100,22 +92,20 @@ class ConfigResult:
         return cls(**dict(data))
 
 
-def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+def expand_grid(grid: Mapping[str, Sequence[Any]], base: LucidConfig | None = None) -> list[dict[str, Any]]:
     """Cartesian product of the form's value lists, as dotted-key overrides; invalid combinations dropped.
 
     Keys may be form names (`tprof_s`) or dotted knobs (`profiler.tprof_s`). An empty list or a
-    missing key keeps the configured value. Combinations the config rejects (e.g. a Medium
-    threshold above the Tiny one) are left out; duplicates collapse.
+    missing key keeps the configured value. Combinations the config (`base`, default: the defaults)
+    rejects (e.g. a Medium threshold above the Tiny one) are left out; duplicates collapse.
     """
     axes: list[tuple[str, list[Any]]] = []
     for key, values in grid.items():
-        knob = GRID_KNOBS.get(key, key)
-        if "." not in knob:
-            raise ConfigError(f"unknown tuner knob {key!r}; known: {', '.join(GRID_KNOBS)}")
-        values = list(values) if isinstance(values, list | tuple) else [values]
+        knob = knob_name(key)
+        values = list(values) if isinstance(values, list | tuple) else [] if values is None else [values]
         if values:
             axes.append((knob, values))
-    base = LucidConfig()
+    base = base or LucidConfig()
     configs: list[dict[str, Any]] = []
     seen: set[str] = set()
     for combo in itertools.product(*(values for _, values in axes)):
@@ -129,6 +119,12 @@ def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
             seen.add(key)
             configs.append(overrides)
     return configs
+
+
+def sweep_configurations(explicit: Mapping[str, Any], around: Sequence[str], base: LucidConfig) -> list[dict[str, Any]]:
+    """The configurations a sweep replays: explicit values and values around the current ones
+    (`grid_request`), valid under `base`, without the current configuration itself (replayed on its own)."""
+    return drop_current(expand_grid(grid_request(explicit, around, base), base), base)
 
 
 def outcome_metrics(result) -> dict[str, float]:
@@ -207,17 +203,86 @@ def rank(results: Sequence[ConfigResult], objective: str) -> list[ConfigResult]:
     return sorted(results, key=key)
 
 
+@dataclass(frozen=True)
+class DurationUnit:
+    """The one unit every duration of a report is written in (table, verdict and plots)."""
+
+    label: str
+    seconds: float
+
+    def value(self, seconds: float) -> float:
+        """`seconds` in this unit."""
+        return seconds / self.seconds
+
+    def number(self, seconds: float) -> str:
+        """`seconds` in this unit, without the unit, to a readable precision (no trailing zeros)."""
+        value = self.value(seconds)
+        size = abs(value)
+        digits = 0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 or size == 0 else \
+            min(6, 2 - math.floor(math.log10(size)))
+        text = f"{value:.{digits}f}"
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+        return "0" if text == "-0" else text
+
+    def text(self, seconds: float) -> str:
+        """`seconds` in this unit, with the unit: `12.5 min`."""
+        return f"{self.number(seconds)} {self.label}"
+
+
+SECONDS = DurationUnit("s", 1.0)
+MINUTES = DurationUnit("min", 60.0)
+HOURS = DurationUnit("h", 3600.0)
+
+
+def pick_unit(seconds: Sequence[float]) -> DurationUnit:
+    """Seconds, minutes or hours, whichever keeps the typical (median) of `seconds` readable."""
+    finite = sorted(abs(s) for s in seconds if math.isfinite(s))
+    typical = finite[len(finite) // 2] if finite else 0.0
+    if typical < 120:
+        return SECONDS
+    return MINUTES if typical < 3 * 3600 else HOURS
+
+
+def report_unit(results: Sequence[ConfigResult]) -> DurationUnit:
+    """The unit of a report: picked once from the average JCTs of its finished rows."""
+    return pick_unit([r.metrics["avg_jct_s"] for r in results if not r.error and "avg_jct_s" in r.metrics])
+
+
 def duration_text(seconds: float) -> str:
-    """A duration in the unit that keeps it readable: seconds, minutes or hours."""
-    if abs(seconds) < 120:
-        return f"{seconds:.0f} s"
-    if abs(seconds) < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
+    """A single duration in the unit that keeps it readable (progress lines; reports use one unit)."""
+    return pick_unit([seconds]).text(seconds)
 
 
-def metric_text(metric: str, value: float) -> str:
-    return duration_text(value) if metric.endswith("_s") else f"{value:.3f}"
+def metric_text(metric: str, value: float, unit: DurationUnit | None = None) -> str:
+    """A metric's value for a sentence: durations in `unit`, utilization in percent."""
+    if metric.endswith("_s"):
+        return (unit or pick_unit([value])).text(value)
+    if metric == "gpu_utilization":
+        return f"{100 * value:.1f}%"
+    return f"{value:.3f}"
+
+
+def delta_text(metric: str, delta: float, unit: DurationUnit | None = None) -> str:
+    """A difference of a metric for a sentence (utilization: in percentage points)."""
+    if metric == "gpu_utilization":
+        return f"{100 * delta:.1f} percentage points"
+    return metric_text(metric, delta, unit)
+
+
+def metric_number(metric: str, value: float, unit: DurationUnit) -> str:
+    """A metric's value for a table cell whose header carries the unit."""
+    if metric.endswith("_s"):
+        return unit.number(value)
+    if metric == "gpu_utilization":
+        return f"{100 * value:.1f}"
+    return f"{value:.3f}"
+
+
+def metric_unit(metric: str, unit: DurationUnit) -> str:
+    """The unit a table header names for a metric."""
+    if metric.endswith("_s"):
+        return unit.label
+    return "%" if metric == "gpu_utilization" else ""
 
 
 def sweep_items(configs: Sequence[Mapping[str, Any]], noise_seeds: int = NOISE_SEEDS, seed: int = 0) -> list[dict]:
@@ -229,11 +294,16 @@ def sweep_items(configs: Sequence[Mapping[str, Any]], noise_seeds: int = NOISE_S
     return items
 
 
-def knob_text(value: Any) -> str:
-    """A knob's value as a person writes it (200, not 200.0)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+def overrides_text(overrides: Mapping[str, Any]) -> str:
+    """The knobs a configuration sets, as a person writes them: `tprof_s 300, sharing off`."""
+    return ", ".join(f"{k.split('.')[-1]} {knob_text(v)}" for k, v in sorted(overrides.items())) or "no change"
+
+
+def item_label(item: Mapping[str, Any]) -> str:
+    """One unit of a sweep in words: `#2 tprof_s 300, sharing off` or `current configuration, draw 1`."""
+    if item.get("role") == "current":
+        return f"current configuration, draw {item.get('seed', 0)}"
+    return f"#{item['index']} {overrides_text(item.get('overrides') or {})}"
 
 
 def changes_text(overrides: Mapping[str, Any], current: Mapping[str, Any]) -> str:
@@ -243,87 +313,160 @@ def changes_text(overrides: Mapping[str, Any], current: Mapping[str, Any]) -> st
     return ", ".join(changed) or "the same knobs as the current one"
 
 
-def knob_value(config: LucidConfig, knob: str) -> Any:
-    """The value of a dotted knob (`profiler.tprof_s`) in `config`."""
-    section, _, name = knob.partition(".")
-    return getattr(getattr(config, section), name)
+@dataclass(frozen=True)
+class NoiseBand:
+    """The current configuration's value of the objective and how far from it a result is only noise."""
+
+    metric: str
+    larger_better: bool
+    current: float
+    threshold: float
+    spread: float = 0.0
+    draws: int = 1
+
+    def gain(self, value: float) -> float:
+        """How much better than the current value `value` is (negative: worse)."""
+        return (value - self.current) * (1 if self.larger_better else -1)
+
+    def standing(self, value: float) -> str:
+        """`same`, `within noise`, `better` or `worse`: where `value` falls against the band."""
+        gain = self.gain(value)
+        if abs(gain) <= 1e-12 * max(1.0, abs(self.current)):
+            return "same"
+        if abs(gain) <= self.threshold:
+            return "within noise"
+        return "better" if gain > 0 else "worse"
+
+
+def noise_band(current_runs: Sequence[ConfigResult], objective: str,
+               seed: int = 0) -> tuple[NoiseBand, ConfigResult] | None:
+    """The band measured on the current configuration's replays and the replay on draw `seed` the rows are
+    compared with; None when no replay finished.
+
+    The noise is the spread (max - min) of the objective over the replays under different workload
+    draws; the band's half-width is never less than `NOISE_FLOOR` of the current value."""
+    metric, larger_better = OBJECTIVES[objective]
+    ok = [r for r in current_runs if not r.error and metric in r.metrics]
+    if not ok:
+        return None
+    current = next((r for r in ok if r.seed == seed), ok[0])
+    values = [r.metrics[metric] for r in ok]
+    spread = max(values) - min(values)
+    threshold = max(spread, NOISE_FLOOR * abs(current.metrics[metric]))
+    return NoiseBand(metric, larger_better, current.metrics[metric], threshold, spread, len(ok)), current
+
+
+def _verdict_text(objective: str, band: NoiseBand, best: ConfigResult, counts: Mapping[str, int], spread: str,
+                  unit: DurationUnit) -> tuple[bool, str]:
+    """Keep or change, and why, from how the rows fall against the noise band (`counts` per standing)."""
+    metric = band.metric
+    total = sum(counts.values())
+    value = best.metrics[metric]
+    if counts["better"]:
+        others = f" {counts['better']} of the {total} configurations beat it beyond the noise." \
+            if counts["better"] > 1 else ""
+        gain = delta_text(metric, band.gain(value), unit)
+        return False, (f"Configuration #{best.index} improves {objective} by {gain}"
+                       f" over the current configuration ({metric_text(metric, band.current, unit)} -> "
+                       f"{metric_text(metric, value, unit)}), more than the run-to-run noise ({spread}).{others}")
+    if counts["worse"] == total:
+        relative = f" ({-band.gain(value) / abs(band.current):.0%})" if band.current else ""
+        return True, (f"Keep the current configuration: all {total} configurations of the grid are worse than it by "
+                      f"more than the run-to-run noise ({spread}); the closest, #{best.index}, is worse by "
+                      f"{delta_text(metric, -band.gain(value), unit)}{relative}.")
+    if counts["worse"]:
+        return True, (f"Keep the current configuration: none of the {total} configurations beats it by more than "
+                      f"the run-to-run noise ({spread}); {counts['worse']} are worse beyond it and "
+                      f"{total - counts['worse']} within it.")
+    text = (f"Keep the current configuration: no configuration differs from it by more than the run-to-run noise "
+            f"({spread}).")
+    if counts["same"] == total:
+        text += " Every configuration gave exactly the current result: on this cluster and history the knobs swept " \
+                "make no difference."
+    return True, text
 
 
 def assess(ranked: Sequence[ConfigResult], current_runs: Sequence[ConfigResult], objective: str,
-           seed: int = 0) -> dict[str, Any]:
+           seed: int = 0, unit: DurationUnit | None = None) -> dict[str, Any]:
     """Whether the best configuration beats the current one by more than the run-to-run noise.
 
-    The noise is the spread (max - min) of the objective over the current configuration's replays
-    under different workload draws, never less than `NOISE_FLOOR` of its value; the comparison is
-    paired (the best configuration and the current one on the same draw, `seed`).
-    """
-    metric, larger_better = OBJECTIVES[objective]
-    ok = [r for r in current_runs if not r.error and metric in r.metrics]
-    best = next((r for r in ranked if not r.error and metric in r.metrics), None)
-    if not ok:
+    Each finished row is `better`, `worse` (beyond the noise band), `within noise` or `same`
+    (`NoiseBand.standing`, the same words as the table's); the verdict follows from those counts. The
+    comparison is paired: every row and the current one on the same workload draw, `seed`."""
+    metric, _ = OBJECTIVES[objective]
+    finished = [r for r in ranked if not r.error and metric in r.metrics]
+    unit = unit or report_unit([*finished, *current_runs])
+    measured = noise_band(current_runs, objective, seed)
+    empty = {"better": 0, "within noise": 0, "same": 0, "worse": 0}
+    if measured is None:
         why = next((r.error for r in current_runs if r.error), "it was not replayed")
         return {"keep_current": False, "current": None, "noise": None, "threshold": None, "gain": None,
-                "text": f"The current configuration could not be replayed ({why}): the ranking has no noise check."}
-    current = next((r for r in ok if r.seed == seed), ok[0])
-    values = [r.metrics[metric] for r in ok]
-    noise = max(values) - min(values)
-    threshold = max(noise, NOISE_FLOOR * abs(current.metrics[metric]))
-    spread = (f"the current configuration's {objective} varied by {metric_text(metric, noise)} over "
-              f"{len(ok)} workload draws; differences up to {metric_text(metric, threshold)} are noise")
-    if best is None:
-        text = f"Keep the current configuration: no configuration of the grid finished ({spread})."
-        return {"keep_current": True, "current": current.to_dict(), "noise": noise, "threshold": threshold,
-                "gain": None, "text": text}
-    gain = (best.metrics[metric] - current.metrics[metric]) * (1 if larger_better else -1)
-    if gain > threshold:
-        text = (f"Configuration #{best.index} improves {objective} by {metric_text(metric, gain)} over the current "
-                f"configuration ({metric_text(metric, current.metrics[metric])} -> "
-                f"{metric_text(metric, best.metrics[metric])}), more than the run-to-run noise ({spread}).")
-        return {"keep_current": False, "current": current.to_dict(), "noise": noise, "threshold": threshold,
-                "gain": gain, "text": text}
-    same = all(abs(r.metrics.get(metric, math.nan) - current.metrics[metric]) <= 1e-9 for r in ranked if not r.error)
-    text = (f"Keep the current configuration: no configuration differs from it by more than the run-to-run noise "
-            f"({spread})." + (" Every configuration gave exactly the current result: on this cluster and history "
-                              "the knobs swept make no difference." if same else ""))
-    return {"keep_current": True, "current": current.to_dict(), "noise": noise, "threshold": threshold,
-            "gain": gain, "text": text}
+                "counts": empty, "text": f"The current configuration could not be replayed ({why}): the ranking has "
+                                        "no noise check."}
+    band, current = measured
+    noise = band.spread
+    spread = (f"the current configuration's {objective} varied by {delta_text(metric, noise, unit)} over "
+              f"{band.draws} workload draws; differences up to {delta_text(metric, band.threshold, unit)} are noise")
+    result = {"current": current.to_dict(), "noise": noise, "threshold": band.threshold}
+    if not finished:
+        return {**result, "keep_current": True, "gain": None, "counts": empty,
+                "text": f"Keep the current configuration: no configuration of the grid finished ({spread})."}
+    counts = dict(empty)
+    for r in finished:
+        counts[band.standing(r.metrics[metric])] += 1
+    best = max(finished, key=lambda r: band.gain(r.metrics[metric]))
+    keep, text = _verdict_text(objective, band, best, counts, spread, unit)
+    return {**result, "keep_current": keep, "gain": band.gain(best.metrics[metric]), "counts": counts, "text": text}
+
+
+#: The table's metric columns: (header, metric key).
+TABLE_METRICS: tuple[tuple[str, str], ...] = (("avg JCT", "avg_jct_s"), ("avg queue", "avg_queue_delay_s"),
+                                              ("P99.9 queue", "p999_queue_delay_s"), ("GPU util", "gpu_utilization"))
+
+
+def _varying_knobs(ranked: Sequence[ConfigResult], current_values: Mapping[str, Any]) -> list[str]:
+    """The knobs that take more than one value over the rows (the only knob columns, so the table stays narrow)."""
+    knobs = sorted({k for r in ranked for k in r.overrides} | set(current_values))
+    return [k for k in knobs
+            if len({knob_text(r.overrides.get(k, current_values.get(k))) for r in ranked}
+                   | {knob_text(current_values.get(k))}) > 1]
+
+
+def _versus(r: ConfigResult, band: NoiseBand | None, unit: DurationUnit) -> str:
+    """A row's objective against the current one: `+1.5 (+3.0%) worse`, in the column's unit."""
+    if band is None or r.error or band.metric not in r.metrics:
+        return ""
+    standing = band.standing(r.metrics[band.metric])
+    if standing == "same":
+        return "same"
+    delta = r.metrics[band.metric] - band.current
+    relative = f" ({delta / band.current:+.1%})" if band.current else ""
+    return f"{'+' if delta >= 0 else '-'}{metric_number(band.metric, abs(delta), unit)}{relative} {standing}"
 
 
 def _table_rows(ranked: Sequence[ConfigResult], current: ConfigResult | None, current_values: Mapping[str, Any],
-                objective: str, threshold: float | None) -> tuple[list[str], list[list[str]]]:
-    """The report's table: the current configuration first, then the ranked ones. Only knobs that
-    take more than one value are columns, so the table stays narrow."""
-    metric, larger_better = OBJECTIVES[objective]
-    knobs = sorted({k for r in ranked for k in r.overrides} | set(current_values))
-    varying = [k for k in knobs
-               if len({knob_text(r.overrides.get(k, current_values.get(k))) for r in ranked}
-                      | {knob_text(current_values.get(k))}) > 1]
-    header = ["rank", "config", *[k.split(".")[-1] for k in varying], f"{objective} vs current", "avg JCT",
-              "avg queue", "P99.9 queue", "GPU util", "ended in profiling", "jobs shared", "worker"]
-    base = current.metrics.get(metric) if current is not None and not current.error else None
-
-    def versus(r: ConfigResult) -> str:
-        if base is None or metric not in r.metrics:
-            return ""
-        delta = r.metrics[metric] - base
-        better = (delta > 0) == larger_better and delta != 0
-        within = threshold is not None and abs(delta) <= threshold
-        relative = f" ({delta / base:+.1%})" if base else ""
-        if delta == 0:
-            return "same"
-        tag = "within noise" if within else "better" if better else "worse"
-        return f"{'+' if delta >= 0 else '-'}{metric_text(metric, abs(delta))}{relative} {tag}"
+                objective: str, band: NoiseBand | None, unit: DurationUnit) -> tuple[list[str], list[list[str]]]:
+    """The report's table: the current configuration first (always, replayed or not), then the ranked ones.
+    Durations are in `unit` and utilization in percent, both named once in the header; the worker column
+    appears only when some row ran on a named worker."""
+    metric, _ = OBJECTIVES[objective]
+    varying = _varying_knobs(ranked, current_values)
+    workers = any(r.worker for r in [*ranked, *([current] if current else [])])
+    vs_unit = "percentage points" if metric == "gpu_utilization" else metric_unit(metric, unit)
+    header = ["rank", "config", *[k.split(".")[-1] for k in varying],
+              f"{objective} vs current" + (f" ({vs_unit})" if vs_unit else ""),
+              *[f"{name} ({metric_unit(key, unit)})" for name, key in TABLE_METRICS],
+              "ended in profiling", "jobs shared", *(["worker"] if workers else [])]
 
     def cells(position: str, label: str, r: ConfigResult | None, values: Mapping[str, Any]) -> list[str]:
         row = [position, label, *[knob_text(values.get(k, current_values.get(k, ""))) for k in varying]]
         if r is None or r.error:
-            row += [f"error: {r.error}" if r is not None else "not replayed", "", "", "", "", "", "", ""]
+            row += [f"error: {r.error}" if r is not None else "not replayed", *[""] * (len(TABLE_METRICS) + 2)]
         else:
-            m = r.metrics
-            row += [versus(r), duration_text(m["avg_jct_s"]), duration_text(m["avg_queue_delay_s"]),
-                    duration_text(m["p999_queue_delay_s"]), f"{m['gpu_utilization']:.3f}",
-                    str(int(m["ended_in_profiling"])), str(int(m["jobs_shared"]))]
-        row.append(r.worker.split(".")[0] if r is not None else "")
+            row += [_versus(r, band, unit), *[metric_number(key, r.metrics[key], unit) for _, key in TABLE_METRICS],
+                    str(int(r.metrics["ended_in_profiling"])), str(int(r.metrics["jobs_shared"]))]
+        if workers:
+            row.append(r.worker.split(".")[0] if r is not None else "")
         return row
 
     rows = [cells("-", "current", current, current_values)]
@@ -331,7 +474,23 @@ def _table_rows(ranked: Sequence[ConfigResult], current: ConfigResult | None, cu
     return header, rows
 
 
-def _plots(ranked: Sequence[ConfigResult], objective: str, directory: Path) -> list[str]:
+def _axis_label(name: str, metric: str, unit: DurationUnit) -> str:
+    """An axis label naming the report's unit: `average JCT (min)`, `GPU utilization (%)`."""
+    label = metric_unit(metric, unit)
+    return f"{name} ({label})" if label else name
+
+
+def _plot_value(metric: str, value: float, unit: DurationUnit) -> float:
+    """A metric as plotted: durations in the report's unit, utilization in percent."""
+    if metric.endswith("_s"):
+        return unit.value(value)
+    return 100 * value if metric == "gpu_utilization" else value
+
+
+def _plots(ranked: Sequence[ConfigResult], objective: str, directory: Path, unit: DurationUnit,
+           band: NoiseBand | None) -> list[str]:
+    """The objective per configuration (the current value and its noise band drawn across) and the JCT /
+    P99.9 queueing trade-off, in the table's units."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -343,20 +502,28 @@ def _plots(ranked: Sequence[ConfigResult], objective: str, directory: Path) -> l
     metric, _ = OBJECTIVES[objective]
     names = []
     fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(ok) + 2), 3.2))
-    values = [r.metrics[metric] / (3600 if metric.endswith("_s") else 1) for r in ok]
-    ax.bar([f"#{r.index}" for r in ok], values, color=["#2a7" if i == 0 else "#89a" for i in range(len(ok))])
-    ax.set_ylabel(metric.replace("_s", " (h)") if metric.endswith("_s") else metric)
+    ax.bar([f"#{r.index}" for r in ok], [_plot_value(metric, r.metrics[metric], unit) for r in ok],
+           color=["#2a7" if i == 0 else "#89a" for i in range(len(ok))])
+    if band is not None:
+        low, high = band.current - band.threshold, band.current + band.threshold
+        ax.axhspan(_plot_value(metric, low, unit), _plot_value(metric, high, unit), color="#fc8", alpha=0.4,
+                   label="current ± noise")
+        ax.axhline(_plot_value(metric, band.current, unit), color="#c60", linewidth=1)
+        ax.legend(fontsize=7, loc="best")
+    ax.set_ylabel(_axis_label(objective, metric, unit))
     ax.set_title(f"Objective {objective} by configuration (best first)")
     fig.tight_layout()
     fig.savefig(directory / "objective.png", dpi=90)
     plt.close(fig)
     names.append("objective.png")
     fig, ax = plt.subplots(figsize=(4.5, 3.4))
-    ax.scatter([r.metrics["avg_jct_s"] / 3600 for r in ok], [r.metrics["p999_queue_delay_s"] / 3600 for r in ok])
-    for r in ok:
-        ax.annotate(f"#{r.index}", (r.metrics["avg_jct_s"] / 3600, r.metrics["p999_queue_delay_s"] / 3600), fontsize=7)
-    ax.set_xlabel("average JCT (h)")
-    ax.set_ylabel("P99.9 queueing delay (h)")
+    xs = [unit.value(r.metrics["avg_jct_s"]) for r in ok]
+    ys = [unit.value(r.metrics["p999_queue_delay_s"]) for r in ok]
+    ax.scatter(xs, ys)
+    for r, x, y in zip(ok, xs, ys, strict=True):
+        ax.annotate(f"#{r.index}", (x, y), fontsize=7)
+    ax.set_xlabel(_axis_label("average JCT", "avg_jct_s", unit))
+    ax.set_ylabel(_axis_label("P99.9 queueing delay", "p999_queue_delay_s", unit))
     ax.set_title("Trade-off")
     fig.tight_layout()
     fig.savefig(directory / "tradeoff.png", dpi=90)
@@ -371,20 +538,23 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
 
     `results` may hold the current configuration's replays (role "current", see `sweep_items`):
     they give the current row and the noise the verdict (`assess`) is measured against. `base` is
-    the current configuration (default: the defaults)."""
+    the current configuration (default: the defaults). Every duration is in one unit (`report_unit`)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     base = base or LucidConfig()
     candidates = [r for r in results if r.role != "current"]
     current_runs = [r for r in results if r.role == "current"]
     ranked = rank(candidates, settings.objective)
-    verdict = assess(ranked, current_runs, settings.objective, settings.seed)
+    unit = report_unit(results)
+    verdict = assess(ranked, current_runs, settings.objective, settings.seed, unit)
+    measured = noise_band(current_runs, settings.objective, settings.seed)
+    band = measured[0] if measured else None
     current = ConfigResult.from_dict(verdict["current"]) if verdict["current"] else (
         current_runs[0] if current_runs else None)
     best = next((r for r in ranked if not r.error), None)
     current_values = {k: knob_value(base, k) for r in candidates for k in r.overrides}
-    header, rows = _table_rows(ranked, current, current_values, settings.objective, verdict["threshold"])
-    plots = _plots(ranked, settings.objective, out)
+    header, rows = _table_rows(ranked, current, current_values, settings.objective, band, unit)
+    plots = _plots(ranked, settings.objective, out, unit, band)
     cluster = settings.cluster_text(base.cluster.gpus_per_node)
     if settings.fleet is not None and len({r.overrides.get("profiler.pool_nodes") for r in candidates}) > 1:
         cluster += ("; its profiling pool is the inventory's profiling hosts, so the Cprof values swept "
@@ -401,8 +571,10 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
         "best": best.to_dict() if best else None,
         "keep_current": verdict["keep_current"],
         "verdict": verdict["text"],
+        "counts": verdict["counts"],
         "noise": {"spread": verdict["noise"], "threshold": verdict["threshold"], "draws": len(current_runs)},
         "current": {"values": current_values, "result": verdict["current"]},
+        "duration_unit": unit.label,
         "ranked": [r.to_dict() for r in ranked],
         "workers": sorted({r.worker for r in results if r.worker}),
         "context": dict(context or {}),
@@ -414,16 +586,34 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
         handle.write(",".join(header) + "\n")
         for row in rows:
             handle.write(",".join(f'"{c}"' if "," in c else c for c in row) + "\n")
-    md = [f"# System Tuner report ({settings.objective})", "", f"Cluster: {cluster}."]
-    if left_out:
-        md.append(f"{left_out} job(s) wider than the cluster could run were left out.")
-    md += ["", summary["verdict"], "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(row) + " |" for row in rows]
-    if best and not verdict["keep_current"]:
-        md += ["", f"Best: configuration #{best.index}: {changes_text(best.overrides, current_values)}"]
-    (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(report_markdown(summary, header, rows, best), encoding="utf-8")
     (out / "report.html").write_text(report_html(summary, header, rows), encoding="utf-8")
     return summary
+
+
+def proposal_text(summary: Mapping[str, Any]) -> str:
+    """What a report proposes, in words: keep the current configuration, or the best one's changes."""
+    best = summary.get("best")
+    if not best:
+        return "no configuration finished"
+    if summary.get("keep_current"):
+        return "keep the current configuration"
+    current = (summary.get("current") or {}).get("values") or {}
+    return f"#{best['index']}: {changes_text(best['overrides'], current)}"
+
+
+def report_markdown(summary: Mapping[str, Any], header: Sequence[str], rows: Sequence[Sequence[str]],
+                    best: ConfigResult | None) -> str:
+    """The report as Markdown: title, cluster, verdict, the table (current row first) and the proposal."""
+    md = [f"# System Tuner report ({summary['objective']})", "", f"Cluster: {summary['cluster']}."]
+    if summary.get("left_out"):
+        md.append(f"{summary['left_out']} job(s) wider than the cluster could run were left out.")
+    md += ["", summary["verdict"], "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(row) + " |" for row in rows]
+    if best and not summary["keep_current"]:
+        current = summary["current"]["values"]
+        md += ["", f"Best: configuration #{best.index}: {changes_text(best.overrides, current)}"]
+    return "\n".join(md) + "\n"
 
 
 def report_html(summary: Mapping[str, Any], header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -535,14 +725,17 @@ def add_parser(subparsers) -> Any:
                         help="simulate the live inventory's hosts, GPUs, VCs and profiling pool instead of --nodes")
     parser.add_argument("--store", dest="store_url", default=None,
                         help="store whose inventory --fleet reads (default: LUCID_STORE_URL, else LUCID_HOME)")
-    parser.add_argument("--tprof", default="100,200,300", help="Tprof values (s), comma-separated")
-    parser.add_argument("--nprof", default="8", help="Nprof values (GPUs)")
-    parser.add_argument("--cprof", default="2", help="Cprof values (profiling pool nodes)")
-    parser.add_argument("--tiny", default="0.95", help="Tiny thresholds")
-    parser.add_argument("--medium", default="0.85", help="Medium thresholds")
-    parser.add_argument("--sharing", default="auto,off", help="sharing modes: auto, on, off")
-    parser.add_argument("--cadence", default="daily", help="update cadences: daily, weekly, never")
-    parser.add_argument("--aging", default="32", help="priority aging values (GPU-seconds per second waited)")
+    parser.add_argument("--around", default=",".join(DEFAULT_AROUND),
+                        help="knobs swept around their current value (a smaller, the current and a larger one; every "
+                             f"choice of a text knob) unless given below, comma-separated: {', '.join(GRID_KNOBS)}")
+    parser.add_argument("--tprof", default="", help="Tprof values (s), comma-separated; empty: see --around")
+    parser.add_argument("--nprof", default="", help="Nprof values (GPUs)")
+    parser.add_argument("--cprof", default="", help="Cprof values (profiling pool nodes)")
+    parser.add_argument("--tiny", default="", help="Tiny thresholds")
+    parser.add_argument("--medium", default="", help="Medium thresholds")
+    parser.add_argument("--sharing", default="", help="sharing modes: auto, on, off")
+    parser.add_argument("--cadence", default="", help="update cadences: daily, weekly, never")
+    parser.add_argument("--aging", default="", help="priority aging values (GPU-seconds per second waited)")
     parser.add_argument("--catalog", default=None, help="workload catalog dir (default: synthetic)")
     parser.add_argument("--catalog-for", action="append", default=[], metavar="[GPU MODEL:MECHANISM=]DIR",
                         help="with --fleet: the catalog of one GPU model and sharing mechanism of the fleet (its "
@@ -579,11 +772,12 @@ def _run_cli(args) -> int:
     from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import load_experiment
 
-    grid = {"tprof_s": _values(args.tprof, float), "nprof_gpus": _values(args.nprof, int),
-            "cprof_nodes": _values(args.cprof, int), "tiny_threshold": _values(args.tiny, float),
-            "medium_threshold": _values(args.medium, float), "sharing": _values(args.sharing, str),
-            "update_cadence": _values(args.cadence, str), "aging": _values(args.aging, float)}
-    configs = expand_grid(grid)
+    base = load_live_config(args.config, args.set)
+    explicit = {"tprof_s": _values(args.tprof, float), "nprof_gpus": _values(args.nprof, int),
+                "cprof_nodes": _values(args.cprof, int), "tiny_threshold": _values(args.tiny, float),
+                "medium_threshold": _values(args.medium, float), "sharing": _values(args.sharing, str),
+                "update_cadence": _values(args.cadence, str), "aging": _values(args.aging, float)}
+    configs = sweep_configurations(explicit, _values(args.around, str), base)
     if not configs:
         raise ValueError("the grid has no valid configuration (is every Medium threshold above every Tiny one?)")
     fleet = inventory_fleet(args.store_url) if args.fleet else None
@@ -593,14 +787,13 @@ def _run_cli(args) -> int:
                              config=LucidConfig(), seed=settings.seed)
     results = []
     items = sweep_items(configs, seed=settings.seed)
-    base = load_live_config(args.config, args.set)
     catalogs = fleet_catalogs(args.catalog_for, catalog) if args.catalog_for else None
     for item in items:
         results.append(run_configuration(exp.records, item["overrides"], settings, index=item["index"], base=base,
                                          catalog=catalog, history=exp.history, seed=item["seed"], role=item["role"],
                                          catalogs=catalogs))
-        print(f"[{item['index'] + 1}/{len(items)}] {item['role']} {item['overrides'] or ''}: "
+        print(f"[{item['index'] + 1}/{len(items)}] {item_label(item)}: "
               + (results[-1].error or f"avg JCT {duration_text(results[-1].metrics['avg_jct_s'])}"), flush=True)
-    summary = write_report(results, settings, args.out, context={"trace": str(args.trace)})
+    summary = write_report(results, settings, args.out, context={"trace": str(args.trace)}, base=base)
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     return 0 if summary["best"] else 1

@@ -120,7 +120,7 @@ def test_tuner_replays_the_stores_finished_jobs_when_no_trace_is_given(airflow_d
     seeded = seed_finished_jobs(url)
     dag = _dagbag().dags["lucid_system_tuner"]
     run = dag.test(run_conf={"trace_path": "", "window_days": 3650, "main_nodes": 2, "tprof_s": [200],
-                             "sharing": ["auto", "off"]})
+                             "sharing": ["on", "off"]})  # (tprof 200, sharing auto) is the current row
     assert _state(run) == "success", _ti_states(run)
     summary = json.loads(next((lucid_home / "reports" / "tuner").glob("*/report.json")).read_text())
     assert summary["configurations"] == 2
@@ -147,7 +147,8 @@ def test_tuner_with_the_forms_defaults_replays_the_store_on_the_live_inventory(a
     summary = json.loads(next((lucid_home / "reports" / "tuner").glob("*/report.json")).read_text())
     assert summary["main_nodes"] is None and len(summary["fleet"]["hosts"]) == 3
     assert "VC default: 2 main hosts, 6 GPUs; profiling pool: 1 host, 2 GPUs" in summary["cluster"]
-    assert summary["configurations"] == 6 and summary["noise"]["draws"] == 3
+    # around the current values: Tprof 100/200/400 x sharing auto/on/off, less the current configuration
+    assert summary["configurations"] == 8 and summary["noise"]["draws"] == 3
     assert all(r["metrics"]["jobs"] == seeded for r in summary["ranked"])
     assert summary["verdict"] and summary["current"]["result"]["metrics"]["jobs"] == seeded
 
