@@ -94,18 +94,24 @@ class ConnectionTransport:
         self.inner.close()
 
 
-def _round(url: str, workdir: Path):
-    from lucid_core.config import load_live_config
+def host_executor(workdir: Path, deadline_s: float):
+    """The executor the round and the plugin's pages reach hosts with: SSH hosts through their Airflow
+    connections (key files and known_hosts kept in `workdir`), local ones by `sh`; `deadline_s` per call."""
     from lucid_core.runtime.hosts.executor import HostExecutor
     from lucid_core.runtime.hosts.local_executor import LocalTransport
+
+    return HostExecutor({"ssh": ConnectionTransport(workdir, deadline_s), "local": LocalTransport()},
+                        timeout_s=deadline_s)
+
+
+def _round(url: str, workdir: Path):
+    from lucid_core.config import load_live_config
     from lucid_core.runtime.round.scheduling_round import RoundSettings, SchedulingRound
     from lucid_core.runtime.store.store import Store
 
     config = load_live_config()
     settings = RoundSettings.from_config(config, holder=_holder())
-    executor = HostExecutor({"ssh": ConnectionTransport(workdir, settings.host_call_deadline_s),
-                             "local": LocalTransport()}, timeout_s=settings.host_call_deadline_s)
-    return SchedulingRound(Store(url), executor, config, settings)
+    return SchedulingRound(Store(url), host_executor(workdir, settings.host_call_deadline_s), config, settings)
 
 
 def _fenced(rnd, step: str, exc: BaseException) -> dict[str, Any]:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import html
 import json
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid_airflow.auth import airflow_auth_middleware
 
@@ -28,7 +31,7 @@ nav a{margin-right:14px}
 table{border-collapse:collapse;margin:8px 0;font-size:14px}
 th,td{border:1px solid #bbb;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#e8eef6}
-.gpu{display:inline-block;width:150px;min-height:44px;margin:3px;padding:4px;border:1px solid #888;
+.gpu{display:inline-block;width:170px;min-height:44px;margin:3px;padding:4px;border:1px solid #888;
  border-radius:4px;font-size:12px;background:#f4f4f4}
 .gpu.busy{background:#d8f0d8}.gpu.shared{background:#fde7b0}
 .muted{color:#777}pre{background:#f6f6f6;padding:8px;overflow:auto;white-space:pre-wrap}
@@ -41,8 +44,14 @@ tr.current td{background:#eef6ff;font-weight:600}
 form.filters label{margin-right:10px}form.filters input{width:110px}
 .pager a,.pager span{margin-right:12px}
 .hint{background:#f4f7fb;border:1px solid #cdd8e6;padding:8px 10px;border-radius:4px;max-width:1000px}
+.hint.bad{background:#fff1f0;border-color:#e0a8a3}
+.util{display:block;height:6px;background:#e2e2e2;border-radius:3px;margin-top:3px}
+.util i{display:block;height:6px;background:#3b7dd8;border-radius:3px}
+table#job th{width:150px}pre.log{max-height:420px;margin:4px 0 12px;font-size:12px}
+pre.command{margin:0;padding:4px 6px}table#state-history td:first-child{white-space:nowrap}
 """
 
+HOST_READ_DEADLINE_S = 5.0  # the longest a page waits for the GPU hosts (logs, utilization)
 NAV = [("queue", "Queue"), ("running", "Running & GPU map"), ("jobs", "Job history"), ("models", "Models"),
        ("tuner", "Tuner reports"), ("drift", "Drift history")]
 HISTORY_PAGE_SIZE = 50
@@ -70,11 +79,22 @@ def hours(seconds: float | None) -> str:
 
 
 def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Path], prefix: str = "/lucid",
-                     protect: bool = True) -> FastAPI:
-    """The plugin's FastAPI app; `store_url` and `reports_root` are resolved lazily, at the first request."""
+                     protect: bool = True, host_read_deadline_s: float = HOST_READ_DEADLINE_S) -> FastAPI:
+    """The plugin's FastAPI app; `store_url` and `reports_root` are resolved lazily, at the first request.
+
+    Pages that read from the GPU hosts (job logs, GPU utilization) wait at most `host_read_deadline_s`.
+    """
     app = FastAPI(title="Lucid", description="Lucid GPU scheduler views and API (behind Airflow auth)")
     if protect:
         app.middleware("http")(airflow_auth_middleware)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def error_page(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
+        """Errors of the pages (an unknown job, page or file) as a page of the UI, not JSON."""
+        if exc.status_code != 404:
+            return error_response(exc, prefix)
+        return not_found_page(f"There is no page {request.url.path}." if exc.detail == "Not Found" else str(exc.detail),
+                              prefix)
 
     @cache
     def store():
@@ -110,9 +130,13 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/running", response_class=HTMLResponse)
     def running() -> HTMLResponse:
+        from lucid_core.runtime.surfaces.host_reads import gpu_utilization
         from lucid_core.runtime.surfaces.queries import gpu_map
 
         found = gpu_map(store())
+        with host_executor(host_read_deadline_s) as executor:
+            util = gpu_utilization(found, executor, host_read_deadline_s)
+        now = time.time()
         runs, shared, hosts, gpus, names = found.runs, found.shared, found.hosts, found.gpus, found.names
         on_gpu: dict[tuple[str, int], list[Any]] = {}
         for r in runs:
@@ -131,16 +155,23 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                 cls = "gpu shared" if len(here) > 1 else "gpu busy" if here else "gpu"
                 who = "<br>".join(esc(r.job_id) + _speed_suffix(shared.get(r.job_id) if r.kind == "main" else None)
                                   for r in here) or "<span class='muted'>idle</span>"
-                cells.append(f"<div class='{cls}'><b>GPU {g.index}</b><br>{who}</div>")
+                reading = _util_cell(util.readings.get((host.name, g.index)), util.problems.get(host.name), now)
+                cells.append(f"<div class='{cls}' id='gpu-{esc(host.name)}-{g.index}'><b>GPU {g.index}</b><br>{who}"
+                             f"{reading}</div>")
             flag = " (draining)" if host.draining else "" if host.reachable else " (unreachable)"
+            problem = util.problems.get(host.name)
+            note = f"<p class='hint bad'>Utilization not read: {esc(problem)}</p>" if problem else ""
             cards.append(f"<h3>{esc(host.name)} <span class='muted'>{esc(host.pool)} pool, VC {esc(host.vc)}"
-                         f"{flag}</span></h3><div id='gpumap-{esc(host.name)}'>{''.join(cells)}</div>")
+                         f"{flag}</span></h3>{note}<div id='gpumap-{esc(host.name)}'>{''.join(cells)}</div>")
         body = (table(["job", "name", "run", "host", "GPUs", "shares with", "speed while shared", "state",
                        "running for"], rows, "running")
                 + "<p>Speed while shared: the job's speed beside its partner relative to running alone, as its "
                   "telemetry last measured it.</p>"
                 + "<h2>GPU map</h2><p>Green: one job; amber: two jobs sharing the GPU (with the speed measured "
-                  "there).</p>" + "".join(cards))
+                  "there). Utilization: the GPU's newest sample (whole GPU, every job on it) from the telemetry agent "
+                  "of a job running there, read from the host now; a job running without an agent (not profiled, "
+                  "or never sharing) leaves its GPU without one, and a job alone after its profile writes no new "
+                  "ones: the sample's age says how old it is.</p>" + "".join(cards))
         return page("Running jobs and GPU map", body, prefix)
 
     @app.get("/jobs", response_class=HTMLResponse)
@@ -197,29 +228,26 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job_detail(job_id: str) -> HTMLResponse:
-        from lucid_core.runtime.surfaces.queries import job_record
+        from lucid_core.runtime.surfaces.host_reads import log_tail
+        from lucid_core.runtime.surfaces.queries import job_record, status
         from lucid_core.runtime.surfaces.submission import UnknownJob
 
         try:
+            data = status(store(), job_id)
             record = job_record(store(), job_id)
         except UnknownJob:
-            raise HTTPException(404, f"no job {job_id}") from None
-        job, events, decisions = record.job, record.events, record.decisions
-        fields = ["job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
-                  "exit_code", "end_reason", "ended_in_profiling", "gpu_util", "mem_util", "gpu_mem_mb",
-                  "share_class", "predicted_duration", "pending_reason"]
-        from lucid_core.runtime.round.pending import pending_text
-
-        values = {f: getattr(job, f) for f in fields}
-        values["pending_reason"] = pending_text(job)
-        facts = table(["field", "value"], [[esc(f), esc(_field_text(f, values[f]))] for f in fields], "job")
+            raise HTTPException(404, f"There is no job {job_id} in the Lucid store.") from None
+        with host_executor(host_read_deadline_s) as executor:
+            tail = log_tail(store(), executor, job_id, deadline_s=host_read_deadline_s)
+        now = time.time()
+        facts = _job_facts(data, record.job, _eta_cell(store(), job_id, record.job, now), prefix)
         explanation = _explanation(store_url(), job_id)
-        ev = table(["time", "kind", "message"], [[esc(time.strftime("%H:%M:%S", time.localtime(e.time))),
-                                                  esc(e.kind), esc(e.message)] for e in events], "events")
         dec = table(["round", "decision", "reason", "status"], [[str(d.round_id), esc(d.kind), esc(d.reason),
-                                                                 esc(d.status)] for d in decisions], "decisions")
-        body = (f"{facts}<h2>Why it is where it is</h2><pre id='explanation'>{esc(explanation)}</pre>"
-                f"<h2>Decisions</h2>{dec}<h2>Events</h2>{ev}")
+                                                                 esc(d.status)] for d in record.decisions],
+                    "decisions")
+        body = (f"{facts}<h2>Output</h2>{_log_html(tail)}<h2>State history</h2>{_state_history(record.events)}"
+                f"<h2>Why it is where it is</h2><pre id='explanation'>{esc(explanation)}</pre>"
+                f"<h2>Runs</h2>{_runs_table(data['runs'])}<h2>Decisions</h2>{dec}")
         return page(f"Job {job_id}", body, prefix)
 
     @app.get("/models", response_class=HTMLResponse)
@@ -241,7 +269,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                 "validates them, trains the duration and packing models and promotes them when they beat the current "
                 "ones. It needs enough finished jobs (its log says how many it found and how many it needs); until "
                 "then the scheduler predicts from job history. Trigger it from <code>/dags/lucid_update_engine</code> "
-                "or train by hand with <code>lucid models train-duration</code> and <code>train-packing</code>.</p>")
+                "or train by hand with <code>lucid models train-duration</code> and <code>train-packing</code>.</p>"
+                + _training_hint(reports_root(), "models-training"))
         body = (hint + table(["model", "version", "promoted", "metrics", "note"], rows, "models")
                 + "<h2>Shape functions and trees</h2>" + (imgs + trees or "<p class='muted'>none yet</p>"))
         return page("Models", body, prefix)
@@ -251,14 +280,15 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         root = reports_root() / "tuner"
         reports = sorted(root.glob("*/report.json"), key=lambda p: p.stat().st_mtime, reverse=True) \
             if root.is_dir() else []
+        from lucid_core.tuner import proposal_text
+
         rows = []
         for path in reports:
             summary = json.loads(path.read_text(encoding="utf-8"))
-            best = summary.get("best") or {}
             rows.append([f'<a href="{prefix}/tuner/{esc(path.parent.name)}">{esc(path.parent.name)}</a>',
                          esc(summary["objective"]), str(summary["configurations"]), str(summary["failed"]),
-                         esc(json.dumps(best.get("overrides", {}))), esc(", ".join(summary.get("workers", [])))])
-        return page("System Tuner reports", table(["run", "objective", "configurations", "failed", "best",
+                         esc(proposal_text(summary)), esc(", ".join(summary.get("workers", [])))])
+        return page("System Tuner reports", table(["run", "objective", "configurations", "failed", "proposal",
                                                    "workers"], rows, "tuner-reports"), prefix)
 
     @app.get("/tuner/{name}", response_class=HTMLResponse)
@@ -287,7 +317,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         hint = ("" if rows else "<p class='hint' id='drift-hint'>No drift check yet. Each run of the "
                 "<code>lucid_update_engine</code> DAG that has a promoted model compares its error on recent jobs "
                 "with its error when trained and writes a row here (and mails an alert when it drifted). The first "
-                "run trains the models, so rows start with the second run that has enough finished jobs.</p>")
+                "run trains the models, so rows start with the second run that has enough finished jobs.</p>"
+                + _training_hint(reports_root(), "drift-training"))
         return page("Drift history", hint + table(["run", "model", "reference MAE", "recent MAE", "ratio", "PSI",
                                                    "state", "alert sent to"], rows, "drift"), prefix)
 
@@ -302,6 +333,161 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     app.mount("/api", _LazyApp(lambda: _runtime_api(store_url())))
     return app
+
+
+def not_found_page(what: str, prefix: str) -> HTMLResponse:
+    """A 404 as a page of the UI: what was not found and where to look instead."""
+    body = (f"<p class='hint' id='not-found'>{esc(what)}</p>"
+            f"<p>Waiting and running jobs are on the <a href='{prefix}/queue'>queue</a> and "
+            f"<a href='{prefix}/running'>running</a> pages, finished ones in the <a href='{prefix}/jobs'>job "
+            f"history</a>. On the command line: <code>lucid queue</code>, <code>lucid history</code>.</p>")
+    response = page("Not found", body, prefix)
+    response.status_code = 404
+    return response
+
+
+def error_response(exc: StarletteHTTPException, prefix: str) -> HTMLResponse:
+    """Any other HTTP error of a page, as a page of the UI with its status (and headers, e.g. Allow)."""
+    response = page(f"Error {exc.status_code}", f"<p class='hint bad' id='error'>{esc(str(exc.detail))}</p>", prefix)
+    response.status_code = exc.status_code
+    response.headers.update(exc.headers or {})
+    return response
+
+
+@contextmanager
+def host_executor(deadline_s: float) -> Iterator[Any]:
+    """The round's executor (SSH hosts through their Airflow connections) for one page's reads, then closed."""
+    from lucid_airflow.round_steps import host_executor as round_executor
+
+    with tempfile.TemporaryDirectory(prefix="lucid-web-ssh-") as tmp:
+        executor = round_executor(Path(tmp), deadline_s)
+        try:
+            yield executor
+        finally:
+            executor.close()
+
+
+def _utc(moment: float | None) -> str:
+    """An epoch time as a UTC date-time ("" for None)."""
+    return "" if moment is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(moment))
+
+
+def _util_cell(reading: Any, problem: str | None, now: float) -> str:
+    """A GPU map cell's utilization: the newest sample with its age and a bar, or why there is none."""
+    if reading is None:
+        why = "host did not answer" if problem else "no sample"
+        return f"<br><span class='muted util-none'>util: {why}</span>"
+    tag = ", emulated" if reading.emulated else ""
+    memory = "" if reading.mem_used_mb is None else f", {reading.mem_used_mb / 1024:.1f} GB"
+    width = max(0.0, min(100.0, reading.gpu_util))
+    return (f"<br><span class='util-value'>util {reading.gpu_util:.0f}%, mem {reading.mem_util:.0f}%{memory}</span>"
+            f"<span class='util' title='GPU utilization {reading.gpu_util:.0f}%'><i style='width:{width:.0f}%'></i>"
+            f"</span><span class='muted'>{hours(max(0.0, now - reading.at))} ago{tag}</span>")
+
+
+def _job_facts(data: dict[str, Any], job: Any, eta: str, prefix: str) -> str:
+    """The job's summary table: command, user, VC, state, times, ETA and the job it shares GPUs with."""
+    from lucid_core.runtime.round.pending import pending_text
+
+    exit_code = "" if data["exit_code"] is None else str(data["exit_code"])
+    rows = [("command", f"<pre class='command' id='command'>{esc(data['command'])}</pre>"),
+            ("name", esc(data["name"] or "")), ("user", esc(data["user"])), ("VC", esc(data["vc"])),
+            ("GPUs", str(data["gpus"])), ("state", f"<b>{esc(data['state'])}</b>"),
+            ("submitted", esc(_utc(data["submit_time"]))), ("started", esc(_utc(data["start_time"]))),
+            ("ended", esc(_utc(data["end_time"]))), ("exit code", esc(exit_code)),
+            ("end reason", esc(data["end_reason"] or "")), ("waiting because", esc(pending_text(job) or "")),
+            ("ETA", eta), ("shares GPUs with", _partner_cell(data["shared_spans"], data["sharing"], prefix))]
+    always = {"command", "user", "VC", "state", "ETA", "shares GPUs with"}
+    cells = "".join(f"<tr><th>{esc(label)}</th><td>{value}</td></tr>" for label, value in rows
+                    if value or label in always)
+    return f"<table id='job'><tbody>{cells}</tbody></table>"
+
+
+def _partner_cell(spans: list[dict[str, Any]], sharing: str | None, prefix: str) -> str:
+    """Whom it shared a GPU with, by the run records (`status`'s spans: both ran there at once): now, or the
+    last such partner; a planned partner that never ran beside it is no partner (the summary says so)."""
+    if not spans:
+        text = sharing or "nobody: it has not shared a GPU"
+        return f"<span class='muted'>{esc(text)}</span>"
+    last = spans[-1]
+    link = f"<a href='{prefix}/jobs/{esc(last['partner'])}'>{esc(last['partner'])}</a>"
+    gpus = ",".join(str(i) for i in last["gpus"])
+    where = f"on {esc(last['host'])} GPU(s) {esc(gpus)}"
+    said = f" <span class='muted'>({esc(sharing)})</span>" if sharing else ""
+    return (f"<span id='partner'>{link} {where}, now</span>{said}" if last["ongoing"]
+            else f"<span id='partner'>{link} {where} (the pair has ended)</span>{said}")
+
+
+def _eta_cell(store: Any, job_id: str, job: Any, now: float) -> str:
+    """When the job starts and ends, as `lucid eta` estimates it (a what-if of the live policy)."""
+    from lucid_core.config import load_live_config
+    from lucid_core.domain import JobState
+    from lucid_core.runtime.round.prediction_words import duration_words
+    from lucid_core.runtime.surfaces.eta import estimate
+
+    try:
+        eta = estimate(store, job_id, load_live_config(), now)
+    except Exception as exc:  # an estimate failing must not take the page down
+        return f"<span class='muted' id='eta'>not estimated: {esc(type(exc).__name__)}: {esc(str(exc))}</span>"
+    if eta.note == "already ended":
+        return "<span class='muted' id='eta'>none: the job has ended</span>"
+    parts = []
+    if eta.state != JobState.RUNNING.value:
+        parts.append("could start now" if eta.start is not None and eta.start <= now else "no start estimated"
+                     if eta.start is None else f"starts {_utc(eta.start)} (in {duration_words(eta.start - now)})")
+    if eta.end is None:
+        parts.append("no end estimated")
+    elif eta.end >= now:
+        parts.append(f"ends {_utc(eta.end)} (in {duration_words(eta.end - now)})")
+    else:
+        parts.append(f"predicted end {_utc(eta.end)} passed {duration_words(now - eta.end)} ago (it runs longer "
+                     "than predicted)")
+    basis = f"estimate: {eta.note}, from the what-if run of the live policy (<code>lucid eta</code>)"
+    if eta.predicted_duration is not None:
+        source = (job.predicted_by or "").split(";")[0].removeprefix("duration: ")
+        basis += (f"; predicted duration {esc(duration_words(eta.predicted_duration))}"
+                  + (f" by {esc(source)}" if source else " by the current duration model"))
+    return f"<span id='eta'><b>{esc('; '.join(parts))}</b><br><span class='muted'>{basis}</span></span>"
+
+
+def _log_html(tail: Any) -> str:
+    """The last lines of stdout and stderr (escaped: a job writes what it likes), or why they are not shown."""
+    where = f" of run {esc(tail.run_id)} on {esc(tail.host)}" if tail.run_id else ""
+    if tail.problem and tail.run_id is None:
+        return f"<p class='hint' id='log-problem'>No output yet: {esc(tail.problem)}.</p>"
+    if tail.problem:
+        return f"<p class='hint bad' id='log-problem'>Logs{where} not shown: {esc(tail.problem)}</p>"
+    blocks = []
+    for stream, text in (("stdout", tail.stdout), ("stderr", tail.stderr)):
+        shown = (f"<pre class='log' id='{stream}'>{esc(text)}</pre>" if text
+                 else f"<p class='muted' id='{stream}'>{stream} is empty</p>")
+        blocks.append(f"<h3>Last lines of {stream}{where}</h3>{shown}")
+    return "".join(blocks) + "<p class='muted'>All of it: <code>lucid logs JOB</code> (<code>--stderr</code>).</p>"
+
+
+def _state_history(events: list[Any]) -> str:
+    """The job's events, oldest first: each state change and decision with its reason."""
+    rows = [[esc(_utc(e.time)), esc(e.kind), esc(e.message)] for e in events]
+    return table(["time", "what happened", "reason"], rows, "state-history")
+
+
+def _runs_table(runs: list[dict[str, Any]]) -> str:
+    """The job's runs (profiling and main, one per host), oldest first."""
+    rows = [[esc(r["run_id"]), esc(r["kind"]), esc(r["host"]), esc(",".join(str(i) for i in r["gpus"] or [])),
+             esc(r["state"]), esc("" if r["exit_code"] is None else str(r["exit_code"])), esc(r["outcome"] or "")]
+            for r in runs]
+    return table(["run", "kind", "host", "GPUs", "state", "exit code", "outcome"], rows, "runs")
+
+
+def _training_hint(root: Path, ident: str) -> str:
+    """What the last Update Engine run found against what training needs ("" before its first run)."""
+    try:
+        from lucid_core.update import training_status
+
+        said = training_status(root / "update")
+    except Exception as exc:  # a hint failing must not take the page down
+        said = f"the Update Engine's last batch could not be read ({type(exc).__name__}: {exc})"
+    return f"<p class='hint' id='{ident}'>{esc(said[:1].upper() + said[1:])}.</p>" if said else ""
 
 
 def _shared_speed_cell(shared: Any) -> str:

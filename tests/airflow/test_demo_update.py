@@ -201,3 +201,14 @@ def test_training_status_says_how_many_finished_jobs_training_needs(tmp_path):
     assert status.startswith(f"the last Update Engine run found {batch.job_rows} of 20 finished jobs and "
                              f"{batch.slot_rows} of 12 10-minute submission slots (finetune window, 7 days)"), status
     assert status.endswith("training waits for more")
+
+
+def test_demo_airflow_listens_on_loopback_with_parallelism_sized_to_the_machine(tmp_path, monkeypatch):
+    demo = load_demo()
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: 6)
+    env = demo.demo_env(tmp_path, 18123, 2525, "marker")
+    assert env["AIRFLOW__API__HOST"] == "127.0.0.1" and env["AIRFLOW__API__PORT"] == "18123"
+    assert env["AIRFLOW__CORE__PARALLELISM"] == "6"  # not Airflow's 32 LocalExecutor workers
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].startswith("http://127.0.0.1:18123/")
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: None)
+    assert demo.demo_env(tmp_path, 1, 2, "m")["AIRFLOW__CORE__PARALLELISM"] == "2"

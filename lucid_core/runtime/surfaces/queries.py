@@ -112,13 +112,9 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
             "sharing": shared_words(spans, planned, r.state in {x.value for x in TERMINAL_STATES})}
 
 
-def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdout",
-         max_bytes: int = 65536) -> str:
-    """The tail of the job's latest run's stdout or stderr, read from its host."""
-    from lucid_core.runtime.hosts.inventory import host_address
-
-    if stream not in ("stdout", "stderr"):
-        raise ValueError("stream must be stdout or stderr")
+def latest_run(store: Store, job_id: str) -> tuple[RunRow, HostRow] | None:
+    """The job's latest launched rank-0 run and its host, whose files hold its logs (None before its first
+    launch); `UnknownJob` when there is no such job."""
     with store.session() as s:
         if s.get(JobRow, job_id) is None:
             raise UnknownJob(job_id)
@@ -126,8 +122,20 @@ def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdou
                                              RunRow.state != RunState.PLANNED)
                         .order_by(RunRow.planned_at.desc()).limit(1)).first()
         host = s.get(HostRow, run.host) if run is not None else None
-    if run is None or host is None:
+    return None if run is None or host is None else (run, host)
+
+
+def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdout",
+         max_bytes: int = 65536) -> str:
+    """The tail of the job's latest run's stdout or stderr, read from its host."""
+    from lucid_core.runtime.hosts.inventory import host_address
+
+    if stream not in ("stdout", "stderr"):
+        raise ValueError("stream must be stdout or stderr")
+    found = latest_run(store, job_id)
+    if found is None:
         return ""
+    run, host = found
     try:
         return executor.read(host_address(host), run.run_id, f"{stream}.log", max_bytes)
     finally:

@@ -1,0 +1,166 @@
+"""What the pages read from the GPU hosts, each read bounded by a deadline so a page never hangs on a host:
+the last lines of a job's stdout and stderr (as `lucid logs` reads them), and each GPU's latest utilization
+sample from the telemetry agents beside the jobs running on it.
+
+Both go through the executor's own reads (`HostExecutor.read` of a run's files); a host that does not answer
+in time, or refuses, becomes a sentence the page shows instead of the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from lucid_core.domain import RunState
+from lucid_core.runtime.hosts.telemetry import RECORD_BYTES_BOUND, parse_samples
+from lucid_core.runtime.surfaces.queries import latest_run
+
+if TYPE_CHECKING:
+    from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor
+    from lucid_core.runtime.store.schema import RunRow
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.queries import GpuMap
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+#: how long a page waits for the hosts in all (each read's own deadline is the executor's)
+READ_DEADLINE_S = 5.0
+#: lines of each log the job page shows, and the bytes of its tail read to find them
+LOG_LINES = 20
+LOG_TAIL_BYTES = 16384
+#: samples of each GPU read from a run's telemetry file: its last few lines are the newest
+SAMPLES_PER_GPU = 4
+
+
+def within(calls: Mapping[K, Callable[[], T]], deadline_s: float) -> dict[K, T | BaseException]:
+    """Run the calls in threads; each one's result or exception, a TimeoutError for those still running at
+    `deadline_s` (left to end by their own deadlines: nothing waits for them)."""
+    if not calls:
+        return {}
+    pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="lucid-host-read")
+    futures = {key: pool.submit(call) for key, call in calls.items()}
+    done, _ = wait(futures.values(), timeout=deadline_s)
+    pool.shutdown(wait=False, cancel_futures=True)
+    out: dict[K, T | BaseException] = {}
+    for key, future in futures.items():
+        if future not in done:
+            out[key] = TimeoutError(f"no answer within {deadline_s:g} s")
+        else:
+            error = future.exception()
+            out[key] = error if error is not None else future.result()
+    return out
+
+
+def read_problem(host: str, error: BaseException) -> str:
+    """Why nothing came back from `host`, in a sentence."""
+    from lucid_core.runtime.hosts.executor import HostUnreachable
+
+    if isinstance(error, TimeoutError):
+        return f"host {host} did not answer in time ({error})"
+    if isinstance(error, HostUnreachable):
+        return f"host {host} is unreachable: {error}"
+    return f"reading from host {host} failed: {type(error).__name__}: {error}"
+
+
+def last_lines(text: str, lines: int, read_bytes: int) -> str:
+    """The last `lines` lines of a file's tail; a tail cut at `read_bytes` loses its first, partial line."""
+    kept = text.splitlines()
+    if len(text.encode("utf-8", "replace")) >= read_bytes and len(kept) > 1:
+        kept = kept[1:]
+    return "\n".join(kept[-lines:]) if lines > 0 else ""
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """The last lines of a job's latest run's stdout and stderr, or why they are not shown (`problem`)."""
+
+    run_id: str | None
+    host: str | None
+    stdout: str = ""
+    stderr: str = ""
+    problem: str | None = None
+
+
+def log_tail(store: Store, executor: HostExecutor, job_id: str, *, lines: int = LOG_LINES,
+             read_bytes: int = LOG_TAIL_BYTES, deadline_s: float = READ_DEADLINE_S) -> LogTail:
+    """The last `lines` of both logs of the job's latest run, read from its host within `deadline_s`."""
+    from lucid_core.runtime.hosts.inventory import host_address
+
+    found = latest_run(store, job_id)
+    if found is None:
+        return LogTail(None, None, problem="no run of it has started")
+    run, host = found
+    address = host_address(host)
+
+    def both() -> tuple[str, str]:
+        """stdout then stderr, on the host's one connection."""
+        return (executor.read(address, run.run_id, "stdout.log", read_bytes),
+                executor.read(address, run.run_id, "stderr.log", read_bytes))
+
+    answer = within({"logs": both}, deadline_s)["logs"]
+    if isinstance(answer, BaseException):
+        return LogTail(run.run_id, host.name, problem=read_problem(host.name, answer))
+    out, err = answer
+    return LogTail(run.run_id, host.name, last_lines(out, lines, read_bytes), last_lines(err, lines, read_bytes))
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """A GPU's newest telemetry sample (device-wide figures), from the agent beside `job_id`."""
+
+    gpu_util: float
+    mem_util: float
+    mem_used_mb: float | None
+    at: float
+    emulated: bool
+    job_id: str
+
+
+@dataclass(frozen=True)
+class GpuUtilization:
+    """Each GPU's newest sample, by (host, GPU index), and per host why nothing could be read there."""
+
+    readings: dict[tuple[str, int], GpuReading]
+    problems: dict[str, str]
+
+
+def _host_samples(executor: HostExecutor, address: HostAddress, runs: list[RunRow]) -> list[tuple[RunRow, Any]]:
+    """Each run's newest samples from its telemetry file on one host (none when it has no agent)."""
+    out = []
+    for run in runs:
+        size = RECORD_BYTES_BOUND * SAMPLES_PER_GPU * max(1, len(run.gpu_indices or []))
+        out += [(run, sample) for sample in parse_samples(executor.read(address, run.run_id, "telemetry.jsonl",
+                                                                          size))]
+    return out
+
+
+def gpu_utilization(found: GpuMap, executor: HostExecutor, deadline_s: float = READ_DEADLINE_S) -> GpuUtilization:
+    """The newest sample of every GPU a running job's telemetry agent watches, all hosts read at once."""
+    from lucid_core.runtime.hosts.inventory import host_address
+
+    hosts = {h.name: h for h in found.hosts}
+    running: dict[str, list[RunRow]] = {}
+    for run in found.runs:
+        if run.state == RunState.RUNNING and run.host in hosts and run.gpu_indices:
+            running.setdefault(run.host, []).append(run)
+    answers = within({name: partial(_host_samples, executor, host_address(hosts[name]), runs)
+                      for name, runs in running.items()}, deadline_s)
+    readings: dict[tuple[str, int], GpuReading] = {}
+    problems: dict[str, str] = {}
+    for name, answer in answers.items():
+        if isinstance(answer, BaseException):
+            problems[name] = read_problem(name, answer)
+            continue
+        for run, sample in answer:
+            key = (name, int(sample.get("gpu", 0)))
+            if key[1] not in {int(i) for i in run.gpu_indices} or (key in readings and readings[key].at >= sample["t"]):
+                continue
+            used = sample.get("mem_used_mb")
+            readings[key] = GpuReading(float(sample["gpu_util"]), float(sample["mem_util"]),
+                                       None if used is None else float(used), float(sample["t"]),
+                                       bool(sample.get("emulated", False)), run.job_id)
+    return GpuUtilization(readings, problems)
