@@ -19,7 +19,7 @@ from lucid_core.cli import COMMANDS, build_parser, main, parser_for
 from lucid_core.runtime.hosts.inventory import HostSpec, add_host
 from lucid_core.runtime.store.schema import JobRow
 from lucid_core.runtime.store.store import Store
-from lucid_core.runtime.surfaces.cli.context import gpu_time_words
+from lucid_core.units import gpu_time_words
 
 REPO = Path(__file__).resolve().parents[1]
 LUCID = REPO / ".venv" / "bin" / "lucid"

@@ -34,6 +34,7 @@ from lucid_core.policy.decisions import Decision, Place
 from lucid_core.policy.placement import COMPACT, GpuPool, Placement
 from lucid_core.policy.predictors import DEFAULT_DURATION_S, DurationPredictor
 from lucid_core.policy.view import ClusterView, SortKey
+from lucid_core.units import duration_words, gpu_time_words
 
 PartnerFinder = Callable[[ClusterView, Job], "tuple[str, str] | None"]
 Reserver = Callable[[ClusterView, Job], "list[str]"]
@@ -222,27 +223,27 @@ def _ordering_rule(job: Job, now: float, guard_slowdown: float, floor_s: float,
     guarded = "starvation guard" in place_reason if place_reason is not None else (
         guard_slowdown > 0 and waited >= bound)
     if guarded:
-        return "guard", (f"starvation guard: it waited {waited / 3600:.2f} h, at least {guard_slowdown:g} x its "
-                         f"predicted {max(pred, floor_s) / 3600:.2f} h, so it goes ahead of every shorter job "
+        return "guard", (f"starvation guard: it waited {duration_words(waited)}, at least {guard_slowdown:g} x its "
+                         f"predicted {duration_words(max(pred, floor_s))}, so it goes ahead of every shorter job "
                          "and the first such job gets nodes reserved until it starts")
-    words = (f"priority: {job.gpus} GPU(s) x predicted {pred / 3600:.2f} h = {job.priority / 3600:.2f} GPU-h; "
+    words = (f"priority: {job.gpus} GPU(s) x predicted {duration_words(pred)} = {gpu_time_words(job.priority)}; "
              "jobs with less predicted GPU-time go first")
     if job.priority >= long_cap:
-        words += (f"; at or above the long class's {long_cap / 3600:.2f} GPU-h it is a long job: long jobs go in "
+        words += (f"; at or above the long class's {gpu_time_words(long_cap)} it is a long job: long jobs go in "
                   "arrival order, and the oldest waiting one may take the GPUs of younger long jobs")
     if guard_slowdown > 0 and place_reason is None:
-        words += f"; the starvation guard moves it ahead after {bound / 3600:.2f} h of waiting"
+        words += f"; the starvation guard moves it ahead after {duration_words(bound)} of waiting"
     return "priority", words
 
 
 def exclusive_reason(view: ClusterView, job: Job, key: SortKey) -> str:
     if is_overdue_key(key) and job.predicted_duration is not None:
         waited = view.now - job.submit_time
-        return (f"starvation guard: waited {waited / 3600:.2f} h, over its allowed slowdown of its predicted "
-                f"{job.predicted_duration / 3600:.2f} h, so it goes ahead of shorter jobs; compact exclusive fit")
+        return (f"starvation guard: waited {duration_words(waited)}, over its allowed slowdown of its predicted "
+                f"{duration_words(job.predicted_duration)}, so it goes ahead of shorter jobs; compact exclusive fit")
     if job.predicted_duration is not None:
-        return (f"priority {job.priority / 3600:.2f} GPU-h = {job.gpus} GPU(s) x predicted "
-                f"{job.predicted_duration / 3600:.2f} h; compact exclusive fit")
+        return (f"priority {gpu_time_words(job.priority)} = {job.gpus} GPU(s) x predicted "
+                f"{duration_words(job.predicted_duration)}; compact exclusive fit")
     return "next in order; compact exclusive fit"
 
 

@@ -31,6 +31,7 @@ from lucid_core.policy.decisions import Decision, Place, Preempt
 from lucid_core.policy.orchestrator import is_overdue_key, predicted_release
 from lucid_core.policy.placement import COMPACT, Placement
 from lucid_core.policy.view import Allocation, ClusterView, SortKey
+from lucid_core.units import duration_words
 
 #: a guard's overdue job competes as if its own GPU-time were this many checkpoint costs
 OVERDUE_AS_COSTS = 1.0
@@ -190,7 +191,7 @@ def _take_gpus(view: ClusterView, job: Job, key: SortKey, rule: YieldRule, left:
         victim.yields += 1
         requeue(victim, left_s)
         by_seniority |= left_gpu_s <= bound
-        why = (f"about {left_s / 3600:.2f} h of its run left x {victim.gpus} GPU(s) is more than {rule.margin:g} x "
+        why = (f"about {duration_words(left_s)} of its run left x {victim.gpus} GPU(s) is more than {rule.margin:g} x "
                "the waiting job's predicted GPU-time" if left_gpu_s > bound else
                "both are long jobs and that one was submitted first (long jobs run in arrival order)")
         decisions.append(Preempt(victim_id, (

@@ -422,8 +422,8 @@ def _eta_cell(store: Any, job_id: str, job: Any, now: float) -> str:
     """When the job starts and ends, as `lucid eta` estimates it (a what-if of the live policy)."""
     from lucid_core.config import load_live_config
     from lucid_core.domain import JobState
-    from lucid_core.runtime.round.prediction_words import duration_words
     from lucid_core.runtime.surfaces.eta import estimate
+    from lucid_core.units import duration_words
 
     try:
         eta = estimate(store, job_id, load_live_config(), now)
@@ -561,7 +561,8 @@ def _explanation(url: str, job_id: str) -> str:
 def explanation_text(data: dict[str, Any]) -> str:
     """Priority, its duration terms, packing class and tree path, partner and pending reason."""
     lines = []
-    from lucid_core.runtime.round.prediction_words import duration_words, explain_terms
+    from lucid_core.runtime.round.prediction_words import explain_terms
+    from lucid_core.units import duration_words
 
     priority = data.get("priority") or {}
     if priority.get("value_gpu_s") is not None:

@@ -479,9 +479,9 @@ def test_ordering_rule_names_priority_guard_or_sharing_in_words():
 
     job = Job("J", "u", "vc", 2, 0.0, predicted_duration=3600.0)
     rule, words = ordering_rule(job, now=1800.0, guard_slowdown=8, floor_s=200)
-    assert rule == "priority" and "2 GPU(s) x predicted 1.00 h = 2.00 GPU-h" in words and "after 8.00 h" in words
+    assert rule == "priority" and "2 GPU(s) x predicted 1.0 h = 2.0 GPU-h" in words and "after 8.0 h" in words
     rule, words = ordering_rule(job, now=8 * 3600.0, guard_slowdown=8, floor_s=200)
-    assert rule == "guard" and "waited 8.00 h, at least 8 x its predicted 1.00 h" in words
+    assert rule == "guard" and "waited 8.0 h, at least 8 x its predicted 1.0 h" in words
     assert ordering_rule(job, now=9e9, guard_slowdown=0, floor_s=200)[0] == "priority"  # guard off
     job.start_time = 60.0  # placed: the decision's reason says which rule it was
     assert ordering_rule(job, 9e9, 8, 200, place_reason="priority 2.00 GPU-h = ...; compact exclusive fit")[0] \

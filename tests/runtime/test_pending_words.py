@@ -46,7 +46,7 @@ def test_a_queue_that_shifts_keeps_each_jobs_words_and_moves_its_position():
 def test_readers_get_the_place_and_the_priority_back():
     words = "no compact fit for 8 GPU(s): the largest free block on one main node is 0 (0 of 8 GPUs free)"
     assert describe_pending("QUEUED", 3, words, 8, 5400.0) == (
-        f"behind 2 job(s) with a lower priority value; {words}; priority 12.000 GPU-h (8 x predicted 5400 s)")
+        f"behind 2 job(s) with a lower priority value; {words}; priority 12 GPU-h (8 x predicted 1.5 h)")
     assert describe_pending("QUEUED", 1, words, 2, None) == words  # at the head, not predicted yet
     profiling = "waiting for the profiling pool: a smaller job ahead did not fit, the scan stopped there"
     assert describe_pending("SUBMITTED", 4, profiling, 1, None) == (

@@ -7,6 +7,7 @@ from typing import Any
 from lucid_core.domain import Job, JobState, ShareClass, SharingMode
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.view import ClusterView
+from lucid_core.units import duration_words, gpu_time_words
 
 
 def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
@@ -64,8 +65,8 @@ def describe_pending(state: str, position: int | None, reason: str | None, gpus:
     parts = [f"behind {ahead} job(s) with a lower priority value"] if ahead else []
     parts.append(reason)
     if isinstance(predicted_duration, float | int) and isinstance(gpus, int):
-        parts.append(f"priority {gpus * predicted_duration / 3600:.3f} GPU-h ({gpus} x predicted "
-                     f"{predicted_duration:.0f} s)")
+        parts.append(f"priority {gpu_time_words(gpus * predicted_duration)} ({gpus} x predicted "
+                     f"{duration_words(predicted_duration)})")
     return "; ".join(parts)
 
 

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from lucid_core.policy.predictors import HistoryDurationPredictor
+from lucid_core.units import duration_words
 
 
 def duration_terms(model: Any, job: Any) -> dict[str, Any]:
@@ -39,15 +40,6 @@ def duration_terms(model: Any, job: Any) -> dict[str, Any]:
 _HISTORY_SCOPE = {"user-gpus": "of this user with this GPU count", "user": "of this user",
                   "gpus": "with this GPU count", "all": "of any user"}
 _HISTORY_SOURCE = re.compile(r"^(?P<key>\S+) history \((?P<n>\d+) jobs(?P<rest>.*)\)$")
-
-
-def duration_words(seconds: float) -> str:
-    """A duration rounded for a person: 42 s, 12.5 min, 10.8 h."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def history_source_words(source: str, seconds: float) -> str:

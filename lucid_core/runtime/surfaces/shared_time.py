@@ -12,6 +12,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from lucid_core.runtime.store.schema import RunRow
+from lucid_core.units import duration_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +118,6 @@ def shared_words(spans: Sequence[SharedSpan], planned_partner: str | None, ended
     for span in spans:
         gpus = ",".join(str(g) for g in span.gpus)
         state = " (still sharing)" if span.ongoing else ""
-        parts.append(f"{span.partner} on {span.host} GPU {gpus} for {_seconds_words(span.seconds)}{state}")
+        parts.append(f"{span.partner} on {span.host} GPU {gpus} for {duration_words(span.seconds)}{state}")
     return "shared a GPU with " + "; ".join(parts)
 
-
-def _seconds_words(seconds: float) -> str:
-    """A span's length in its natural unit."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"

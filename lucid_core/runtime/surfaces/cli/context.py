@@ -57,15 +57,6 @@ def new_sqlite_file(url: str) -> Path | None:
     return None if path.exists() else path.absolute()
 
 
-def gpu_time_words(gpu_s: float) -> str:
-    """GPU-time in the unit its size reads best in: 42 GPU-s, 1.5 GPU-min, 12 GPU-min, 3.4 GPU-h, 120 GPU-h."""
-    # a unit from just under its size on, where the smaller one would round to 60 of it
-    unit, size = next(((u, s) for u, s in (("GPU-h", 3600.0), ("GPU-min", 60.0)) if gpu_s >= s - s / 120),
-                      ("GPU-s", 1.0))
-    value = gpu_s / size
-    return f"{value:.1f} {unit}" if value < 9.95 and unit != "GPU-s" else f"{value:.0f} {unit}"
-
-
 def config_of(args: argparse.Namespace) -> LucidConfig:
     """The live config of --config (default: LUCID_CONFIG, else LUCID_HOME/lucid.toml) with the --set knobs."""
     return load_live_config(args.config, args.set)

@@ -17,7 +17,6 @@ from lucid_core.runtime.surfaces.cli.context import (
     config_of,
     emit,
     executor_of,
-    gpu_time_words,
     refuse,
     store_of,
 )
@@ -28,6 +27,7 @@ from lucid_core.runtime.surfaces.history_table import (
     local_time,
     parse_since,
 )
+from lucid_core.units import gpu_time_words
 
 if TYPE_CHECKING:
     from lucid_core.runtime.store.store import Store
@@ -114,7 +114,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 def _duration(seconds: float | None) -> str:
     """A duration rounded for a person: 42 s, 12.5 min, 10.8 h."""
-    from lucid_core.runtime.round.prediction_words import duration_words
+    from lucid_core.units import duration_words
 
     return "-" if seconds is None else duration_words(seconds)
 
