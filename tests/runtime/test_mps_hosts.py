@@ -142,12 +142,22 @@ def test_the_fault_log_is_read_defensively():
         "RUN b 0 99999",  # after LOGS: the log's text, never the header
     ]
     read = parse_fault_read(header + "\n".join(lines))
-    fault = read.fault_during(("a", "b"))
+    fault = read.fault_ending("b", ("a", "b"))
     assert fault is not None and fault.at == pytest.approx(1005.5) and "Client 77" in fault.line
     assert [f.line for f in read.faults] == lines[1::-1]
     assert read.runs["b"] == (1002.0, 1012.0)
-    assert read.fault_during(("a", "unknown")) is None  # a run whose start is not known: nothing is said
-    assert parse_fault_read("RUN a - -\nLOGS\n" + lines[0]).fault_during(("a",)) is None  # no NOW: no clock
+    assert read.fault_ending("b", ("a", "unknown")) is None  # a run whose start is not known: nothing is said
+    assert parse_fault_read("RUN a - -\nLOGS\n" + lines[0]).fault_ending("a", ("a",)) is None  # no NOW: no clock
+
+
+def test_a_run_that_failed_long_after_the_fault_or_a_fault_after_its_partner_ended_is_not_its_partners():
+    header = "RUN a 1000 1007\nRUN b 1002 {b_end}\nNOW 2000 1970-01-01 00:33:20\nLOGS\n"
+    fault = "[1970-01-01 00:16:45.000 Server 1] Client 7 hit a fatal GPU exception\n"  # 1005
+    assert parse_fault_read(header.format(b_end=1020) + fault).fault_ending("b", ("a", "b")) is not None
+    late = parse_fault_read(header.format(b_end=4600) + fault)  # b ran on an hour and failed of itself
+    assert late.fault_ending("b", ("a", "b")) is None
+    after = "[1970-01-01 00:16:55.000 Server 1] Client 7 hit a fatal GPU exception\n"  # 1015: a had ended
+    assert parse_fault_read(header.format(b_end=1020) + after).fault_ending("b", ("a", "b")) is None
 
 
 # ------------------------------------------------------------------------------ live rounds
@@ -246,7 +256,8 @@ def test_runs_on_a_time_sliced_host_get_no_mps_environment(live, tmp_path, stand
     assert not stand_in.exists() and not (tmp_path / "hosts" / "m0" / ".mps").exists()
 
 
-def test_a_job_its_partners_mps_fault_ended_is_requeued_and_completes(live, tmp_path, stand_in):
+def test_both_runs_an_mps_fault_ended_retry_alone_where_the_culprit_fails_and_its_partner_completes(
+        live, tmp_path, stand_in):
     _cluster(live, tmp_path / "hosts")
     culprit_gate, victim_gate, tried = tmp_path / "culprit-gate", tmp_path / "victim-gate", tmp_path / "tried"
     profiling = 'if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then sleep 30; exit 0; fi'  # the profiling run waits
@@ -258,18 +269,44 @@ def test_a_job_its_partners_mps_fault_ended_is_requeued_and_completes(live, tmp_
     v = submit(live, JobRequest(victim, 1, "dana", "vc-a", name="light-v"))
     _until(live, lambda j: j[c].state == j[v].state == "RUNNING")
     assert {r.partner for r in _main_runs(live, c) + _main_runs(live, v)} == {c, v}
-    culprit_gate.touch()  # the culprit faults the server and ends first: it fails as usual
-    _until(live, lambda j: j[c].state == "FAILED")
-    assert jobs_by_id(live)[v].state == "RUNNING"
-    victim_gate.touch()  # then its partner ends non-zero: the fault was the culprit's, the partner goes back
-    jobs = _until(live, lambda j: j[v].state == "COMPLETED")
-    assert jobs[c].state == "FAILED"
-    first, second = _main_runs(live, v)
-    assert first.exit_code == 1 and "its partner" in first.outcome and "MPS server fault" in first.outcome
-    assert second.exit_code == 0
+    culprit_gate.touch()  # the culprit faults the server and ends: MPS does not say it was the culprit
+    _until(live, lambda j: j[c].state == "QUEUED" and j[c].no_share)
+    victim_gate.touch()  # its partner dies of the same fault a moment later: it goes back too
+    jobs = _until(live, lambda j: j[v].state == "COMPLETED" and j[c].state == "FAILED")
+    assert jobs[v].no_share and jobs[c].no_share  # the retries ran alone: neither may share again
+    for job in (c, v):
+        first, second = _main_runs(live, job)
+        assert first.exit_code == 1 and "MPS server fault" in first.outcome and "retries alone" in first.outcome
+        assert second.partner is None
+        with live.session() as s:
+            [event] = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job,
+                                                          JobEventRow.kind == FAULT_REQUEUE_EVENT))
+        assert "fatal GPU exception" in event.message
+    assert _main_runs(live, c)[1].exit_code == 1 and _main_runs(live, v)[1].exit_code == 0  # alone: it fails
+
+
+def test_a_partner_that_fails_long_after_a_fault_fails_as_usual(live, tmp_path, stand_in, monkeypatch):
+    from lucid_core.runtime.hosts import mps
+
+    monkeypatch.setattr(mps, "FAULT_END_WINDOW_S", 0.0)  # "long after": at once, to keep the test short
+    _cluster(live, tmp_path / "hosts")
+    culprit_gate, victim_gate = tmp_path / "culprit-gate", tmp_path / "victim-gate"
+    profiling = 'if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then sleep 30; exit 0; fi'
+    culprit = (f"{profiling}; until [ -e {culprit_gate} ]; do sleep 0.05; done; "
+               "echo \"fault $$\" | nvidia-cuda-mps-control; exit 1")
+    other = f"{profiling}; until [ -e {victim_gate} ]; do sleep 0.05; done; exit 2"
+    c = submit(live, JobRequest(culprit, 1, "dana", "vc-a", name="light-c"))
+    o = submit(live, JobRequest(other, 1, "dana", "vc-a", name="light-o"))
+    _until(live, lambda j: j[c].state == j[o].state == "RUNNING")
+    culprit_gate.touch()
+    _until(live, lambda j: j[c].state in ("QUEUED", "FAILED"))
+    time.sleep(2 * mps.CLOCK_SLACK_S + 1)  # past the window (and the clock's slack)
+    victim_gate.touch()
+    jobs = _until(live, lambda j: j[o].state == "FAILED")
+    assert jobs[o].exit_code == 2 and not jobs[o].no_share
     with live.session() as s:
-        [event] = s.scalars(select(JobEventRow).where(JobEventRow.job_id == v, JobEventRow.kind == FAULT_REQUEUE_EVENT))
-    assert c in event.message and "fatal GPU exception" in event.message
+        assert not s.scalars(select(JobEventRow).where(JobEventRow.job_id == o,
+                                                       JobEventRow.kind == FAULT_REQUEUE_EVENT)).all()
 
 
 def test_hosts_check_names_a_missing_mps_control_on_an_mps_host(tmp_path, monkeypatch):
@@ -321,7 +358,7 @@ def test_hosts_check_shows_the_gpu_model_mig_and_running_daemons(tmp_path, stand
     store.dispose()
 
 
-def test_on_a_submitter_host_a_users_daemons_live_in_their_home(tmp_path, stand_in):
+def test_on_a_submitter_host_a_users_daemons_live_on_the_hosts_disk_in_a_directory_of_their_own(tmp_path, stand_in):
     home = tmp_path / "home-of-dana"
     home.mkdir()
     command = mps_client_command('echo "$CUDA_MPS_PIPE_DIRECTORY"', "/srv/lucid-runs-of-the-account", [0], "r1",
@@ -329,5 +366,34 @@ def test_on_a_submitter_host_a_users_daemons_live_in_their_home(tmp_path, stand_
     done = subprocess.run(["sh", "-c", command], env={**os.environ, "HOME": str(home)}, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(home / ".lucid-mps" / "gpus-0" / "pipe")
-    assert oct((home / ".lucid-mps").stat().st_mode & 0o777) == "0o700"
+    root = Path(f"/tmp/lucid-mps-{os.getuid()}")
+    assert done.stdout.strip() == str(root / "gpus-0" / "pipe")
+    assert oct(root.stat().st_mode & 0o777) == "0o700" and root.stat().st_uid == os.getuid()
+
+
+@pytest.mark.parametrize("reader_tz", [None, "America/New_York", "Asia/Kolkata"])
+def test_fault_times_are_read_on_the_daemons_clock_whatever_the_readers_tz(tmp_path, reader_tz):
+    """The daemon runs with a clean environment (no TZ), so its log is in the host's zone; the reader's shell may
+    carry another TZ (an SSH session's, a container's): the fault must be placed right either way."""
+    from lucid_core.runtime.hosts.mps import fault_read_script
+
+    workdir = tmp_path / "w"
+    log = workdir / ".mps" / "gpus-0" / "log"
+    log.mkdir(parents=True)
+    for run in ("ra", "rb"):
+        (workdir / run).mkdir()
+        (workdir / run / "pid").write_text("1\n")
+    old = time.time() - 20
+    for run in ("ra", "rb"):
+        os.utime(workdir / run / "pid", (old, old))
+    stamp = subprocess.run(["env", "-i", "date", "+%Y-%m-%d %H:%M:%S"], capture_output=True, text=True,
+                           check=True).stdout.strip()  # as the daemon writes it
+    (log / "server.log").write_text(f"[{stamp}.000 Server 4242] Client 77 hit a fatal GPU exception\n")
+    for run in ("ra", "rb"):
+        (workdir / run / "exit_code").write_text("1\n")
+    env = {k: v for k, v in os.environ.items() if k != "TZ"} | ({"TZ": reader_tz} if reader_tz else {})
+    out = subprocess.run(["sh", "-c", fault_read_script(str(workdir), [0], ["ra", "rb"])], env=env,
+                         capture_output=True, text=True, timeout=30).stdout
+    read = parse_fault_read(out)
+    assert [abs(f.at - time.time()) < 10 for f in read.faults] == [True], (out, read)
+    assert read.fault_ending("rb", ("ra", "rb")) is not None

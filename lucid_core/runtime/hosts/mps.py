@@ -11,10 +11,11 @@ device memory limit, and at its end (a stop's TERM included) quits the daemon if
 Whom the daemon runs as: the account that runs the job, because MPS servers are per UNIX user (a client
 of another user waits until the running server has exited) and only root may start a server for another
 user. On an account host that is the SSH account for every job, and the root is `<workdir>/.mps`. On a
-host that runs jobs as their submitters each user's runs start their own daemons, in `~/.lucid-mps` of
-that user's home (the host's work directory is the SSH account's, private to it): the binder pairs one
-user's jobs only there, so a pair always meets in one daemon, and a user's daemons are tidied by that
-user's next launch on the host.
+host that runs jobs as their submitters each user's runs start their own daemons, in `/tmp/lucid-mps-<uid>`
+on the host's own disk (the host's work directory is the SSH account's, private to it; a home directory is
+often one NFS export that every host shares, where one host would take another's clients for dead), made
+by and private to that user and refused when it is not: the binder pairs one user's jobs only there, so a
+pair always meets in one daemon, and a user's daemons are tidied by that user's next launch on the host.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from lucid_core.runtime.hosts.inputs import check_os_user, check_run_id, quote_p
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 START_FAILED = 97  # the run's exit status when its GPU set's daemon could not be started (its stderr says why)
-SUBMITTER_ROOT = ".lucid-mps"  # in the job user's home on hosts that run jobs as their submitters
+# on hosts that run jobs as their submitters, each user's daemons: on the host's own disk (a home directory is
+# often one NFS export shared by every host, whose clients one host cannot see), owned by and private to the user
+SUBMITTER_ROOT = '/tmp/lucid-mps-"$(id -u)"'
+FAULT_END_WINDOW_S = 30.0  # a run that failed more than this after an MPS fault failed of something else
 LOG_READ_BYTES = 64 * 1024  # of each daemon log, from its end: the logs are the host's, and long-lived
 LOG_LINE_CHARS = 512  # a longer line is no line the MPS daemon wrote: skipped
 CLOCK_SLACK_S = 2.0  # run start and end come from file times in whole seconds
@@ -48,9 +52,9 @@ def gpu_set_name(gpu_indices: Sequence[int]) -> str:
 
 
 def mps_root(workdir: str, as_submitter: bool = False) -> str:
-    """Where a run's daemons live, as shell text: `<workdir>/.mps`, or `~/.lucid-mps` of the job's user."""
+    """Where a run's daemons live, as shell text: `<workdir>/.mps`, or `/tmp/lucid-mps-<uid>` of the job's user."""
     if as_submitter:
-        return f'"$HOME"/{SUBMITTER_ROOT}'
+        return SUBMITTER_ROOT
     return quote_path(workdir.rstrip("/") + "/.mps" if workdir not in ("", "/") else "/.mps")
 
 
@@ -98,7 +102,10 @@ _lm_tidy() {
       [ -f "$_lm_c" ] || continue
       if _lm_alive "$_lm_c"; then _lm_n=$((_lm_n+1)); else rm -f "$_lm_c"; fi
     done
-    if [ "$_lm_n" = 0 ] && [ "$_lm_e" != "$1" ] && [ -e "$_lm_e/pipe/control" ]; then _lm_ctl "$_lm_e" quit; fi
+    # a daemon that does not answer its quit is left without its pipe, so later launches do not wait on it again
+    if [ "$_lm_n" = 0 ] && [ "$_lm_e" != "$1" ] && [ -e "$_lm_e/pipe/control" ]; then
+      _lm_ctl "$_lm_e" quit || rm -f "$_lm_e/pipe/control" "$_lm_e/pipe/nvidia-cuda-mps-control.pid"
+    fi
   done
 }
 _lm_devices() {
@@ -144,6 +151,9 @@ def mps_client_command(command: str, workdir: str, gpu_indices: Sequence[int], r
         'mkdir -p "$_lm_dir/pipe" "$_lm_dir/log" "$_lm_dir/clients" && '
         'chmod 700 "$_lm_root" "$_lm_dir" "$_lm_dir/pipe" "$_lm_dir/log" "$_lm_dir/clients" '
         '|| _lm_fail "cannot create $_lm_dir"',
+        # in a shared /tmp another user may have made the directory first (or a link to theirs): never use it
+        '[ ! -L "$_lm_root" ] && [ -O "$_lm_root" ] && [ ! -L "$_lm_dir" ] && [ -O "$_lm_dir" ] '
+        '|| _lm_fail "$_lm_root is not this user\'s own directory"',
         '_lm_me=$(cat /proc/$$/stat 2>/dev/null) && _lm_me=${_lm_me##*) } || _lm_fail "no /proc/$$/stat"',
         "set -- $_lm_me",
         "_lm_me=${20:-}",
@@ -171,13 +181,14 @@ def fault_read_script(workdir: str, gpu_indices: Sequence[int], run_ids: Sequenc
                       user: str | None = None, max_bytes: int = LOG_READ_BYTES) -> str:
     """Print `RUN id start end` for each run (its pid and exit-code file times, host clock, `-` unknown),
     `NOW epoch local-date local-time`, `LOGS`, then the last `max_bytes` of its GPU set's control.log and
-    server.log. `user`: the daemons are that user's (`~/.lucid-mps`), read through sudo."""
+    server.log. `user`: the daemons are that user's (`/tmp/lucid-mps-<uid>`), read through sudo."""
     lines = [f"W={quote_path(workdir)}"]
     for run_id in run_ids:
         r = shlex.quote(check_run_id(run_id))
         lines.append(f'echo "RUN "{r}" $(stat -c %Y "$W"/{r}/pid 2>/dev/null || echo -) '
                      f'$(stat -c %Y "$W"/{r}/exit_code 2>/dev/null || echo -)"')
-    lines += ["echo \"NOW $(date '+%s %Y-%m-%d %H:%M:%S')\"", "echo LOGS"]
+    # the host's local time as the daemons write it: they run with a clean environment (no TZ), so must the clock
+    lines += ["echo \"NOW $(env -i date '+%s %Y-%m-%d %H:%M:%S')\"", "echo LOGS"]
     # regular files only (a FIFO would hang the read), and bounded in time as in size
     read = (f"for f in control.log server.log; do p=\"$M/log/$f\"; "
             f"[ -f \"$p\" ] && timeout 10 tail -c {int(max_bytes)} -- \"$p\"; echo; done")
@@ -207,18 +218,20 @@ class FaultRead:
     now: float | None
     faults: tuple[MpsFault, ...]
 
-    def fault_during(self, run_ids: Sequence[str]) -> MpsFault | None:
-        """The first fault logged while all of `run_ids` ran (from the last start to the first end, or now);
-        None when there is none, or when a run's start is not known (nothing can be said then)."""
+    def fault_ending(self, run_id: str, run_ids: Sequence[str], window_s: float | None = None) -> MpsFault | None:
+        """The fault that ended `run_id`: logged while all of `run_ids` ran (from the last start to the first
+        end), at most `window_s` before `run_id`'s own end (a run that failed long after a fault failed of
+        something else). None when there is none, or when a start or `run_id`'s end is not known."""
         spans = [self.runs.get(r, (None, None)) for r in run_ids]
+        end = self.runs.get(run_id, (None, None))[1]
         starts = [s for s, _ in spans if s is not None]
-        if len(starts) != len(spans) or not spans:
+        if end is None or not spans or len(starts) != len(spans):
             return None
-        ends = [e for _, e in spans if e is not None] or ([self.now] if self.now is not None else [])
-        if not ends:
-            return None
-        begin, end = max(starts) - CLOCK_SLACK_S, min(ends) + CLOCK_SLACK_S
-        return next((f for f in self.faults if begin <= f.at <= end), None)
+        begin = max(starts) - CLOCK_SLACK_S
+        upper = min(e for _, e in spans if e is not None) + CLOCK_SLACK_S
+        window_s = FAULT_END_WINDOW_S if window_s is None else window_s
+        return next((f for f in reversed(self.faults)
+                     if begin <= f.at <= upper and end - f.at <= window_s + CLOCK_SLACK_S), None)
 
 
 def _number(word: str) -> float | None:

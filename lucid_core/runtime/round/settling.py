@@ -60,7 +60,6 @@ class SettlingSteps(MpsFaultChecks):
             seen.extend((run, statuses[run.run_id]) for run in by_host.get(name, []) if run.run_id in statuses)
         swept = self._sweep_leftovers([run for run, status in seen
                                        if status.state == "EXITED" and run.stop_reason is None])
-        self._exited_now = {run.run_id: status for run, status in seen if status.state == "EXITED"}
         for run, status in seen:
             self._judge(run, status, now, swept.get((run.run_id, run.host)))
         self._cancel_requested()
