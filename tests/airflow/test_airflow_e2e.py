@@ -146,6 +146,13 @@ def _seed_queue(url: str) -> None:
 
     decided = profile_bind_and_place(url, {"acquired": True})  # order, priorities and pending reasons
     assert decided["decisions"], decided
+    from lucid_core.runtime.store.lease import release
+
+    store = Store(url)
+    # as carry_out would (the holder round_steps names outside a task): later inventory changes must not wait
+    # out the lease's TTL
+    release(store, f"airflow:{os.getpid()}")
+    store.dispose()
 
 
 def _wait_for_dag(base: str, headers: dict, dag_id: str, timeout: float = 240) -> None:

@@ -80,6 +80,9 @@ def test_status_and_explain_say_the_partner_never_ran_beside_it(recorded, capsys
     assert main(["status", b, "--store", url]) == 0
     out = capsys.readouterr().out
     assert "never ran on one GPU" in out and "shared a GPU with" not in out
+    assert main(["explain", b, "--store", url, "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"placed beside {a}\n" in out and "None" not in out
     assert main(["explain", b, "--store", url, "--config", str(config), "--json"]) == 0
     explained = json.loads(capsys.readouterr().out)
     assert explained["shared_spans"] == [] and "never ran" in explained["shared_time"]

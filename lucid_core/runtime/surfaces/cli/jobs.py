@@ -247,10 +247,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         lines.append(f"on {kind['sharing']} ({hosts}): {says}")
     if data["partner"]:
         partner = data["partner"]
-        if partner["sharing_now"]:
-            lines.append(f"shares with {partner['job_id']}: {partner['why']}")
-        else:
-            lines.append(f"placed beside {partner['job_id']}: {partner['why']}")
+        why = f": {partner['why']}" if partner["why"] else ""
+        lines.append(f"{'shares with' if partner['sharing_now'] else 'placed beside'} {partner['job_id']}{why}")
     if data["shared_time"]:
         lines.append(data["shared_time"])
     if data["shared"]:
