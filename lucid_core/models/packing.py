@@ -12,12 +12,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_predict, cross_val_score
-from sklearn.tree import DecisionTreeClassifier
+
+if TYPE_CHECKING:  # scikit-learn is imported where a tree is fitted: a saved tree is read and applied without it
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold
+    from sklearn.tree import DecisionTreeClassifier
 
 from lucid_core.domain import SHARING_MECHANISMS, Profile, ShareClass, SharingKey
 
@@ -147,9 +149,14 @@ class PackingTree:
         return min(self.cv_folds, len(y), rarest)
 
     def _cv(self, y: np.ndarray | None = None) -> StratifiedKFold:
+        from sklearn.model_selection import StratifiedKFold
+
         return StratifiedKFold(self._folds(y), shuffle=True, random_state=self.random_state)
 
     def _search(self, X: pd.DataFrame, y: np.ndarray) -> GridSearchCV:
+        from sklearn.model_selection import GridSearchCV
+        from sklearn.tree import DecisionTreeClassifier
+
         path = DecisionTreeClassifier(random_state=self.random_state).cost_complexity_pruning_path(X, y)
         alphas = np.unique(np.clip(path.ccp_alphas, 0.0, None))
         search = GridSearchCV(DecisionTreeClassifier(random_state=self.random_state), {"ccp_alpha": alphas},
@@ -157,6 +164,8 @@ class PackingTree:
         return search.fit(X, y)
 
     def fit(self, X: pd.DataFrame, y: Sequence[int]) -> PackingTree:
+        from sklearn.tree import DecisionTreeClassifier
+
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
         y = np.asarray(y, dtype=int)
         self.cross_validated_ = self._folds(y) >= 2
@@ -181,6 +190,9 @@ class PackingTree:
 
     def nested_cv_accuracy(self, X: pd.DataFrame, y: Sequence[int]) -> float:
         """Accuracy with alpha re-chosen inside every outer fold: an unbiased estimate."""
+        from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_score
+        from sklearn.tree import DecisionTreeClassifier
+
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
         y = np.asarray(y, dtype=int)
         if self._folds(y) < 3:  # the inner search needs two folds of each outer training part
@@ -194,6 +206,9 @@ class PackingTree:
 
     def out_of_fold_labels(self, X: pd.DataFrame, y: Sequence[int]) -> np.ndarray:
         """Each configuration labelled by a tree that never saw it (chosen alpha, same folds)."""
+        from sklearn.model_selection import cross_val_predict
+        from sklearn.tree import DecisionTreeClassifier
+
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
         est = DecisionTreeClassifier(ccp_alpha=self.ccp_alpha_, random_state=self.random_state)
         y = np.asarray(y, dtype=int)

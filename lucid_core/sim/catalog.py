@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,7 +212,13 @@ class WorkloadCatalog:
         if self._packing_tree is None:
             from lucid_core.models.packing import PackingTree
 
-            self._packing_tree = PackingTree().fit_catalog(self.packing_catalog())
+            catalog = self.packing_catalog()
+            path = packing_tree_cache_path(catalog)
+            tree = _cached_tree(path)
+            if tree is None:
+                tree = PackingTree().fit_catalog(catalog)
+                _save_tree(tree, path)
+            self._packing_tree = tree
         return self._packing_tree
 
     def packing_catalog(self) -> PackingCatalog:
@@ -385,3 +392,37 @@ def _read_colocate(path: Path, index: dict[str, int]) -> tuple[np.ndarray, np.nd
             sums[j, i] += s2
             counts[j, i] += 1
     return sums, counts
+
+
+def packing_tree_cache_path(catalog: PackingCatalog) -> Path:
+    """Where the tree fitted on `catalog` is kept between runs: keyed by the catalog's profiles and pairs and
+    by the trainer's source, so a changed catalog or trainer fits anew (a fit is deterministic: the kept tree
+    is the one a fit would give). Under $XDG_CACHE_HOME (default ~/.cache)/lucid/packing-trees."""
+    import lucid_core.models.packing as trainer
+
+    digest = hashlib.sha256(Path(trainer.__file__).read_bytes())
+    digest.update(catalog.profiles.to_csv(index=False).encode())
+    digest.update(catalog.pairs.to_csv(index=False).encode())
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "lucid" / "packing-trees" / f"{digest.hexdigest()[:32]}.json"
+
+
+def _cached_tree(path: Path) -> PackingTree | None:
+    """The tree kept at `path`; None when there is none or it cannot be read (it is fitted again then)."""
+    from lucid_core.models.packing import PackingTree
+
+    try:
+        return PackingTree.load_json(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _save_tree(tree: PackingTree, path: Path) -> None:
+    """Keep a fitted tree for the next run (atomically: parallel runs may fit the same one); best effort."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        tree.save_json(partial)
+        os.replace(partial, path)
+    except OSError:
+        pass

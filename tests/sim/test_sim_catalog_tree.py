@@ -124,3 +124,26 @@ def test_catalog_for_items_name_their_key_or_take_it_from_the_catalog(tmp_path):
     assert list(named.by_key) == [SharingKey("NVIDIA H200", "mps")]
     with pytest.raises(ValueError, match="declare --sharing"):  # the kit's older record names no mechanism
         fleet_catalogs([str(folder)], None)
+
+
+def test_the_fitted_tree_is_kept_between_runs_and_read_back_identical(tmp_path, monkeypatch):
+    """A second catalog of the same data reads the tree the first one fitted (no refit, same labels); a
+    changed catalog fits anew."""
+    from lucid_core.domain import Profile
+    from lucid_core.models import packing
+    from lucid_core.sim.catalog import WorkloadCatalog, packing_tree_cache_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = WorkloadCatalog.synthetic()
+    fitted = first.packing_tree()
+    path = packing_tree_cache_path(first.packing_catalog())
+    assert path.is_file() and path.is_relative_to(tmp_path / "cache" / "lucid" / "packing-trees")
+    calls = []
+    monkeypatch.setattr(packing.PackingTree, "fit_catalog", lambda self, c: calls.append(c) or fitted)
+    again = WorkloadCatalog.synthetic().packing_tree()
+    assert calls == [] and again.nodes_ == fitted.nodes_ and again.ccp_alpha_ == fitted.ccp_alpha_
+    profiles = [Profile(w.gpu_util, w.mem_util, w.gpu_mem_mb, w.amp) for w in first.workloads]
+    assert again.classify(profiles) == fitted.classify(profiles)
+    path.write_text("{not json")  # a damaged file is fitted again, never believed
+    WorkloadCatalog.synthetic().packing_tree()
+    assert len(calls) == 1
