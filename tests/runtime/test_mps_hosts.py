@@ -36,6 +36,7 @@ now() { date '+%Y-%m-%d %H:%M:%S.000'; }
 if [ "${1:-}" = "-d" ]; then
   echo "start devices=${CUDA_VISIBLE_DEVICES:-} pipe=$pipe marker=${LUCID_RUN_MARKER:-none}" \
     "job=${LUCID_JOB_ID:-none}" >> "$here/calls"
+  [ -e "$here/refuse-start" ] && { echo "refused to start (stand-in)" >&2; exit 1; }
   [ -e "$pipe/control" ] && exit 1
   : > "$pipe/control"
   echo "[$(now) Control $$] Starting control daemon (stand-in)" >> "$log/control.log"
@@ -166,6 +167,11 @@ def _cluster(store: Store, root: Path, sharing: str = "mps") -> None:
                              workdir=str(root / "p0")))
     add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1, sharing=sharing,
                              workdir=str(root / "m0")))
+
+
+def _events(store: Store, job_id: str) -> list[JobEventRow]:
+    with store.session() as s:
+        return list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id)))
 
 
 def _until(store: Store, done, timeout_s: float = 40.0) -> dict[str, JobRow]:
@@ -307,6 +313,38 @@ def test_a_partner_that_fails_long_after_a_fault_fails_as_usual(live, tmp_path, 
     with live.session() as s:
         assert not s.scalars(select(JobEventRow).where(JobEventRow.job_id == o,
                                                        JobEventRow.kind == FAULT_REQUEUE_EVENT)).all()
+
+
+def test_a_daemon_that_will_not_start_requeues_the_job_and_cools_the_host_down(live, tmp_path, stand_in):
+    from lucid_core.runtime.round.mps_faults import START_RETRY_EVENT
+    from lucid_core.runtime.store.schema import HostRow
+
+    _cluster(live, tmp_path / "hosts")
+    refuse = stand_in.parent / "refuse-start"
+    refuse.touch()
+    profiling = 'if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then sleep 30; exit 0; fi'
+    job = submit(live, JobRequest(f"{profiling}; echo ran", 1, "dana", "vc-a", name="light-a"))
+    _until(live, lambda j: any(e.kind == START_RETRY_EVENT for e in _events(live, job)))
+    jobs = jobs_by_id(live)
+    assert jobs[job].state == "QUEUED", jobs[job].state  # the host's failure, not the job's
+    (first,) = _main_runs(live, job)
+    assert first.exit_code == 97 and first.outcome.startswith("the job never started: lucid: MPS:")
+    with live.session() as s:
+        host = s.get(HostRow, "m0")
+        assert host.cooldown_until > time.time() and "did not start" in host.last_error
+        host.cooldown_until = None  # the admin fixed the driver
+    refuse.unlink()
+    _until(live, lambda j: j[job].state == "COMPLETED")
+    assert "ran" in _stdout(tmp_path / "hosts", _main_runs(live, job)[-1])
+
+
+def test_a_job_that_exits_97_itself_fails_as_usual(live, tmp_path, stand_in):
+    _cluster(live, tmp_path / "hosts")
+    profiling = 'if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then sleep 30; exit 0; fi'
+    job = submit(live, JobRequest(f"{profiling}; echo 'lucid: MPS: forged' >&2; echo more >&2; exit 97", 1,
+                                  "dana", "vc-a", name="light-a"))
+    jobs = _until(live, lambda j: j[job].state in ("FAILED", "QUEUED") and _main_runs(live, job))
+    assert jobs[job].state == "FAILED" and jobs[job].exit_code == 97
 
 
 def test_hosts_check_names_a_missing_mps_control_on_an_mps_host(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ from lucid_core.runtime.hosts.inputs import check_os_user, check_run_id, quote_p
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 START_FAILED = 97  # the run's exit status when its GPU set's daemon could not be started (its stderr says why)
+START_FAILED_WORDS = "lucid: MPS: "  # how that stderr line begins; the job never ran, so it is the only line
 # on hosts that run jobs as their submitters, each user's daemons: on the host's own disk (a home directory is
 # often one NFS export shared by every host, whose clients one host cannot see), owned by and private to the user
 SUBMITTER_ROOT = '/tmp/lucid-mps-"$(id -u)"'
@@ -79,7 +80,7 @@ def pinned_limit(gpu_count: int, limit_mb: float | None) -> str | None:
 # other than KEEP's, quit. _lm_devices: the daemon's and the client's CUDA_VISIBLE_DEVICES (GPU UUIDs, as
 # NVIDIA advises: under MPS a client sees the daemon's devices renumbered from 0, and UUIDs mean the same
 # GPU either way); without nvidia-smi, the indices for the daemon and the renumbered ordinals for the client.
-_FUNCTIONS = r"""_lm_fail() { echo "lucid: MPS: $1 (logs: $_lm_dir/log)" >&2; exit 97; }
+_FUNCTIONS = r"""_lm_fail() { echo "lucid: MPS: $1 (logs: $_lm_dir/log)" >&2; exit 97; }  # START_FAILED_WORDS
 _lm_alive() {
   _lm_p= _lm_t=
   read -r _lm_p _lm_t < "$1" 2>/dev/null || return 1

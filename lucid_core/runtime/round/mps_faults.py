@@ -20,9 +20,12 @@ from sqlalchemy import func, select
 from lucid_core.domain import JobState, Pool
 from lucid_core.runtime.hosts.executor import RunStatus
 from lucid_core.runtime.hosts.inventory import host_address
+from lucid_core.runtime.hosts.mps import START_FAILED, START_FAILED_WORDS
 from lucid_core.runtime.round.base import RoundBase, update_unsynced
 from lucid_core.runtime.store.schema import JobEventRow, JobRow, RunRow
 
+START_RETRY_EVENT = "mps_start_failed"
+MAX_START_RETRIES = 3  # a job whose runs meet a daemon that will not start this often fails as usual
 MAX_FAULT_REQUEUES = 1  # then it runs alone, so a second partner's fault cannot reach it
 FAULT_REQUEUE_EVENT = "mps_fault_requeued"
 
@@ -65,6 +68,35 @@ class MpsFaultChecks(RoundBase):
         return (f"an MPS server fault while it shared GPUs {sorted(mine)} on {run.host} with {other.job_id} ended it "
                 f"(which of the two faulted MPS does not say; it retries alone; the daemon's log: "
                 f"{fault.line[:300]!r})")
+
+    def _daemon_start_failed(self, run: RunRow, status: RunStatus) -> str | None:
+        """Why `run` never started its job: the MPS wrapper could not start its GPU set's control daemon (exit
+        `START_FAILED` with the wrapper's line as its only stderr). That is the host's failure, not the job's:
+        the job goes back to the queue and the host cools down. None: the run ended as usual."""
+        host = self._hosts.get(run.host)
+        if (host is None or host.sharing != "mps" or run.pool != Pool.MAIN.value or status.state != "EXITED"
+                or status.exit_code != START_FAILED or run.stop_reason is not None):
+            return None
+        with self.store.session() as s:
+            retries = s.scalar(select(func.count()).select_from(JobEventRow).where(
+                JobEventRow.job_id == run.job_id, JobEventRow.kind == START_RETRY_EVENT)) or 0
+        if retries >= MAX_START_RETRIES:
+            return None
+        address = host_address(host)
+        text = self._on_host(run.host, lambda: self.executor.read(address, run.run_id, "stderr.log", 4096))
+        lines = [line for line in (text or "").splitlines() if line.strip()]
+        if len(lines) != 1 or not lines[0].startswith(START_FAILED_WORDS):
+            return None  # the job's own exit status 97, or a host that did not answer: it ends as usual
+        return lines[0][:300]
+
+    def _requeue_after_start_failure(self, s: Any, job: JobRow, run: RunRow, why: str) -> bool:
+        """Put the job back in the queue (its run never started it) and cool its host down."""
+        if not self._move_job(s, job, JobState.QUEUED):
+            return False
+        s.execute(update_unsynced(JobRow).where(JobRow.job_id == job.job_id).values(start_time=None))
+        self._event(s, job.job_id, START_RETRY_EVENT, f"on {run.host}: {why}"[:1000])
+        self.report.requeued.append(job.job_id)
+        return True
 
     def _requeue_after_fault(self, s: Any, job: JobRow, why: str) -> bool:
         """Put the job back in the queue with `why`, to run alone (it may not share a GPU again); its run's failure

@@ -140,6 +140,7 @@ class SettlingSteps(MpsFaultChecks):
         if status.state not in {"EXITED", "VANISHED", "MISSING"}:
             return
         fault = self._partner_fault(run, status)  # a host read, only for a failed run of an MPS pair
+        no_daemon = None if fault is not None else self._daemon_start_failed(run, status)  # only for exit 97 there
         now = self.clock()
         stopped = status.stop_requested and run.stop_reason is not None
         if status.state == "MISSING":
@@ -159,6 +160,9 @@ class SettlingSteps(MpsFaultChecks):
             outcome += f"; the stop also killed {status.escaped} of its processes that had left its process group"
         if fault is not None:
             outcome += f"; requeued: {fault}"
+        elif no_daemon is not None:
+            outcome = f"the job never started: {no_daemon}; requeued, host {run.host} cools down"
+            self._cool_down(run.host, no_daemon)
         with self.store.session() as s:
             row = s.get(RunRow, (run.run_id, run.host))
             if row is None or row.state == RunState.ENDED:
@@ -193,6 +197,8 @@ class SettlingSteps(MpsFaultChecks):
                 self._end_job(s, job, JobState.COMPLETED, 0, outcome, run)
             elif fault is not None:
                 self._requeue_after_fault(s, job, fault)
+            elif no_daemon is not None:
+                self._requeue_after_start_failure(s, job, run, no_daemon)
             else:
                 self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run)
 
