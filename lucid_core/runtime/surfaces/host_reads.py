@@ -8,8 +8,7 @@ in time, or refuses, becomes a sentence the page shows instead of the figures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
     from lucid_core.runtime.store.store import Store
     from lucid_core.runtime.surfaces.queries import GpuMap
 
-K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 #: how long a page waits for the hosts in all (each read's own deadline is the executor's)
@@ -36,31 +34,26 @@ LOG_TAIL_BYTES = 16384
 SAMPLES_PER_GPU = 4
 
 
-def within(calls: Mapping[K, Callable[[], T]], deadline_s: float) -> dict[K, T | BaseException]:
-    """Run the calls in threads; each one's result or exception, a TimeoutError for those still running at
-    `deadline_s` (left to end by their own deadlines: nothing waits for them)."""
+def within(calls: Mapping[str, Callable[[], T]], deadline_s: float) -> dict[str, T | BaseException]:
+    """One call per host, hosts at once through the round's own `HostCallPool`: each call's result or
+    exception; a host still silent past `deadline_s` (and the pool's grace) is given up, its worker left."""
+    from lucid_core.runtime.hosts.calls import HostCall, HostCallPool
+
     if not calls:
         return {}
-    pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="lucid-host-read")
-    futures = {key: pool.submit(call) for key, call in calls.items()}
-    done, _ = wait(futures.values(), timeout=deadline_s)
-    pool.shutdown(wait=False, cancel_futures=True)
-    out: dict[K, T | BaseException] = {}
-    for key, future in futures.items():
-        if future not in done:
-            out[key] = TimeoutError(f"no answer within {deadline_s:g} s")
-        else:
-            error = future.exception()
-            out[key] = error if error is not None else future.result()
-    return out
+    pool = HostCallPool(workers=len(calls))
+    try:
+        results = pool.run({host: [HostCall(call, deadline_s)] for host, call in calls.items()}, limit_s=deadline_s)
+    finally:
+        pool.close()
+    return {host: (result.value if result.error is None else result.error)  # type: ignore[misc]
+            for host, (result,) in results.items()}
 
 
 def read_problem(host: str, error: BaseException) -> str:
     """Why nothing came back from `host`, in a sentence."""
     from lucid_core.runtime.hosts.executor import HostUnreachable
 
-    if isinstance(error, TimeoutError):
-        return f"host {host} did not answer in time ({error})"
     if isinstance(error, HostUnreachable):
         return f"host {host} is unreachable: {error}"
     return f"reading from host {host} failed: {type(error).__name__}: {error}"
@@ -101,7 +94,7 @@ def log_tail(store: Store, executor: HostExecutor, job_id: str, *, lines: int = 
         return (executor.read(address, run.run_id, "stdout.log", read_bytes),
                 executor.read(address, run.run_id, "stderr.log", read_bytes))
 
-    answer = within({"logs": both}, deadline_s)["logs"]
+    answer = within({host.name: both}, deadline_s)[host.name]
     if isinstance(answer, BaseException):
         return LogTail(run.run_id, host.name, problem=read_problem(host.name, answer))
     out, err = answer
