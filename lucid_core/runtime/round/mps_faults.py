@@ -89,21 +89,13 @@ class MpsFaultChecks(RoundBase):
             return None  # the job's own exit status 97, or a host that did not answer: it ends as usual
         return lines[0][:300]
 
-    def _requeue_after_start_failure(self, s: Any, job: JobRow, run: RunRow, why: str) -> bool:
-        """Put the job back in the queue (its run never started it) and cool its host down."""
+    def _requeue(self, s: Any, job: JobRow, event: str, why: str, *, alone: bool) -> bool:
+        """Put the job back in the queue (its run's end is not counted as the job's failure), recording `why` as
+        an `event`; `alone`: it may not share a GPU again."""
         if not self._move_job(s, job, JobState.QUEUED):
             return False
-        s.execute(update_unsynced(JobRow).where(JobRow.job_id == job.job_id).values(start_time=None))
-        self._event(s, job.job_id, START_RETRY_EVENT, f"on {run.host}: {why}"[:1000])
-        self.report.requeued.append(job.job_id)
-        return True
-
-    def _requeue_after_fault(self, s: Any, job: JobRow, why: str) -> bool:
-        """Put the job back in the queue with `why`, to run alone (it may not share a GPU again); its run's failure
-        is not counted as the job's."""
-        if not self._move_job(s, job, JobState.QUEUED):
-            return False
-        s.execute(update_unsynced(JobRow).where(JobRow.job_id == job.job_id).values(start_time=None, no_share=True))
-        self._event(s, job.job_id, FAULT_REQUEUE_EVENT, why[:1000])
+        values: dict[str, Any] = {"start_time": None, **({"no_share": True} if alone else {})}
+        s.execute(update_unsynced(JobRow).where(JobRow.job_id == job.job_id).values(**values))
+        self._event(s, job.job_id, event, why[:1000])
         self.report.requeued.append(job.job_id)
         return True

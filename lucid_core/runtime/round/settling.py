@@ -23,7 +23,7 @@ from lucid_core.runtime.round.base import (
     pair_results,
     update_unsynced,
 )
-from lucid_core.runtime.round.mps_faults import MpsFaultChecks
+from lucid_core.runtime.round.mps_faults import FAULT_REQUEUE_EVENT, START_RETRY_EVENT, MpsFaultChecks
 from lucid_core.runtime.store.schema import (
     HostRow,
     JobRow,
@@ -196,9 +196,9 @@ class SettlingSteps(MpsFaultChecks):
             if status.state == "EXITED" and status.exit_code == 0:
                 self._end_job(s, job, JobState.COMPLETED, 0, outcome, run)
             elif fault is not None:
-                self._requeue_after_fault(s, job, fault)
+                self._requeue(s, job, FAULT_REQUEUE_EVENT, fault, alone=True)
             elif no_daemon is not None:
-                self._requeue_after_start_failure(s, job, run, no_daemon)
+                self._requeue(s, job, START_RETRY_EVENT, f"on {run.host}: {no_daemon}", alone=False)
             else:
                 self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run)
 
