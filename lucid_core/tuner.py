@@ -28,6 +28,7 @@ from lucid_core.tuner_grid import (
     knob_text,
     knob_value,
 )
+from lucid_core.units import duration_words
 
 #: objective -> (metric key, True when larger is better)
 OBJECTIVES: dict[str, tuple[str, bool]] = {
@@ -246,11 +247,6 @@ def pick_unit(seconds: Sequence[float]) -> DurationUnit:
 def report_unit(results: Sequence[ConfigResult]) -> DurationUnit:
     """The unit of a report: picked once from the average JCTs of its finished rows."""
     return pick_unit([r.metrics["avg_jct_s"] for r in results if not r.error and "avg_jct_s" in r.metrics])
-
-
-def duration_text(seconds: float) -> str:
-    """A single duration in the unit that keeps it readable (progress lines; reports use one unit)."""
-    return pick_unit([seconds]).text(seconds)
 
 
 def metric_text(metric: str, value: float, unit: DurationUnit | None = None) -> str:
@@ -793,7 +789,7 @@ def _run_cli(args) -> int:
                                          catalog=catalog, history=exp.history, seed=item["seed"], role=item["role"],
                                          catalogs=catalogs))
         print(f"[{item['index'] + 1}/{len(items)}] {item_label(item)}: "
-              + (results[-1].error or f"avg JCT {duration_text(results[-1].metrics['avg_jct_s'])}"), flush=True)
+              + (results[-1].error or f"avg JCT {duration_words(results[-1].metrics['avg_jct_s'])}"), flush=True)
     summary = write_report(results, settings, args.out, context={"trace": str(args.trace)}, base=base)
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     return 0 if summary["best"] else 1

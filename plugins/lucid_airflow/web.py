@@ -193,7 +193,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             found = history(s, query)
         rows = [[f'<a href="{prefix}/jobs/{esc(r["job_id"])}">{esc(r["job_id"])}</a>', esc(r["name"]),
                  esc(r["user"]), esc(r["vc"]), str(r["gpus"]), esc(r["state"]),
-                 esc(_field_text("end_time", r["end_time"])), hours(r["queued_s"]), hours(r["elapsed_s"]),
+                 esc(_utc(r["end_time"])), hours(r["queued_s"]), hours(r["elapsed_s"]),
                  esc("" if r["exit_code"] is None else str(r["exit_code"])), esc(r["end_reason"] or "")]
                 for r in found.rows]
         filters = {"user": user, "vc": vc, "state": state, "since": since, "until": until}
@@ -506,19 +506,6 @@ def _speed_suffix(shared: Any) -> str:
     return "" if shared is None or shared.speed is None else f" <span class='muted'>@ {shared.speed:.2f}</span>"
 
 
-def _field_text(name: str, value: Any) -> str:
-    """Times as UTC date-times, durations and measurements rounded, the rest as is."""
-    if value is None:
-        return ""
-    if name.endswith("_time") and isinstance(value, int | float):
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
-    if name == "predicted_duration" and isinstance(value, int | float):
-        return f"{value:.0f} s"
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return str(value)
-
-
 def _day_start(text: str) -> float | None:
     """A form's date (YYYY-MM-DD, or a date-time) as epoch seconds, UTC; None when empty."""
     from datetime import UTC, datetime
@@ -572,8 +559,7 @@ def explanation_text(data: dict[str, Any]) -> str:
         lines.append("No duration predicted yet (not profiled or not yet considered by a round).")
     recorded = priority.get("recorded")
     if recorded:
-        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(recorded["time"]))
-        lines.append(f"Used when the round placed it ({at}): {recorded['note']}")
+        lines.append(f"Used when the round placed it ({_utc(recorded['time'])}): {recorded['note']}")
     now_says = explain_terms(priority.get("duration") or {})
     if now_says and not (recorded and len(now_says) == 1 and now_says[0] in recorded["note"]):
         lines.append("The duration model now says (it has seen more jobs since):" if recorded
