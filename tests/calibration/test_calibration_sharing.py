@@ -164,8 +164,12 @@ def test_a_stop_signal_stops_the_runs_keeps_the_journal_and_the_same_command_res
     run_ids = [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith("calib-")]
     executor = local_executor()
     states = executor.poll(host, run_ids)
+    # NOPID: a launch the signal cut short before its wrapper started (nothing runs); it must stay so
+    time.sleep(2.0)
+    later = executor.poll(host, run_ids)
     executor.close()
-    assert run_ids and {s.state for s in states.values()} <= {"EXITED", "VANISHED"}, states
+    assert run_ids and {s.state for s in states.values()} <= {"EXITED", "VANISHED", "NOPID"}, states
+    assert all(later[r].state == "NOPID" for r in run_ids if states[r].state == "NOPID"), later
 
     again = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False)
     assert again.returncode == 0, again.stderr
