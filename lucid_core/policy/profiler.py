@@ -9,6 +9,7 @@ fit after the main queue's scan (queued jobs go first): it then runs once, not t
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 
 from lucid_core.config import ProfilerConfig
 from lucid_core.domain import Job, Pool
@@ -44,22 +45,26 @@ class SpaceAwareProfiler:
         """Jobs that have waited for the pool as long as their own window (arrival order). Least-GPU-
         first would let a stream of 1-GPU jobs hold a wide job back for ever; an overdue job goes
         first instead, and since pool runs last at most one window, it waits at most about one more."""
-        out = []
-        for job_id in view.profiling_queue:
-            job = view.jobs[job_id]
-            if view.now - job.submit_time < self.window_for(view, job):
+        return list(self._overdue(view))
+
+    def _overdue(self, view: ClusterView) -> Iterator[str]:
+        """`overdue`, lazily: the scan of `start_windows` usually stops after the first few."""
+        now, jobs, tprof, cold = view.now, view.jobs, view.tprof_s, self.config.long_cold_start_tprof_s
+        for job_id in list(view.profiling_queue):  # a copy: the caller starts jobs (leaving the queue) meanwhile
+            job = jobs[job_id]
+            if now - job.submit_time < (cold if job.long_cold_start else tprof):
                 if not job.long_cold_start:
                     break  # arrival order: later jobs waited less
                 continue
-            out.append(job_id)
-        return out
+            yield job_id
 
     def next_overdue(self, view: ClusterView) -> float | None:
         """The next time a job of the profiling queue reaches its window (later than now)."""
+        now, jobs, tprof, cold = view.now, view.jobs, view.tprof_s, self.config.long_cold_start_tprof_s
         for job_id in view.profiling_queue:
-            job = view.jobs[job_id]
-            due = job.submit_time + self.window_for(view, job)
-            if due > view.now:
+            job = jobs[job_id]
+            due = job.submit_time + (cold if job.long_cold_start else tprof)
+            if due > now:
                 return due
         return None
 
@@ -100,11 +105,18 @@ class SpaceAwareProfiler:
         decisions: list[Decision] = []
         if not view.profiling_queue:
             return decisions
-        overdue = self.overdue(view)
-        late = set(overdue)
-        order = overdue + sorted((j for j in view.profiling_queue if j not in late),
-                                 key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
-        for job_id in order:
+        late: list[str] = []
+
+        def order() -> Iterator[str]:
+            """Overdue jobs first, then the rest least-GPU-first (sorted only if the scan gets that far)."""
+            for job_id in self._overdue(view):
+                late.append(job_id)
+                yield job_id
+            seen = set(late)
+            yield from sorted((j for j in view.profiling_queue if j not in seen),
+                              key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
+
+        for job_id in order():
             job = view.jobs[job_id]
             window = self.window_for(view, job)
             until = view.now + window

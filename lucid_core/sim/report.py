@@ -7,6 +7,7 @@ times Lucid's (Lucid is 2.1x better), and ``1.00x`` marks the baseline itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -143,24 +144,35 @@ def _import_plotting() -> None:
 
 
 class PlotWorker:
-    """Draws a run's plots in a helper process that imported matplotlib while the policies ran, so the
-    import and the drawing overlap the simulation and the file writing (on a machine with a spare core).
-    Where processes cannot be forked, `draw` draws in this process. A context manager; `draw` returns a
-    future-like object whose `result()` waits for the plots (and raises what drawing raised)."""
+    """Draws a run's plots in two helper processes that imported matplotlib while the policies ran, so the
+    import and the drawing overlap the simulation and the file writing: one draws the JCT CDF, the other the
+    per-VC queueing and the utilization plots (about equal shares). Where processes cannot be forked, `draw`
+    draws in this process. A context manager; `draw` returns a future-like object whose `result()` waits for
+    the plots (and raises what drawing raised)."""
 
     def __init__(self) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self._pool = None
+        self._pools: list = []
         if "fork" in multiprocessing.get_all_start_methods():
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
-            self._pool.submit(_import_plotting)
+            context = multiprocessing.get_context("fork")
+            self._pools = [ProcessPoolExecutor(max_workers=1, mp_context=context) for _ in range(2)]
+            # one warms up after the other: on two cores, the run itself keeps one busy
+            self._pools[0].submit(_import_plotting).add_done_callback(self._warm_second)
+
+    def _warm_second(self, _done: object) -> None:
+        with contextlib.suppress(RuntimeError):  # shut down already (the run ended first): nothing to warm
+            self._pools[1].submit(_import_plotting)
 
     def draw(self, outcomes_by_policy: Mapping[str, Sequence[JobOutcome]],
              timelines_by_policy: Mapping[str, tuple[Sequence[tuple[float, float]], int]], directory: str | Path):
-        if self._pool is not None:
-            return self._pool.submit(draw_plots, dict(outcomes_by_policy), dict(timelines_by_policy), directory)
+        if self._pools:
+            directory = Path(directory)
+            cdf = self._pools[0].submit(jct_cdf_plot, dict(outcomes_by_policy), directory / "jct_cdf.png")
+            rest = self._pools[1].submit(_queue_and_utilization_plots, dict(outcomes_by_policy),
+                                         dict(timelines_by_policy), directory)
+            return _Plots(cdf, rest)
         from concurrent.futures import Future
 
         done: Future = Future()
@@ -171,8 +183,25 @@ class PlotWorker:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in self._pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Plots:
+    """The two helpers' futures as one: `result()` is draw_plots's list of paths."""
+
+    def __init__(self, cdf, rest) -> None:
+        self._cdf, self._rest = cdf, rest
+
+    def result(self) -> list[Path]:
+        return [self._cdf.result(), *self._rest.result()]
+
+
+def _queue_and_utilization_plots(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]],
+                                 timelines_by_policy: Mapping[str, tuple[Sequence[tuple[float, float]], int]],
+                                 directory: Path) -> list[Path]:
+    return [queue_per_vc_plot(outcomes_by_policy, directory / "queue_per_vc.png"),
+            utilization_plot(timelines_by_policy, directory / "gpu_utilization.png")]
 
 
 def _pyplot():
@@ -182,6 +211,18 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+#: a CDF drawn 770 pixels wide shows no more steps than this; more points only cost drawing time
+CDF_MAX_POINTS = 2000
+
+
+def cdf_points(size: int, most: int = CDF_MAX_POINTS) -> np.ndarray:
+    """Indices of the sorted values a CDF plot keeps: all of them up to `most`, else `most` evenly spaced
+    ranks with the first and the last (the plot's ends stay exact)."""
+    if size <= most:
+        return np.arange(size)
+    return np.unique(np.linspace(0, size - 1, most).round().astype(int))
 
 
 def jct_cdf_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], path: str | Path) -> Path:
@@ -196,7 +237,8 @@ def jct_cdf_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], path: s
             if jct.size == 0:
                 continue
             fraction = np.arange(1, jct.size + 1) / jct.size
-            axes.step(np.maximum(jct, 1e-4), fraction, where="post", label=name)
+            keep = cdf_points(jct.size)
+            axes.step(np.maximum(jct[keep], 1e-4), fraction[keep], where="post", label=name)
         axes.set_xscale("log")
         axes.set_xlabel("job completion time (hours, log scale)")
         axes.set_ylabel("fraction of jobs")

@@ -10,6 +10,9 @@ import pytest
 from lucid_core.sim.metrics import compute_metrics
 from lucid_core.sim.records import JobOutcome
 from lucid_core.sim.report import (
+    CDF_MAX_POINTS,
+    PlotWorker,
+    cdf_points,
     jct_cdf_plot,
     pick_baseline,
     queue_per_vc_plot,
@@ -80,6 +83,26 @@ def test_plots_are_png_files(tmp_path):
     util = utilization_plot({"fifo": ([(0.0, 1), (50.0, 3), (80.0, 0)], 4), "lucid": ([], 4)},
                             tmp_path / "util.png", bin_s=10.0)
     for path in (cdf, bars, util):
+        assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
+
+
+def test_a_cdf_keeps_every_point_up_to_its_limit_then_evenly_spaced_ranks_with_both_ends():
+    assert list(cdf_points(5)) == [0, 1, 2, 3, 4]
+    kept = cdf_points(10650)
+    assert len(kept) <= CDF_MAX_POINTS and kept[0] == 0 and kept[-1] == 10649
+    assert (kept[1:] > kept[:-1]).all()  # increasing ranks, none twice
+    gaps = kept[1:] - kept[:-1]
+    assert gaps.max() - gaps.min() <= 1  # evenly spaced: no part of the CDF drawn coarser than another
+
+
+def test_the_plot_worker_draws_the_three_plots_in_its_helpers(tmp_path):
+    many = [JobOutcome(f"j{k}", f"v{k % 3}", 1, float(k), float(k + 10 + k % 97), float(k), float(k + 10 + k % 97),
+                       0.0) for k in range(5000)]
+    with PlotWorker() as plots:
+        drawn = plots.draw({"fifo": many, "lucid": OUTCOMES}, {"fifo": ([(0.0, 1), (50.0, 3), (80.0, 0)], 4)},
+                           tmp_path / "run").result()
+    assert [p.name for p in drawn] == ["jct_cdf.png", "queue_per_vc.png", "gpu_utilization.png"]
+    for path in drawn:
         assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
 
 
