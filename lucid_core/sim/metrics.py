@@ -8,11 +8,14 @@ the sorted values. With fewer than 1,000 jobs this lies between the two largest 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from lucid_core.sim.records import JobOutcome
+
+if TYPE_CHECKING:  # pandas is imported where a table is built: `lucid simulate` writes its files without it
+    import pandas as pd
 
 SHORT_JOB_S = 60.0  # a "short" job (debug run): it should not wait behind long ones
 TAIL_PERCENTILE = 99.9
@@ -48,6 +51,8 @@ def time_weighted_utilization(timeline: Sequence[tuple[float, float]], total_gpu
 def utilization_over_time(timeline: Sequence[tuple[float, float]], total_gpus: int, start: float, end: float,
                           bin_s: float = 3600.0) -> pd.Series:
     """Busy fraction per `bin_s` bin over [start, end) (last bin may be shorter), indexed by bin start."""
+    import pandas as pd
+
     if bin_s <= 0:
         raise ValueError(f"bin_s must be > 0, got {bin_s!r}")
     if end <= start or total_gpus <= 0:
@@ -102,26 +107,34 @@ def compute_metrics(outcomes: Sequence[JobOutcome], gpu_busy_timeline: Sequence[
     return metrics
 
 
-def per_vc_table(outcomes: Sequence[JobOutcome]) -> pd.DataFrame:
-    """One row per virtual cluster: jobs, GPUs requested, average/P99.9 JCT and queueing (hours)."""
+PER_VC_COLUMNS = ("jobs", "avg_gpus", "avg_jct_h", "p999_jct_h", "avg_queue_h", "p999_queue_h", "shared_jobs")
+
+
+def per_vc_rows(outcomes: Sequence[JobOutcome]) -> dict[str, dict[str, float]]:
+    """Per virtual cluster, in VC order: jobs, GPUs requested, average/P99.9 JCT and queueing (hours), and
+    how many jobs shared a GPU (`per_vc_table` as plain dicts)."""
     if not outcomes:
         raise ValueError("no job outcomes to summarize")
-    frame = pd.DataFrame({
-        "vc": [o.vc for o in outcomes],
-        "gpus": [o.gpus for o in outcomes],
-        "jct_h": [(o.end_time - o.submit_time) / 3600 for o in outcomes],
-        "queue_h": [o.queue_delay / 3600 for o in outcomes],
-        "shared": [o.shared_seconds > 0 for o in outcomes],
-    })
-    grouped = frame.groupby("vc", sort=True)
-    table = pd.DataFrame({
-        "jobs": grouped.size(),
-        "avg_gpus": grouped["gpus"].mean(),
-        "avg_jct_h": grouped["jct_h"].mean(),
-        "p999_jct_h": grouped["jct_h"].agg(tail),
-        "avg_queue_h": grouped["queue_h"].mean(),
-        "p999_queue_h": grouped["queue_h"].agg(tail),
-        "shared_jobs": grouped["shared"].sum().astype(int),
-    })
+    groups: dict[str, list[JobOutcome]] = {}
+    for o in outcomes:
+        groups.setdefault(o.vc, []).append(o)
+    rows: dict[str, dict[str, float]] = {}
+    for vc in sorted(groups):
+        members = groups[vc]
+        jct = np.array([(o.end_time - o.submit_time) / 3600 for o in members], dtype=float)
+        queue = np.array([o.queue_delay / 3600 for o in members], dtype=float)
+        rows[vc] = {"jobs": len(members), "avg_gpus": float(np.mean([o.gpus for o in members])),
+                    "avg_jct_h": float(jct.mean()), "p999_jct_h": tail(jct), "avg_queue_h": float(queue.mean()),
+                    "p999_queue_h": tail(queue), "shared_jobs": sum(o.shared_seconds > 0 for o in members)}
+    return rows
+
+
+def per_vc_table(outcomes: Sequence[JobOutcome]) -> pd.DataFrame:
+    """One row per virtual cluster: jobs, GPUs requested, average/P99.9 JCT and queueing (hours)."""
+    import pandas as pd
+
+    rows = per_vc_rows(outcomes)
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=list(PER_VC_COLUMNS))
+    table = table.astype({"jobs": int, "shared_jobs": int})
     table.index.name = "vc"
     return table

@@ -8,15 +8,15 @@ times Lucid's (Lucid is 2.1x better), and ``1.00x`` marks the baseline itself.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from lucid_core.sim.metrics import per_vc_table, utilization_over_time
+from lucid_core.sim.metrics import PER_VC_COLUMNS, per_vc_rows, per_vc_table, utilization_over_time
 from lucid_core.sim.records import JobOutcome
 
 # (metric key, column title, number format, show a ratio against the baseline)
@@ -128,8 +128,11 @@ def draw_plots(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]],
 
 
 def _import_plotting() -> None:
-    """Import matplotlib and draw one small figure, so fonts and the renderer are loaded before the run ends."""
+    """Import matplotlib (and pandas, for the per-VC table) and draw one small figure, so fonts and the
+    renderer are loaded before the run ends."""
     import io
+
+    import pandas  # noqa: F401
 
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(2, 2))
@@ -158,7 +161,10 @@ class PlotWorker:
         if "fork" in multiprocessing.get_all_start_methods():
             context = multiprocessing.get_context("fork")
             self._pools = [ProcessPoolExecutor(max_workers=1, mp_context=context) for _ in range(2)]
-            # one warms up after the other: on two cores, the run itself keeps one busy
+            # both helpers are forked here, from this thread (a fork from another thread could copy a lock
+            # this one holds, e.g. the import lock, and the helper would wait on it for ever); the second
+            # warms up when the first is done: on two cores, the run itself keeps one busy
+            self._pools[1].submit(int)
             self._pools[0].submit(_import_plotting).add_done_callback(self._warm_second)
 
     def _warm_second(self, _done: object) -> None:
@@ -258,6 +264,8 @@ def queue_per_vc_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], pa
     plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    import pandas as pd
+
     tables = {name: per_vc_table(outcomes)["avg_queue_h"] for name, outcomes in outcomes_by_policy.items()
               if outcomes}
     frame = pd.DataFrame(tables).fillna(0.0)
@@ -353,16 +361,20 @@ def write_results(directory: str | Path, outcomes_by_policy: Mapping[str, Sequen
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
+    fields = list(JobOutcome.__dataclass_fields__)
     for name, outcomes in outcomes_by_policy.items():
-        fields = list(JobOutcome.__dataclass_fields__)  # one column at a time: asdict per job cost 0.1 ms each
-        frame = pd.DataFrame({f: [getattr(o, f) for o in outcomes] for f in fields}, columns=fields)
-        frame["jct"] = frame["end_time"] - frame["submit_time"]
         jobs_path = directory / f"{_safe(name)}_jobs.csv"
-        frame.to_csv(jobs_path, index=False)
+        with open(jobs_path, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow([*fields, "jct"])
+            writer.writerows([*(getattr(o, f) for f in fields), o.end_time - o.submit_time] for o in outcomes)
         written.append(jobs_path)
         if outcomes:
             vc_path = directory / f"{_safe(name)}_per_vc.csv"
-            per_vc_table(outcomes).to_csv(vc_path)
+            with open(vc_path, "w", newline="", encoding="utf-8") as handle:
+                writer = csv.writer(handle, lineterminator="\n")
+                writer.writerow(["vc", *PER_VC_COLUMNS])
+                writer.writerows([vc, *(row[c] for c in PER_VC_COLUMNS)] for vc, row in per_vc_rows(outcomes).items())
             written.append(vc_path)
     metrics_path = directory / "metrics.json"
     payload = {"run": dict(run_info or {}), "metrics": dict(metrics_by_policy)}
