@@ -53,7 +53,10 @@ class SharingMode(StrEnum):
 
     @property
     def capacity(self) -> int:
-        return {SharingMode.OFF: -1, SharingMode.APATHETIC: 1, SharingMode.DEFAULT: 2}[self]
+        return _GSS[self]
+
+
+_GSS = {SharingMode.OFF: -1, SharingMode.APATHETIC: 1, SharingMode.DEFAULT: 2}  # asked on every partner search
 
 
 SHARING_MECHANISMS = ("none", "time-slice", "mps")  # how a host's GPUs are shared: never, time slicing, MPS

@@ -175,7 +175,8 @@ class PlotWorker:
              timelines_by_policy: Mapping[str, tuple[Sequence[tuple[float, float]], int]], directory: str | Path):
         if self._pools:
             directory = Path(directory)
-            cdf = self._pools[0].submit(jct_cdf_plot, dict(outcomes_by_policy), directory / "jct_cdf.png")
+            jct = {name: jct_hours(outcomes) for name, outcomes in outcomes_by_policy.items()}  # cheap to send
+            cdf = self._pools[0].submit(_jct_cdf_plot, jct, directory / "jct_cdf.png")
             rest = self._pools[1].submit(_queue_and_utilization_plots, dict(outcomes_by_policy),
                                          dict(timelines_by_policy), directory)
             return _Plots(cdf, rest)
@@ -231,15 +232,23 @@ def cdf_points(size: int, most: int = CDF_MAX_POINTS) -> np.ndarray:
     return np.unique(np.linspace(0, size - 1, most).round().astype(int))
 
 
+def jct_hours(outcomes: Sequence[JobOutcome]) -> np.ndarray:
+    return np.array([(o.end_time - o.submit_time) / 3600 for o in outcomes], dtype=float)
+
+
 def jct_cdf_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], path: str | Path) -> Path:
     """Write a PNG of the empirical CDF of job completion time (hours, log scale) per policy."""
+    return _jct_cdf_plot({name: jct_hours(outcomes) for name, outcomes in outcomes_by_policy.items()}, path)
+
+
+def _jct_cdf_plot(jct_by_policy: Mapping[str, np.ndarray], path: str | Path) -> Path:
     plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(figsize=(7, 4.5))
     try:
-        for name, outcomes in outcomes_by_policy.items():
-            jct = np.sort([(o.end_time - o.submit_time) / 3600 for o in outcomes])
+        for name, hours in jct_by_policy.items():
+            jct = np.sort(hours)
             if jct.size == 0:
                 continue
             fraction = np.arange(1, jct.size + 1) / jct.size
