@@ -26,7 +26,7 @@ OBJECTIVES = ["avg_jct", "avg_queue_delay", "p999_queue_delay", "utilization"]
 
 #: The form names of the knobs a sweep can vary (lucid_core.tuner_grid.GRID_KNOBS; not imported at parse time).
 KNOBS = ["tprof_s", "nprof_gpus", "cprof_nodes", "tiny_threshold", "medium_threshold", "sharing", "update_cadence",
-         "aging", "guard_slowdown", "long_quantile", "guard_tail", "yield_margin", "yield_max"]
+         "pair_priority_ratio", "aging", "guard_slowdown", "long_quantile", "guard_tail", "yield_margin", "yield_max"]
 
 #: Mondays 03:00 UTC. A cron trigger timetable with no start_date and run_immediately=timedelta(0): on
 #: the first unpause the scheduler waits for the next Monday instead of creating a run for the last one.
@@ -79,6 +79,8 @@ def _choices(description: str, choices: list[str]) -> Param:
         "tiny_threshold": _numbers("Tiny threshold (mean co-located speed)", minimum=0, maximum=1),
         "medium_threshold": _numbers("Medium threshold", minimum=0, maximum=1),
         "sharing": _choices("GPU sharing on/off/auto", ["auto", "on", "off"]),
+        "pair_priority_ratio": _numbers("Sharing: never pair a job with a partner this many times shorter "
+                                        "(predicted GPU-time)", minimum=1),
         "update_cadence": _choices("How often the duration model refreshes", ["daily", "weekly", "never"]),
         "aging": _numbers("Priority aging: GPU-seconds of priority a queued job gains per second", minimum=0),
         "guard_slowdown": _numbers("Starvation guard: a job waiting this many times its predicted run time "

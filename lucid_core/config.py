@@ -44,10 +44,13 @@ class ProfilerConfig:
 class BinderConfig:
     tiny_threshold: float = _knob(0.95, lo=0, hi=1, doc="mean co-located speed at or above: Tiny")
     medium_threshold: float = _knob(0.85, lo=0, hi=1, doc="mean co-located speed at or above: Medium")
-    sharing: str = _knob("auto", choices=("auto", "on", "off"), doc="auto: the forecast picks GSS 2/1/off")
-    low_load_gpus_per_slot: float = _knob(2.0, lo=0, doc="forecast GPUs requested per slot below which sharing is off")
-    apathetic_gpus_per_slot: float = _knob(8.0, lo=0, doc="forecast GPUs per slot below which GSS drops to 1")
-    pair_priority_ratio: float = _knob(2.0, lo=1, doc="never pair a job with a partner this many times shorter")
+    sharing: str = _knob("auto", choices=("auto", "on", "off"), doc=(
+        "auto: the load forecast or the GPUs already queued, whichever is more, picks GSS 2/1/off"))
+    low_load_gpus_per_slot: float = _knob(2.0, lo=0, doc=(
+        "sharing is off while both the forecast GPUs per slot and the GPUs queued are below this"))
+    apathetic_gpus_per_slot: float = _knob(8.0, lo=0, doc=(
+        "GSS drops to 1 while both the forecast GPUs per slot and the GPUs queued are below this"))
+    pair_priority_ratio: float = _knob(8.0, lo=1, doc="never pair a job with a partner this many times shorter")
     nearly_done_s: float = _knob(600.0, lo=0, doc="never pair with a job predicted to end within this many seconds")
     memory_headroom_mb: float = _knob(512.0, lo=0, doc="kept free on a shared GPU on top of both footprints")
     unstable_speed: float = _knob(0.7, lo=0, hi=1, doc="split a pair whose observed speed falls below this")
@@ -58,7 +61,7 @@ class OrchestratorConfig:
     estimator: bool = _knob(True, doc="ablation switch: off orders the queue by arrival (FIFO) instead")
     aging: float = _knob(0.0, lo=0, doc=(
         "GPU-seconds of priority a queued job gains per second it waits (0: off; the guard bounds waits)"))
-    guard_slowdown: float = _knob(8.0, lo=0, doc=(
+    guard_slowdown: float = _knob(16.0, lo=0, doc=(
         "starvation guard: a job waiting this many times its predicted run time (at least Tprof) goes "
         "ahead of the rest and gets a node reservation; 0 turns the guard off"))
     backfill_reserved: bool = _knob(False, doc=(

@@ -25,6 +25,7 @@ GRID_KNOBS: dict[str, str] = {
     "medium_threshold": "binder.medium_threshold",
     "sharing": "binder.sharing",
     "update_cadence": "update.cadence",
+    "pair_priority_ratio": "binder.pair_priority_ratio",
     "aging": "orchestrator.aging",
     "guard_slowdown": "orchestrator.guard_slowdown",
     "long_quantile": "orchestrator.long_quantile",

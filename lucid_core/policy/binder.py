@@ -22,20 +22,22 @@ class PartnerChoice:
     reason: str
 
 
-def choose_mode(config: BinderConfig, forecast: Forecast) -> tuple[SharingMode, str]:
-    """GSS from the load forecast: sharing only pays when work is coming."""
+def choose_mode(config: BinderConfig, forecast: Forecast, queued_gpus: float = 0.0) -> tuple[SharingMode, str]:
+    """GSS from the load: sharing only pays when work is coming (the forecast) or already waiting (the
+    queue's GPU demand), whichever is more."""
     if config.sharing == "off":
         return SharingMode.OFF, "sharing disabled in the configuration"
     if config.sharing == "on":
         return SharingMode.DEFAULT, "sharing forced on in the configuration"
-    gpus = forecast.gpus_per_slot
+    gpus = max(forecast.gpus_per_slot, queued_gpus)
+    load = (f"forecast {forecast.gpus_per_slot:.1f} GPUs requested per slot ({forecast.source}), "
+            f"{queued_gpus:g} GPUs queued")
     if gpus < config.low_load_gpus_per_slot:
-        return SharingMode.OFF, (f"forecast {gpus:.1f} GPUs requested per slot < "
-                                 f"{config.low_load_gpus_per_slot:g} ({forecast.source}): load stays low")
+        return SharingMode.OFF, f"{load}: both < {config.low_load_gpus_per_slot:g}, load stays low"
     if gpus < config.apathetic_gpus_per_slot:
-        return SharingMode.APATHETIC, (f"forecast {gpus:.1f} GPUs per slot < "
-                                       f"{config.apathetic_gpus_per_slot:g}: apathetic mode (GSS 1)")
-    return SharingMode.DEFAULT, f"forecast {gpus:.1f} GPUs per slot: default mode (GSS 2)"
+        return SharingMode.APATHETIC, (f"{load}: both < {config.apathetic_gpus_per_slot:g}, apathetic mode "
+                                       "(GSS 1)")
+    return SharingMode.DEFAULT, f"{load}: default mode (GSS 2)"
 
 
 class AffinityBinder:
@@ -84,7 +86,8 @@ class AffinityBinder:
         return self._classes[cache_key]
 
     def update_mode(self, view: ClusterView, forecast: Forecast) -> SetSharingMode | None:
-        mode, reason = choose_mode(self.config, forecast)
+        queued = sum(part[1] * len(items) for part, items in view.queue.parts().items())
+        mode, reason = choose_mode(self.config, forecast, queued)
         if mode is view.sharing_mode:
             return None
         view.sharing_mode = mode
@@ -115,6 +118,15 @@ class AffinityBinder:
         pool = view.pool(alloc.pool)
         if pool.held and any(ref.host in pool.held for ref in alloc.gpus):
             return "partner's node is reserved for an overdue job"
+        if partner.gpus != job.gpus:
+            return "different GPU demand"
+        pred = partner.predicted_duration  # the rules on durations first: arithmetic, where classes and memory
+        if pred is not None:              # look up models and GPUs (most refusals are these two)
+            remaining = pred - (view.now - alloc.start)
+            if 0 < remaining < self.config.nearly_done_s:
+                return "partner nearly done"
+            if job.priority > self.config.pair_priority_ratio * partner.priority:
+                return "job much longer than partner"
         host = alloc.gpus[0].host
         job_class, partner_class = self.class_on(view, job, host), self.class_on(view, partner, host)
         if job_class is None or partner_class is None:
@@ -123,15 +135,6 @@ class AffinityBinder:
             return "partner's host runs MPS with jobs as their submitters: one user's jobs pair there"
         if int(job_class) + int(partner_class) > capacity:
             return "sharing scores exceed GPU capacity"
-        if partner.gpus != job.gpus:
-            return "different GPU demand"
-        pred = partner.predicted_duration  # the rules on durations first: arithmetic, where memory reads GPUs
-        if pred is not None:
-            remaining = pred - (view.now - alloc.start)
-            if 0 < remaining < self.config.nearly_done_s:
-                return "partner nearly done"
-        if pred is not None and job.priority > self.config.pair_priority_ratio * partner.priority:
-            return "job much longer than partner"
         need = (job.profile.gpu_mem_mb if job.profile else 0.0) + self.config.memory_headroom_mb
         if pool.mem_free_on(alloc.gpus) < need:
             return "memory would not fit"

@@ -180,12 +180,18 @@ def test_binder_hard_rules_memory_demand_and_duration():
                   predicted_duration=3600.0)
     other_width = Job("W", "u", "vc", 1, 0.0, profile=Profile(10, 5, 100), share_class=ShareClass.TINY,
                       predicted_duration=3600.0)
+    ratio = config.binder.pair_priority_ratio  # the partner is predicted at 7200 s
     much_longer = Job("L", "u", "vc", 2, 0.0, profile=Profile(10, 5, 100), share_class=ShareClass.TINY,
-                      predicted_duration=7200.0 * 3)
+                      predicted_duration=7200.0 * (ratio + 0.5))
     for job in (too_big, other_width, much_longer):
         view.add_job(job)
         assert binder.find_partner(view, job) is None, job.job_id
     assert "memory would not fit" in binder.pending_reason(view, too_big)
+    assert "job much longer than partner" in binder.pending_reason(view, much_longer)
+    within = Job("K", "u", "vc", 2, 0.0, profile=Profile(10, 5, 100), share_class=ShareClass.TINY,
+                 predicted_duration=7200.0 * (ratio - 0.5))
+    view.add_job(within)
+    assert binder.find_partner(view, within).partner == "P"  # just within the ratio: it pairs
 
 
 def test_compact_placement_prefers_fullest_node_and_whole_nodes_for_wide_jobs():

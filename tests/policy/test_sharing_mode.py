@@ -1,0 +1,52 @@
+"""The binder's sharing mode (GSS) in `auto`: the load forecast or the waiting queue, whichever is more."""
+
+from __future__ import annotations
+
+import pytest
+
+from lucid_core.config import LucidConfig
+from lucid_core.domain import Job, Pool, SharingMode
+from lucid_core.policy.binder import AffinityBinder, choose_mode
+from lucid_core.policy.predictors import Forecast
+from lucid_core.policy.view import ClusterView
+
+
+def _forecast(gpus_per_slot: float) -> Forecast:
+    return Forecast(jobs_per_slot=gpus_per_slot, gpus_per_slot=gpus_per_slot, source="test")
+
+
+@pytest.mark.parametrize(("forecast", "queued", "mode"), [
+    (0.0, 0, SharingMode.OFF),            # nothing coming, nothing waiting
+    (1.9, 1, SharingMode.OFF),
+    (0.0, 2, SharingMode.APATHETIC),      # two GPUs waiting: GSS 1 although the forecast is quiet
+    (5.0, 0, SharingMode.APATHETIC),
+    (0.0, 8, SharingMode.DEFAULT),        # a backlog: GSS 2 whatever the forecast says
+    (8.0, 0, SharingMode.DEFAULT),        # work coming: GSS 2 with an empty queue (the paper's rule)
+])
+def test_auto_mode_follows_the_forecast_or_the_queue_whichever_is_more(forecast, queued, mode):
+    chosen, reason = choose_mode(LucidConfig().binder, _forecast(forecast), queued)
+    assert chosen is mode
+    assert f"{queued:g} GPUs queued" in reason and f"forecast {forecast:.1f}" in reason
+
+
+@pytest.mark.parametrize(("setting", "mode"), [("on", SharingMode.DEFAULT), ("off", SharingMode.OFF)])
+def test_a_fixed_setting_ignores_forecast_and_queue(setting, mode):
+    config = LucidConfig().with_overrides({"binder.sharing": setting})
+    assert choose_mode(config.binder, _forecast(0.0 if setting == "on" else 100.0), 0 if setting == "on" else 64)[0] \
+        is mode
+
+
+def test_update_mode_counts_the_gpus_of_the_main_queue():
+    """A quiet forecast but 16 GPUs of jobs waiting in the main queue: the binder turns GSS 2 on."""
+    config = LucidConfig()
+    view = ClusterView(config)
+    view.add_nodes(Pool.MAIN, 1)
+    for k in range(2):
+        job = Job(f"W{k}", "u", "vc", 8, 0.0, predicted_duration=3600.0)
+        view.add_job(job)
+        view.enqueue_main(job, (job.priority, job.submit_time, job.job_id))
+    view.sharing_mode = SharingMode.OFF
+    change = AffinityBinder(config.binder).update_mode(view, _forecast(0.5))
+    assert change is not None and view.sharing_mode is SharingMode.DEFAULT
+    assert "16 GPUs queued" in change.reason
+    assert AffinityBinder(config.binder).update_mode(view, _forecast(0.5)) is None  # unchanged: no decision
