@@ -45,7 +45,7 @@ class ShareClass(IntEnum):
 
 
 class SharingMode(StrEnum):
-    """GPU sharing capacity (GSS) chosen from the load forecast."""
+    """GPU sharing capacity (GSS) chosen from the load: the forecast or the GPUs queued, whichever is more."""
 
     OFF = "off"  # exclusive placement only
     APATHETIC = "apathetic"  # GSS 1: only Tiny + (Tiny|Medium)

@@ -11,6 +11,7 @@ import contextlib
 import csv
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -149,36 +150,33 @@ def _import_plotting() -> None:
 class PlotWorker:
     """Draws a run's plots in two helper processes that imported matplotlib while the policies ran, so the
     import and the drawing overlap the simulation and the file writing: one draws the JCT CDF, the other the
-    per-VC queueing and the utilization plots (about equal shares). Where processes cannot be forked, `draw`
-    draws in this process. A context manager; `draw` returns a future-like object whose `result()` waits for
-    the plots (and raises what drawing raised)."""
+    per-VC queueing and the utilization plots (about equal shares). The helpers run at a lower priority, so on
+    a machine with few cores their warm-up takes only what the run leaves idle. Where processes cannot be
+    forked, `draw` draws in this process. A context manager; `draw` returns a future-like object whose
+    `result()` waits for the plots (and raises what drawing raised)."""
 
     def __init__(self) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self._pools: list = []
+        self._pool = None
         if "fork" in multiprocessing.get_all_start_methods():
-            context = multiprocessing.get_context("fork")
-            self._pools = [ProcessPoolExecutor(max_workers=1, mp_context=context) for _ in range(2)]
-            # both helpers are forked here, from this thread (a fork from another thread could copy a lock
-            # this one holds, e.g. the import lock, and the helper would wait on it for ever); the second
-            # warms up when the first is done: on two cores, the run itself keeps one busy
-            self._pools[1].submit(int)
-            self._pools[0].submit(_import_plotting).add_done_callback(self._warm_second)
-
-    def _warm_second(self, _done: object) -> None:
-        with contextlib.suppress(RuntimeError):  # shut down already (the run ended first): nothing to warm
-            self._pools[1].submit(_import_plotting)
+            # one pool: with fork it starts both helpers at its first submit, before any thread of its own
+            # (a fork while another thread holds a lock, the import lock say, can leave the child waiting on
+            # it for ever)
+            self._pool = ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork"),
+                                             initializer=_lower_priority)
+            for _ in range(2):
+                self._pool.submit(_import_plotting)
 
     def draw(self, outcomes_by_policy: Mapping[str, Sequence[JobOutcome]],
              timelines_by_policy: Mapping[str, tuple[Sequence[tuple[float, float]], int]], directory: str | Path):
-        if self._pools:
+        if self._pool is not None:
             directory = Path(directory)
             jct = {name: jct_hours(outcomes) for name, outcomes in outcomes_by_policy.items()}  # cheap to send
-            cdf = self._pools[0].submit(_jct_cdf_plot, jct, directory / "jct_cdf.png")
-            rest = self._pools[1].submit(_queue_and_utilization_plots, dict(outcomes_by_policy),
-                                         dict(timelines_by_policy), directory)
+            cdf = self._pool.submit(_jct_cdf_plot, jct, directory / "jct_cdf.png")
+            rest = self._pool.submit(_queue_and_utilization_plots, dict(outcomes_by_policy),
+                                     dict(timelines_by_policy), directory)
             return _Plots(cdf, rest)
         from concurrent.futures import Future
 
@@ -190,8 +188,14 @@ class PlotWorker:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        for pool in self._pools:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    """A plot helper's initializer: yield the CPU to the run it draws for."""
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
 
 class _Plots:
