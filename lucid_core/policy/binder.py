@@ -86,8 +86,7 @@ class AffinityBinder:
         return self._classes[cache_key]
 
     def update_mode(self, view: ClusterView, forecast: Forecast) -> SetSharingMode | None:
-        queued = sum(part[1] * len(items) for part, items in view.queue.parts().items())
-        mode, reason = choose_mode(self.config, forecast, queued)
+        mode, reason = choose_mode(self.config, forecast, view.queue.gpus())
         if mode is view.sharing_mode:
             return None
         view.sharing_mode = mode

@@ -82,6 +82,10 @@ class MainQueue:
     def parts(self) -> dict[QueueKey, list[tuple[SortKey, str]]]:
         return self._parts
 
+    def gpus(self) -> int:
+        """GPUs asked for by the queued jobs (one sum per part: its jobs ask alike)."""
+        return sum(gpus * len(items) for (_, gpus, _), items in self._parts.items())
+
     def key_of(self, job_id: str) -> SortKey:
         """The sort key a queued job sits under."""
         return self._where[job_id][1]

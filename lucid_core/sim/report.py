@@ -124,8 +124,7 @@ def draw_plots(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]],
     """The three plots of a run: JCT CDF, queueing per VC, GPU utilization over time."""
     directory = Path(directory)
     return [jct_cdf_plot(outcomes_by_policy, directory / "jct_cdf.png"),
-            queue_per_vc_plot(outcomes_by_policy, directory / "queue_per_vc.png"),
-            utilization_plot(timelines_by_policy, directory / "gpu_utilization.png")]
+            *_queue_and_utilization_plots(outcomes_by_policy, timelines_by_policy, directory)]
 
 
 def _import_plotting() -> None:
@@ -237,6 +236,7 @@ def cdf_points(size: int, most: int = CDF_MAX_POINTS) -> np.ndarray:
 
 
 def jct_hours(outcomes: Sequence[JobOutcome]) -> np.ndarray:
+    """Each job's completion time in hours (what the CDF plots; an array is cheap to send to a helper)."""
     return np.array([(o.end_time - o.submit_time) / 3600 for o in outcomes], dtype=float)
 
 
@@ -274,11 +274,11 @@ def _jct_cdf_plot(jct_by_policy: Mapping[str, np.ndarray], path: str | Path) -> 
 
 def queue_per_vc_plot(outcomes_by_policy: Mapping[str, Sequence[JobOutcome]], path: str | Path) -> Path:
     """Write a PNG bar chart of average queueing delay (hours) per VC, one bar per policy."""
+    import pandas as pd
+
     plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    import pandas as pd
-
     tables = {name: per_vc_table(outcomes)["avg_queue_h"] for name, outcomes in outcomes_by_policy.items()
               if outcomes}
     frame = pd.DataFrame(tables).fillna(0.0)
