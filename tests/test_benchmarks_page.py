@@ -1,0 +1,32 @@
+"""BENCHMARKS.md is assembled from benchmarks/results/*.md: a figure written only into the page is lost at the
+next `bash benchmarks/assemble.sh`, so the page must be exactly what its parts make."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _check(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(root / "benchmarks" / "assemble.sh"), "--check"], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_page_is_what_its_parts_make():
+    result = _check(REPO)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_section_edited_only_in_the_page_is_caught(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(REPO / "benchmarks" / "assemble.sh", tmp_path / "benchmarks")
+    shutil.copytree(REPO / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    page = (REPO / "BENCHMARKS.md").read_text(encoding="utf-8")
+    (tmp_path / "BENCHMARKS.md").write_text(page, encoding="utf-8")
+    assert _check(tmp_path).returncode == 0
+    (tmp_path / "BENCHMARKS.md").write_text(page + "\n## A section nobody put in a part\n", encoding="utf-8")
+    result = _check(tmp_path)
+    assert result.returncode != 0 and "edit the parts" in result.stderr
