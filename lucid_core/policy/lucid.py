@@ -96,6 +96,9 @@ class LucidPolicy(SchedulingPolicy):
         decisions: list[Decision] = []
         decisions.extend(self._end_windows(view))
         decisions.extend(self.binder.split_unstable(view))
+        # predicted first: jobs submitted since the last round are in the main queue when the mode
+        # check counts the GPUs queued (live, a burst can arrive between two rounds)
+        self.orchestrator.predict_pending(view)
         interval = self.config.forecast.mode_check_interval_s
         if view.last_mode_check is None or view.now - view.last_mode_check >= interval:
             view.last_mode_check = view.now
@@ -104,7 +107,6 @@ class LucidPolicy(SchedulingPolicy):
             if change is not None:
                 decisions.append(change)
             decisions.extend(self.profiler.autoscale(view, forecast))
-        self.orchestrator.predict_pending(view)
         self.orchestrator.promote_overdue(view)
         # the main queue first: profiled jobs waiting there have been waiting longest
         online = view.tprof_s if self.config.profiler.enabled else None

@@ -50,3 +50,38 @@ def test_update_mode_counts_the_gpus_of_the_main_queue():
     assert change is not None and view.sharing_mode is SharingMode.DEFAULT
     assert "16 GPUs queued" in change.reason
     assert AffinityBinder(config.binder).update_mode(view, _forecast(0.5)) is None  # unchanged: no decision
+
+
+class _QuietForecast:
+    """A forecaster that always says almost nothing is coming (the submissions below arrive between rounds)."""
+
+    def observe_submission(self, time: float, gpus: int) -> None:
+        pass
+
+    def forecast(self, now: float) -> Forecast:
+        return _forecast(0.5)
+
+
+def test_a_round_counts_jobs_submitted_since_the_last_round_as_queued():
+    """Live, a burst arrives between two rounds: the round predicts the new jobs before its mode check, so
+    they count as GPUs queued at once (not a mode-check interval later)."""
+    from lucid_core.domain import JobState
+    from lucid_core.policy.decisions import SetSharingMode
+    from lucid_core.policy.lucid import LucidPolicy
+
+    config = LucidConfig().with_overrides({"profiler.enabled": "false"})
+    view = ClusterView(config)
+    view.add_nodes(Pool.MAIN, 1)
+    busy = Job("busy", "u", "vc", 8, 0.0, predicted_duration=3600.0, state=JobState.QUEUED)
+    view.add_job(busy)
+    view.start("busy", Pool.MAIN, view.main.place_compact(8))
+    view.sharing_mode = SharingMode.OFF
+    policy = LucidPolicy(config, forecaster=_QuietForecast())
+    for k in range(2):
+        job = Job(f"W{k}", "u", "vc", 8, 0.0, state=JobState.QUEUED)
+        view.add_job(job)
+        policy.on_submit(view, job)
+    assert len(view.queue) == 0 and len(view.unpredicted) == 2  # not predicted yet: outside the main queue
+    changes = [d for d in policy.schedule(view) if isinstance(d, SetSharingMode)]
+    assert [c.mode for c in changes] == [SharingMode.DEFAULT]
+    assert "16 GPUs queued" in changes[0].reason
