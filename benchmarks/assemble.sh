@@ -24,6 +24,11 @@ for part in parts:
             fence = not fence
         out.append("#" + line if not fence and line.startswith("#") else line)
 page = "\n".join(out) + "\n"
+if sys.argv[1:] not in ([], ["--check"]):
+    sys.exit(f"usage: bash benchmarks/assemble.sh [--check] (not {' '.join(sys.argv[1:])})")
+unlisted = sorted({p.stem for p in Path("benchmarks/results").glob("*.md")} - set(parts))
+if unlisted:
+    sys.exit(f"benchmarks/results/ has parts the page leaves out: {unlisted}; list them in assemble.sh")
 if sys.argv[1:] == ["--check"]:
     if Path("BENCHMARKS.md").read_text(encoding="utf-8") != page:
         sys.exit("BENCHMARKS.md differs from benchmarks/results/*.md: edit the parts, then run bash benchmarks/assemble.sh")

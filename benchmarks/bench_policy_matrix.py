@@ -144,9 +144,11 @@ def _inputs() -> tuple[object, object]:
 
 def run_cell(start: str, end: str, nodes: int, policies: Sequence[str],
              overrides: tuple[tuple[str, str], ...] = (),
-             lucid_overrides: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, dict[str, float], float]]:
+             lucid_overrides: tuple[tuple[str, str], ...] = (),
+             seed: int = 0) -> list[tuple[str, dict[str, float], float]]:
     """Every policy on one window and size, in one worker process (which parses the trace once).
-    `lucid_overrides` apply to Lucid and its ablations only (the baselines stay as cached)."""
+    `lucid_overrides` apply to Lucid and its ablations only (the baselines stay as cached); `seed`: the
+    catalog's draw of a workload per job (and QSSF's noise), 0 as in every committed figure."""
     from dataclasses import replace
 
     from lucid_core.config import LucidConfig
@@ -155,7 +157,7 @@ def run_cell(start: str, end: str, nodes: int, policies: Sequence[str],
 
     config = LucidConfig().with_overrides(dict(overrides)) if overrides else LucidConfig()
     trace, catalog = _inputs()
-    exp, _ = load_experiment(trace, "philly", start, end, nodes=nodes, catalog=catalog, config=config)
+    exp, _ = load_experiment(trace, "philly", start, end, nodes=nodes, catalog=catalog, config=config, seed=seed)
     out = []
     for policy in policies:
         started = time.perf_counter()
@@ -169,20 +171,44 @@ def run_cell(start: str, end: str, nodes: int, policies: Sequence[str],
     return out
 
 
-def load_results(path: str | None) -> dict[tuple[str, int, str], dict[str, float]]:
-    """Figures saved by an earlier (possibly interrupted) run with --json."""
+#: the key of a results file's own entry saying what produced it (absent in files from the default run)
+RUN_KEY = "_run"
+
+
+def run_label(overrides: dict[str, str], lucid_overrides: dict[str, str], seed: int) -> dict[str, object]:
+    """What a results file's figures depend on besides the code: they are reused only under the same label."""
+    return {"overrides": dict(sorted(overrides.items())), "lucid_overrides": dict(sorted(lucid_overrides.items())),
+            "seed": seed}
+
+
+DEFAULT_LABEL = run_label({}, {}, 0)
+
+
+def load_results(path: str | None,
+                 label: dict[str, object] | None = None) -> dict[tuple[str, int, str], dict[str, float]]:
+    """Figures saved by an earlier (possibly interrupted) run with --json, if it ran under the same `label`
+    (overrides and seed; default: the default run's): figures of another run are not this run's."""
     if not path or not Path(path).is_file():
         return {}
+    saved = json.loads(Path(path).read_text())
+    kept = saved.pop(RUN_KEY, DEFAULT_LABEL)
+    if kept != (label or DEFAULT_LABEL):
+        print(f"{path} holds figures of another run ({kept}): not reused", file=sys.stderr)
+        return {}
     out = {}
-    for key, metrics in json.loads(Path(path).read_text()).items():
+    for key, metrics in saved.items():
         window, nodes, policy = key.split("|")
         out[(window, int(nodes), policy)] = metrics
     return out
 
 
-def save_results(path: str | None, results: dict[tuple[str, int, str], dict[str, float]]) -> None:
+def save_results(path: str | None, results: dict[tuple[str, int, str], dict[str, float]],
+                 label: dict[str, object] | None = None) -> None:
+    """Every figure by window|nodes|policy, with the run's label unless it is the default run's."""
     if path:
-        Path(path).write_text(json.dumps({f"{w}|{n}|{p}": m for (w, n, p), m in results.items()}, indent=1))
+        out: dict[str, object] = {} if label in (None, DEFAULT_LABEL) else {RUN_KEY: label}
+        out.update({f"{w}|{n}|{p}": m for (w, n, p), m in results.items()})
+        Path(path).write_text(json.dumps(out, indent=1))
 
 
 def cache_key(window: str, nodes: int, policy: str, overrides: tuple[tuple[str, str], ...], code: str) -> str:
@@ -201,20 +227,23 @@ def load_cache(path: str | None) -> dict[str, dict[str, float]]:
 def run_matrix(windows: Sequence[tuple[str, str]], sizes: Sequence[int], policies: Sequence[str],
                overrides: dict[str, str], workers: int, json_path: str | None = None,
                cache_path: str | None = None,
-               lucid_overrides: dict[str, str] | None = None) -> dict[tuple[str, int, str], dict[str, float]]:
+               lucid_overrides: dict[str, str] | None = None,
+               seed: int = 0) -> dict[tuple[str, int, str], dict[str, float]]:
     """Every (window, size, policy) simulation: one task per window and size, over worker processes.
     With `json_path`, figures already there are reused and every finished cell is saved at once. Baselines
     come from `cache_path` when the same code ran them on the same cell and overrides."""
     ov = tuple(sorted(overrides.items()))
     lov = tuple(sorted((lucid_overrides or {}).items()))
-    results = load_results(json_path) if not overrides and not lov else {}
+    label = run_label(overrides, dict(lov), seed)
+    results = load_results(json_path, label)
+    keyed = ov + ((("seed", str(seed)),) if seed else ())  # the cache key: seed 0 keeps the keys it always had
     code = baseline_code_hash()
     cache = load_cache(cache_path)
     reused = 0
     for s, e in windows:
         for n in sizes:
             for p in policies:
-                hit = cache.get(cache_key(f"{s}..{e}", n, p, ov, code)) if p in BASELINES else None
+                hit = cache.get(cache_key(f"{s}..{e}", n, p, keyed, code)) if p in BASELINES else None
                 if hit is not None and (f"{s}..{e}", n, p) not in results:
                     results[(f"{s}..{e}", n, p)] = hit
                     reused += 1
@@ -230,7 +259,7 @@ def run_matrix(windows: Sequence[tuple[str, str]], sizes: Sequence[int], policie
     cells = sorted(todo, key=lambda c: c[2])
     done = 0
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_cell, s, e, n, todo[(s, e, n)], ov, lov): (s, e, n) for s, e, n in cells}
+        futures = {pool.submit(run_cell, s, e, n, todo[(s, e, n)], ov, lov, seed): (s, e, n) for s, e, n in cells}
         for future in as_completed(futures):
             s, e, n = futures[future]
             seconds = 0.0
@@ -238,9 +267,8 @@ def run_matrix(windows: Sequence[tuple[str, str]], sizes: Sequence[int], policie
                 results[(f"{s}..{e}", n, policy)] = metrics
                 seconds += took
                 if policy in BASELINES and cache_path:
-                    cache[cache_key(f"{s}..{e}", n, policy, ov, code)] = metrics
-            if not overrides and not lov:
-                save_results(json_path, results)
+                    cache[cache_key(f"{s}..{e}", n, policy, keyed, code)] = metrics
+            save_results(json_path, results, label)
             if cache_path:
                 Path(cache_path).parent.mkdir(parents=True, exist_ok=True)
                 Path(cache_path).write_text(json.dumps(cache, indent=0))
@@ -374,11 +402,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lucid-set", action="append", default=[], metavar="SECTION.KNOB=VALUE",
                         help="override a knob for Lucid and its ablations only (baselines reused from the cache)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help=(
+        "the catalog's workload draw per job (and QSSF's noise); another seed checks that a verdict does not "
+        "hang on one draw (default 0, every committed figure)"))
     parser.add_argument("--markdown", action="store_true", help="also print one markdown table of the matrix")
     parser.add_argument("--report-only", action="store_true",
                         help="print the cells already in --json without simulating the missing ones")
-    parser.add_argument("--json", help="keep every figure in this JSON file, saved after each cell; figures "
-                                       "already in it are reused (resume), unless --set is given")
+    parser.add_argument("--json", help="keep every figure in this JSON file, saved after each cell with the run's "
+                                       "--set, --lucid-set and --seed; a rerun with the same ones reuses them (resume)")
     args = parser.parse_args(argv)
 
     windows = QUICK_WINDOWS if args.quick else all_windows()
@@ -395,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lucid_overrides = dict(item.split("=", 1) for item in args.lucid_set)
     started = time.perf_counter()
     if args.report_only:
-        results = load_results(args.json)
+        results = load_results(args.json, run_label(overrides, lucid_overrides, args.seed))
         have = {(w, n) for w, n, p in results if all((w, n, q) in results for q in required(policies))}
         windows = [(s, e) for s, e in windows if any((f"{s}..{e}", n) in have for n in sizes)]
         sizes = tuple(n for n in sizes if any((f"{s}..{e}", n) in have for s, e in windows))
@@ -404,12 +435,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"# not simulated yet (left out): {missing}")
     else:
         results = run_matrix(windows, sizes, policies, overrides, args.jobs, args.json, args.cache or None,
-                             lucid_overrides)
+                             lucid_overrides, args.seed)
     wall = time.perf_counter() - started
     names = [f"{s}..{e}" for s, e in windows]
     print(f"# Policy matrix: Philly, {len(names)} windows x {len(sizes)} sizes x {len(policies)} policies"
           + (f"; overrides {overrides}" if overrides else "; default configuration")
-          + (f"; Lucid only: {lucid_overrides}" if lucid_overrides else ""))
+          + (f"; Lucid only: {lucid_overrides}" if lucid_overrides else "")
+          + (f"; seed {args.seed}" if args.seed else ""))
     print("x: policy / Lucid (above 1.00x: Lucid is better)\n")
     present = {(w, n) for w in names for n in sizes if all((w, n, p) in results for p in required(policies))}
     for w in names:
@@ -431,8 +463,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("## Done-when check\n" + "\n".join(rows))
     sims = len(results)
     print(f"\n{sims} simulations in {wall:.0f} s wall with {args.jobs} worker processes")
-    if overrides or lucid_overrides:
-        save_results(args.json, results)
     return 0 if passed else 1
 
 

@@ -30,3 +30,13 @@ def test_a_section_edited_only_in_the_page_is_caught(tmp_path):
     (tmp_path / "BENCHMARKS.md").write_text(page + "\n## A section nobody put in a part\n", encoding="utf-8")
     result = _check(tmp_path)
     assert result.returncode != 0 and "edit the parts" in result.stderr
+
+
+def test_a_part_the_page_leaves_out_is_caught(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(REPO / "benchmarks" / "assemble.sh", tmp_path / "benchmarks")
+    shutil.copytree(REPO / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    shutil.copy(REPO / "BENCHMARKS.md", tmp_path / "BENCHMARKS.md")
+    (tmp_path / "benchmarks" / "results" / "new_area.md").write_text("# New area\n", encoding="utf-8")
+    result = _check(tmp_path)
+    assert result.returncode != 0 and "new_area" in result.stderr
