@@ -85,3 +85,31 @@ def test_a_round_counts_jobs_submitted_since_the_last_round_as_queued():
     changes = [d for d in policy.schedule(view) if isinstance(d, SetSharingMode)]
     assert [c.mode for c in changes] == [SharingMode.DEFAULT]
     assert "16 GPUs queued" in changes[0].reason
+
+
+class _BurstForecast(_QuietForecast):
+    def forecast(self, now: float) -> Forecast:
+        return Forecast(jobs_per_slot=100.0, gpus_per_slot=100.0, source="test")
+
+
+def test_a_burst_borrows_no_main_node_while_a_just_submitted_job_waits_for_it():
+    """The profiler borrows idle main nodes in a burst only while the main queue is empty. A wide job submitted
+    since the last round (too wide for the pool, so bound for the main queue) counts as queued in the same round:
+    the idle nodes stay in the main cluster for it."""
+    from lucid_core.domain import JobState, Profile
+    from lucid_core.policy.lucid import LucidPolicy
+
+    config = LucidConfig().with_overrides({"profiler.in_place": "false"})
+    view = ClusterView(config)
+    view.add_nodes(Pool.MAIN, 3)
+    view.add_nodes(Pool.PROFILING, 1)
+    policy = LucidPolicy(config, forecaster=_BurstForecast())
+    small = Job("small", "u", "vc", 1, 0.0, state=JobState.QUEUED)
+    wide = Job("wide", "u", "vc", 16, 0.0, state=JobState.QUEUED, profile=Profile(50, 40, 1000))
+    for job in (small, wide):
+        view.add_job(job)
+        policy.on_submit(view, job)
+    assert "small" in view.profiling_queue and view.unpredicted == ["wide"]
+    policy.schedule(view)
+    assert view.borrowed_nodes == []
+    assert view.jobs["wide"].state is JobState.RUNNING  # it started on two of the nodes a burst would have lent
