@@ -35,6 +35,7 @@ from bench_policy_matrix import (
     TAIL_PEERS,
     all_windows,
     run_cell,
+    share0_conditions,
 )
 
 BASELINES = Path(__file__).resolve().parent / "results" / "policy_matrix_shares.json"
@@ -73,11 +74,7 @@ def count_conditions(cells: Sequence[tuple[str, str, int]], lucid: Sequence[dict
         base = {p: baselines[f"{start}..{end}|{nodes}|{p}"] for p in ("fifo", "sjf", "qssf", "qssf-backfill", "horus")}
         best = min(base[p]["avg_jct_h"] for p in NON_PREEMPTIVE_PEERS)
         tail = min(base[p]["p999_queue_h"] for p in TAIL_PEERS)
-        eps = 1e-9  # the matrix's own verdict allows this much float noise on every condition
-        met = {"avg <= best non-preemptive": m["avg_jct_h"] <= best + eps,
-               "avg <= SJF": m["avg_jct_h"] <= base["sjf"]["avg_jct_h"] + eps,
-               "avg <= Horus": m["avg_jct_h"] <= base["horus"]["avg_jct_h"] + eps,
-               "P99.9 queue <= QSSF": m["p999_queue_h"] <= tail + eps}
+        met = share0_conditions(m, base)
         for name, ok in met.items():
             counts[name] += ok
         missed = ", ".join(name for name, ok in met.items() if not ok) or "-"

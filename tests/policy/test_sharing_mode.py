@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import Job, Pool, SharingMode
+from lucid_core.domain import Job, JobState, Pool, Profile, SharingMode
 from lucid_core.policy.binder import AffinityBinder, choose_mode
+from lucid_core.policy.decisions import SetSharingMode
+from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.predictors import Forecast
 from lucid_core.policy.view import ClusterView
 
@@ -65,10 +67,6 @@ class _QuietForecast:
 def test_a_round_counts_jobs_submitted_since_the_last_round_as_queued():
     """Live, a burst arrives between two rounds: the round predicts the new jobs before its mode check, so
     they count as GPUs queued at once (not a mode-check interval later)."""
-    from lucid_core.domain import JobState
-    from lucid_core.policy.decisions import SetSharingMode
-    from lucid_core.policy.lucid import LucidPolicy
-
     config = LucidConfig().with_overrides({"profiler.enabled": "false"})
     view = ClusterView(config)
     view.add_nodes(Pool.MAIN, 1)
@@ -96,9 +94,6 @@ def test_a_burst_borrows_no_main_node_while_a_just_submitted_job_waits_for_it():
     """The profiler borrows idle main nodes in a burst only while the main queue is empty. A wide job submitted
     since the last round (too wide for the pool, so bound for the main queue) counts as queued in the same round:
     the idle nodes stay in the main cluster for it."""
-    from lucid_core.domain import JobState, Profile
-    from lucid_core.policy.lucid import LucidPolicy
-
     config = LucidConfig().with_overrides({"profiler.in_place": "false"})
     view = ClusterView(config)
     view.add_nodes(Pool.MAIN, 3)
