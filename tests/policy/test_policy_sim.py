@@ -380,7 +380,9 @@ def _guard_trace() -> list[TraceRecord]:
 def test_starvation_guard_reserves_the_node_for_an_overdue_wide_job(slowdown, expected):
     config = LucidConfig().with_overrides({"cluster.gpus_per_node": 2, "profiler.enabled": False,
                                            "profiler.tprof_s": 1, "binder.sharing": "off",
-                                           "orchestrator.guard_slowdown": slowdown})
+                                           "orchestrator.guard_slowdown": slowdown,
+                                           # the plain reservation (EASY backfilling has its own test below)
+                                           "orchestrator.backfill_reserved": False})
     records = _guard_trace()
     policy = LucidPolicy(config, duration_model=_KnownDurations({r.job_id: r.duration for r in records}))
     result = simulate(records, policy, config, main_nodes=1, check_invariants=True, keep_log=True)
