@@ -70,8 +70,8 @@ def _ti_states(run) -> dict[str, list[str]]:
 
 def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home, tmp_path, monkeypatch):
     monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "live.toml"))
-    # the live configuration ages priorities and never lets a job yield: on 2 nodes the sample trace
-    # queues long enough that both cost average JCT, so the grid's settings beat it beyond the noise
+    # the live configuration never lets a job yield: on 2 nodes the sample trace queues long enough
+    # that this costs average JCT, so the grid's settings (all with yielding) beat it beyond the noise
     (tmp_path / "live.toml").write_text("[orchestrator]\naging = 32.0\nyield_margin = 0.0\n")
     dag = _dagbag().dags["lucid_system_tuner"]
     conf = {"trace_path": str(SAMPLE_TRACE), "trace_format": "generic", "main_nodes": 2,
@@ -94,8 +94,8 @@ def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home
     best = summary["best"]["overrides"]
     assert summary["keep_current"] is False, summary["verdict"]
     assert applied.profiler.tprof_s == best["profiler.tprof_s"]
-    assert applied.orchestrator.aging == best["orchestrator.aging"] == 0
-    assert applied.orchestrator.yield_margin == 4
+    assert applied.orchestrator.aging == best["orchestrator.aging"]
+    assert applied.orchestrator.yield_margin == best["orchestrator.yield_margin"] == 4  # the live file had 0
 
 
 def test_tuner_apply_step_is_skipped_unless_asked(airflow_db, lucid_home, tmp_path, monkeypatch):
