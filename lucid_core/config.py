@@ -68,6 +68,10 @@ class OrchestratorConfig:
         "EASY backfilling: a job predicted to end before the guard's reserved job is predicted to start "
         "may use the reserved nodes (off: they idle while they drain, which on a small cluster with wide "
         "jobs doubled avg JCT)"))
+    backfill_margin: float = _knob(2.0, lo=1, doc=(
+        "a job backfills only if it would end before the reserved job's predicted start even when it runs this "
+        "many times its predicted run time: an underestimate delays the reserved job, an overestimate only "
+        "forgoes a backfill"))
     guard_tail: float = _knob(0.0, lo=0, doc=(
         "tail guard: a job waiting this many times the P99 queueing of recently finished jobs is overdue "
         "too (oldest first, with the guard's reservation); 0 turns it off"))

@@ -125,6 +125,7 @@ class LucidPolicy(SchedulingPolicy):
         try:
             placed = place_queue(view, self._partner, online_window_s=online, reserve=reserve,
                                  backfill_reserved=self.config.orchestrator.backfill_reserved,
+                                 backfill_margin=self.config.orchestrator.backfill_margin,
                                  placement=self.placement)
             return [*placed, *self.profiler.start_windows(view)]
         finally:

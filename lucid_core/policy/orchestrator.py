@@ -98,7 +98,7 @@ def reservation_start(view: ClusterView, job: Job, names: list[str]) -> float:
 
 def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
                 strict_order: bool = False, online_window_s: float | None = None,
-                reserve: Reserver | None = None, backfill_reserved: bool = False,
+                reserve: Reserver | None = None, backfill_reserved: bool = False, backfill_margin: float = 1.0,
                 placement: Placement = COMPACT) -> list[Decision]:
     """Scan the main queue in key order and place what fits.
 
@@ -109,7 +109,9 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
     `reserve(view, job)`: nodes to hold for the first overdue job that cannot start; they stay
     out of every fit test until the caller's `view.main.release_holds()`.
     `backfill_reserved` (EASY backfilling): a job predicted to end before the reserved job is
-    predicted to start may still use the reserved nodes. `placement`: the policy's (compact by default).
+    predicted to start may still use the reserved nodes; `backfill_margin`: it must end before then even
+    if it runs this many times its prediction (an underestimate delays the reserved job, an overestimate
+    only forgoes a backfill). `placement`: the policy's (compact by default).
     """
     decisions: list[Decision] = []
     parts = view.queue.parts()
@@ -142,12 +144,13 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
             else:
                 smallest_unfit[vc] = job.gpus
         if (not placed and shadow is not None and job.predicted_duration is not None
-                and view.now + job.predicted_duration <= shadow):
+                and view.now + backfill_margin * job.predicted_duration <= shadow):
             gpus = _fit_ignoring_holds(main, job.gpus, vc, placement)
             if gpus is not None:
                 view.start(job_id, Pool.MAIN, gpus)
                 decisions.append(Place(job_id, gpus, exclusive_reason(view, job, key)
-                                       + "; backfilled: predicted to end before the reserved job starts"))
+                                       + f"; backfilled: predicted to end before the reserved job starts, even "
+                                       f"at {backfill_margin:g}x its predicted run time"))
                 placed = True
         if not placed and find_partner is not None:
             found = find_partner(view, job)

@@ -392,24 +392,30 @@ def test_starvation_guard_reserves_the_node_for_an_overdue_wide_job(slowdown, ex
         assert place_w[0] == 100 and "starvation guard" in place_w[3]
 
 
-@pytest.mark.parametrize(("backfill", "expected"), [
+_PLAIN_RESERVATION = {"L": 100, "W": 129, "S2": 20, "S22": 20, "S42": 20, "S62": 88, "S82": 68, "S102": 68}
+
+
+@pytest.mark.parametrize(("backfill", "margin", "expected"), [
     # EASY: W is reserved at 61 and predicted to start when L ends at 100; S62 (20 s) is predicted to
     # end at 82, before that, so it runs on the reserved node; S82 would end at 102 and waits for W
-    (True, {"L": 100, "W": 129, "S2": 20, "S22": 20, "S42": 20, "S62": 20, "S82": 68, "S102": 48}),
+    (True, 1.0, {"L": 100, "W": 129, "S2": 20, "S22": 20, "S42": 20, "S62": 20, "S82": 68, "S102": 48}),
+    # margin 2: S62 at twice its prediction would end at 102, after W's predicted start: it waits
+    (True, 2.0, _PLAIN_RESERVATION),
     # plain reservation: the held node takes no job until W starts
-    (False, {"L": 100, "W": 129, "S2": 20, "S22": 20, "S42": 20, "S62": 88, "S82": 68, "S102": 68}),
+    (False, 1.0, _PLAIN_RESERVATION),
 ])
-def test_easy_backfill_uses_reserved_nodes_only_for_jobs_ending_before_the_reserved_start(backfill, expected):
+def test_easy_backfill_uses_reserved_nodes_only_for_jobs_ending_before_the_reserved_start(backfill, margin, expected):
     config = LucidConfig().with_overrides({"cluster.gpus_per_node": 2, "profiler.enabled": False,
                                            "profiler.tprof_s": 1, "binder.sharing": "off",
                                            "orchestrator.guard_slowdown": 2.0,
-                                           "orchestrator.backfill_reserved": backfill})
+                                           "orchestrator.backfill_reserved": backfill,
+                                           "orchestrator.backfill_margin": margin})
     records = _guard_trace()
     policy = LucidPolicy(config, duration_model=_KnownDurations({r.job_id: r.duration for r in records}))
     result = simulate(records, policy, config, main_nodes=1, check_invariants=True, keep_log=True)
     assert _jcts(result) == expected
     backfilled = [entry[2] for entry in result.decision_log if "backfilled" in str(entry[3])]
-    assert backfilled == (["S62"] if backfill else [])
+    assert backfilled == (["S62"] if backfill and margin == 1.0 else [])
 
 
 @pytest.mark.parametrize(("tail", "expected"), [
