@@ -26,7 +26,8 @@ OBJECTIVES = ["avg_jct", "avg_queue_delay", "p999_queue_delay", "utilization"]
 
 #: The form names of the knobs a sweep can vary (lucid_core.tuner_grid.GRID_KNOBS; not imported at parse time).
 KNOBS = ["tprof_s", "nprof_gpus", "cprof_nodes", "tiny_threshold", "medium_threshold", "sharing", "update_cadence",
-         "pair_priority_ratio", "aging", "guard_slowdown", "long_quantile", "guard_tail", "yield_margin", "yield_max"]
+         "pair_priority_ratio", "aging", "guard_slowdown", "backfill_margin", "long_quantile", "guard_tail",
+         "yield_margin", "yield_max"]
 
 #: Mondays 03:00 UTC. A cron trigger timetable with no start_date and run_immediately=timedelta(0): on
 #: the first unpause the scheduler waits for the next Monday instead of creating a run for the last one.
@@ -85,6 +86,9 @@ def _choices(description: str, choices: list[str]) -> Param:
         "aging": _numbers("Priority aging: GPU-seconds of priority a queued job gains per second", minimum=0),
         "guard_slowdown": _numbers("Starvation guard: a job waiting this many times its predicted run time "
                                    "goes first with a node reservation (0: off)", minimum=0),
+        "backfill_margin": _numbers("EASY backfilling: a job may use nodes reserved for an overdue job if it would "
+                                    "end before that job starts even at this many times its predicted run time",
+                                    minimum=1),
         "long_quantile": _numbers("Jobs above this quantile of predicted GPU-time run in arrival order, "
                                   "the oldest taking GPUs from younger ones (1: off)", minimum=0, maximum=1),
         "guard_tail": _numbers("Tail guard: a job waiting this many times the recent P99 queueing goes "

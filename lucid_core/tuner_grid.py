@@ -28,6 +28,7 @@ GRID_KNOBS: dict[str, str] = {
     "pair_priority_ratio": "binder.pair_priority_ratio",
     "aging": "orchestrator.aging",
     "guard_slowdown": "orchestrator.guard_slowdown",
+    "backfill_margin": "orchestrator.backfill_margin",
     "long_quantile": "orchestrator.long_quantile",
     "guard_tail": "orchestrator.guard_tail",
     "yield_margin": "orchestrator.yield_margin",

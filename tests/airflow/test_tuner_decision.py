@@ -38,7 +38,8 @@ def _rows(directory: Path) -> tuple[list[str], list[list[str]]]:
 
 
 @pytest.mark.parametrize("form_name", ["tprof_s", "nprof_gpus", "cprof_nodes", "tiny_threshold", "medium_threshold",
-                                       "pair_priority_ratio", "aging", "guard_slowdown", "long_quantile",
+                                       "pair_priority_ratio", "aging", "guard_slowdown", "backfill_margin",
+                                       "long_quantile",
                                        "guard_tail", "yield_margin",
                                        "yield_max"])
 def test_a_grid_around_the_current_value_never_repeats_one_value(form_name):
