@@ -663,23 +663,45 @@ def chosen_overrides(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_config_toml(overrides: Mapping[str, Any], path: str | Path, base: LucidConfig | None = None) -> Path:
-    """Write the full configuration with `overrides` applied as TOML that `load_config` reads back.
+    """Write the configuration with `overrides` applied as TOML that `load_config` reads back.
 
     Without `base`, the file's own settings (when it exists) are the base, so applying a sweep changes
-    only the swept knobs and keeps what the operator set there (environment overrides are not written)."""
+    only the swept knobs and keeps what the operator set there (environment overrides are not written).
+    Only knobs that the file set, the sweep chose or that differ from the built-in defaults are written:
+    a knob left at its default follows the defaults of later versions instead of being pinned."""
     target = Path(path)
+    kept: set[str] = set()
     if base is None and target.is_file():
         base = load_config(target, env={})
+        kept = _knobs_set_in(target)
     config = (base or LucidConfig()).with_overrides(dict(overrides))
-    lines = ["# written by the Lucid System Tuner", ""]
+    defaults = LucidConfig().to_dict()
+    lines = ["# written by the Lucid System Tuner; knobs not listed take the installed version's defaults", ""]
     for section, knobs in config.to_dict().items():
+        chosen = [(knob, value) for knob, value in knobs.items() if value != defaults[section][knob]
+                  or f"{section}.{knob}" in kept or f"{section}.{knob}" in overrides]
+        if not chosen:
+            continue
         lines.append(f"[{section}]")
-        for knob, value in knobs.items():
-            lines.append(f"{knob} = {_toml_value(value)}")
+        lines.extend(f"{knob} = {_toml_value(value)}" for knob, value in chosen)
         lines.append("")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(lines), encoding="utf-8")
     return target
+
+
+def _knobs_set_in(path: Path) -> set[str]:
+    """'section.knob' of every knob a config file sets (it was read by `load_config` already, so it parses)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in {".yaml", ".yml"}:
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        import tomllib
+
+        data = tomllib.loads(text)
+    return {f"{section}.{knob}" for section, knobs in data.items() if isinstance(knobs, Mapping) for knob in knobs}
 
 
 def _toml_value(value: Any) -> str:

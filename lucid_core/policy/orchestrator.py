@@ -148,9 +148,10 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
             gpus = _fit_ignoring_holds(main, job.gpus, vc, placement)
             if gpus is not None:
                 view.start(job_id, Pool.MAIN, gpus)
-                decisions.append(Place(job_id, gpus, exclusive_reason(view, job, key)
-                                       + f"; backfilled: predicted to end before the reserved job starts, even "
-                                       f"at {backfill_margin:g}x its predicted run time"))
+                at = f", even at {backfill_margin:g}x its predicted run time" if backfill_margin != 1 else ""
+                decisions.append(Place(job_id, gpus, exclusive_reason(view, job, key) + (
+                    f"; backfilled on nodes held for {view.reserved_for}: predicted to end before that job's "
+                    f"predicted start in {duration_words(shadow - view.now)}{at}")))
                 placed = True
         if not placed and find_partner is not None:
             found = find_partner(view, job)
@@ -174,7 +175,8 @@ def place_queue(view: ClusterView, find_partner: PartnerFinder | None = None,
             main.hold(kept[1])
             view.reserved_for = job_id
             if backfill_reserved:
-                shadow = reservation_start(view, job, kept[1])
+                start = reservation_start(view, job, kept[1])
+                shadow = start if math.isfinite(start) else None  # an unknowable start: nothing backfills
             smallest_unfit.clear()  # fewer nodes now: fit knowledge starts again
         if find_partner is None and all(smallest_unfit.get(v) == 1 for v in queued_vcs):
             break  # nothing free in any queued job's VC and nothing to share: the rest waits

@@ -41,6 +41,14 @@ def test_applying_a_sweep_changes_only_the_swept_knobs_of_the_live_config(tmp_pa
     assert applied.cluster.gpu_memory_mb == 81920 and applied.runtime.host_lost_after_s == 120  # kept
     write_config_toml({"profiler.tprof_s": 300}, tmp_path / "new.toml")  # no file yet: defaults + sweep
     assert load_config(tmp_path / "new.toml", env={}).cluster.gpu_memory_mb == 24576
+    # knobs at their defaults are not pinned (a later version's defaults reach them); the file's own are kept,
+    # even where they equal today's default
+    written = (tmp_path / "new.toml").read_text(encoding="utf-8")
+    assert "tprof_s = 300" in written and "gpu_memory_mb" not in written and "backfill_margin" not in written
+    live.write_text("[orchestrator]\nbackfill_reserved = true\n", encoding="utf-8")
+    write_config_toml({"binder.sharing": "off"}, live)
+    assert "backfill_reserved = true" in live.read_text(encoding="utf-8")
+    assert load_config(live, env={}).binder.sharing == "off"
 
 
 def test_psi_is_zero_for_the_same_sample_and_large_for_a_shift():

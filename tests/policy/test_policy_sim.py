@@ -418,6 +418,21 @@ def test_easy_backfill_uses_reserved_nodes_only_for_jobs_ending_before_the_reser
     assert backfilled == (["S62"] if backfill and margin == 1.0 else [])
 
 
+def test_by_default_a_job_backfills_when_it_ends_in_time_even_at_twice_its_prediction():
+    """The default (EASY backfilling, margin 2): S62, predicted at 19 s, would end by 100 even at 38 s, when W is
+    predicted to start; it runs on the node held for W. S82 (20 s, 122 at twice that) waits."""
+    config = LucidConfig().with_overrides({"cluster.gpus_per_node": 2, "profiler.enabled": False,
+                                           "profiler.tprof_s": 1, "binder.sharing": "off",
+                                           "orchestrator.guard_slowdown": 2.0})
+    records = [r if r.job_id != "S62" else TraceRecord("S62", 62, 19, 1) for r in _guard_trace()]
+    policy = LucidPolicy(config, duration_model=_KnownDurations({r.job_id: r.duration for r in records}))
+    result = simulate(records, policy, config, main_nodes=1, check_invariants=True, keep_log=True)
+    backfilled = [entry for entry in result.decision_log if "backfilled" in str(entry[3])]
+    assert [entry[2] for entry in backfilled] == ["S62"]
+    assert "held for W" in backfilled[0][3] and "even at 2x" in backfilled[0][3]
+    assert _jcts(result)["S62"] == 19 and _jcts(result)["W"] == 129
+
+
 @pytest.mark.parametrize(("tail", "expected"), [
     # tail guard 3: A and B end at 10 having waited 0 s, so the bound is 3 x max(P99 wait 0, Tprof 1)
     # = 3 s; W (waited 9 s) and both S jobs are overdue, oldest first: W runs 10..40, S2 and S5 40..60
