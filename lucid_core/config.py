@@ -239,29 +239,39 @@ def _build(data: Mapping[str, Any], base: LucidConfig | None = None) -> LucidCon
     return replace(base, **updated)
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The table of sections a config file (TOML or YAML) holds, as written there."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {p} is not UTF-8 text: {exc}") from exc
+    try:
+        if p.suffix in {".yaml", ".yml"}:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = tomllib.loads(text)
+    except Exception as exc:  # parse errors of either format
+        raise ConfigError(f"config file {p} is not valid {p.suffix.lstrip('.') or 'TOML'}: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config file {p} must hold a table of sections")
+    return dict(data)
+
+
+def load_config_file(path: str | Path) -> tuple[LucidConfig, set[str]]:
+    """Defaults <- the file (no environment), and the 'section.knob' names the file sets."""
+    data = read_config_file(path)
+    return _build(data), {f"{section}.{knob}" for section, knobs in data.items() if isinstance(knobs, Mapping)
+                          for knob in knobs}
+
+
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> LucidConfig:
     """Defaults <- file (TOML or YAML) <- environment (LUCID__SECTION__KNOB)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {p} is not UTF-8 text: {exc}") from exc
-        try:
-            if p.suffix in {".yaml", ".yml"}:
-                import yaml
-
-                data = yaml.safe_load(text) or {}
-            else:
-                data = tomllib.loads(text)
-        except Exception as exc:  # parse errors of either format
-            raise ConfigError(f"config file {p} is not valid {p.suffix.lstrip('.') or 'TOML'}: {exc}") from exc
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"config file {p} must hold a table of sections")
-    config = _build(data)
+    config = _build(read_config_file(path) if path is not None else {})
     env = os.environ if env is None else env
     overrides: dict[str, str] = {}
     for key, value in env.items():

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lucid_core.config import ConfigError, LucidConfig, load_config, load_live_config
+from lucid_core.config import ConfigError, LucidConfig, load_config_file, load_live_config
 from lucid_core.sim.fleet import Fleet, FleetCatalogs
 from lucid_core.sim.records import TraceRecord, stored_flag
 from lucid_core.tuner_grid import (
@@ -672,8 +672,7 @@ def write_config_toml(overrides: Mapping[str, Any], path: str | Path, base: Luci
     target = Path(path)
     kept: set[str] = set()
     if base is None and target.is_file():
-        base = load_config(target, env={})
-        kept = _knobs_set_in(target)
+        base, kept = load_config_file(target)
     config = (base or LucidConfig()).with_overrides(dict(overrides))
     defaults = LucidConfig().to_dict()
     lines = ["# written by the Lucid System Tuner; knobs not listed take the installed version's defaults", ""]
@@ -688,20 +687,6 @@ def write_config_toml(overrides: Mapping[str, Any], path: str | Path, base: Luci
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(lines), encoding="utf-8")
     return target
-
-
-def _knobs_set_in(path: Path) -> set[str]:
-    """'section.knob' of every knob a config file sets (it was read by `load_config` already, so it parses)."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix in {".yaml", ".yml"}:
-        import yaml
-
-        data = yaml.safe_load(text) or {}
-    else:
-        import tomllib
-
-        data = tomllib.loads(text)
-    return {f"{section}.{knob}" for section, knobs in data.items() if isinstance(knobs, Mapping) for knob in knobs}
 
 
 def _toml_value(value: Any) -> str:
