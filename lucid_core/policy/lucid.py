@@ -9,7 +9,14 @@ from lucid_core.domain import Job, Pool, Profile
 from lucid_core.policy.base import PolicyParts, SchedulingPolicy
 from lucid_core.policy.binder import AffinityBinder
 from lucid_core.policy.decisions import Decision, checkpoint_cost_s
-from lucid_core.policy.orchestrator import Orchestrator, Reserver, exclusive_reason, place_queue, reservation_nodes
+from lucid_core.policy.orchestrator import (
+    Orchestrator,
+    Reserver,
+    exclusive_reason,
+    floored_prediction,
+    place_queue,
+    reservation_nodes,
+)
 from lucid_core.policy.packing_models import PackingModels
 from lucid_core.policy.predictors import (
     DurationPredictor,
@@ -69,7 +76,7 @@ class LucidPolicy(SchedulingPolicy):
         alloc = view.allocations.get(job.job_id)
         if alloc is not None and alloc.pool is Pool.MAIN:  # profiled in place / online: keeps running
             view.set_profile_mem(job.job_id, profile.gpu_mem_mb)
-            job.predicted_duration = max(self.duration_model.predict_duration([job])[0], job.known_min_duration)
+            job.predicted_duration = floored_prediction(job, self.duration_model.predict_duration([job])[0])
             view.refresh_share_candidate(job.job_id)
         else:
             self.orchestrator.enqueue(view, job)

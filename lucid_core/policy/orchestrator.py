@@ -263,6 +263,12 @@ def _usable_prediction(value: object) -> float:
     return seconds if math.isfinite(seconds) else DEFAULT_DURATION_S
 
 
+def floored_prediction(job: Job, value: object) -> float:
+    """A model's prediction for `job` as every caller takes it: a usable number, at least what the job
+    is known to have run already and at least a second."""
+    return max(_usable_prediction(value), job.known_min_duration, 1.0)
+
+
 class Orchestrator:
     """Predicts durations in batches and keeps the main queue in priority order, overdue jobs first."""
 
@@ -383,7 +389,7 @@ class Orchestrator:
         view.unpredicted = []
         predictions = self.duration_model.predict_duration(jobs)
         for job, pred in zip(jobs, predictions, strict=True):
-            job.predicted_duration = max(_usable_prediction(pred), job.known_min_duration, 1.0)
+            job.predicted_duration = floored_prediction(job, pred)
         self._update_long_cap(view, jobs)
         for job in jobs:
             self.requeue(view, job)

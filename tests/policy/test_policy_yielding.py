@@ -272,3 +272,22 @@ def test_a_prediction_that_is_not_a_number_counts_as_an_hour():
     policy.orchestrator.predict_pending(view)
     assert [view.jobs[j].predicted_duration for j in ("nan", "inf", "ok")] == [3600.0, 3600.0, 600.0]
     assert view.queue.ordered()[0] == "ok" and math.isfinite(view.long_cap)
+
+
+def test_a_job_profiled_in_place_takes_its_prediction_through_the_same_floor():
+    """Profiled online on the main pool, a job keeps running and is predicted there: NaN or infinity counts
+    as an hour, a prediction below what it has already run is raised to that, as in the queue."""
+    import math
+
+    from lucid_core.domain import Profile
+
+    config = _config()
+    policy = LucidPolicy(config, duration_model=_Predicted({"nan": math.nan, "inf": math.inf, "short": 5.0}))
+    view = ClusterView(config, now=0.0)
+    view.add_nodes(Pool.MAIN, 3)  # whatever the test config gives a node, one free GPU per job
+    for job_id in ("nan", "inf", "short"):
+        job = Job(job_id, "u", "", 1, 0.0, known_min_duration=120.0)
+        view.add_job(job)
+        view.start(job_id, Pool.MAIN, view.main.place_compact(1, ""), at=0.0)
+        policy.on_profiled(view, job, Profile(gpu_util=40.0, mem_util=10.0, gpu_mem_mb=2000.0))
+    assert [view.jobs[j].predicted_duration for j in ("nan", "inf", "short")] == [3600.0, 3600.0, 120.0]

@@ -17,6 +17,7 @@ from functools import partial
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool, RunState
 from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.orchestrator import floored_prediction
 from lucid_core.policy.predictors import DEFAULT_DURATION_S
 from lucid_core.policy.view import ClusterView
 from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
@@ -49,7 +50,7 @@ def assumed_durations(policy: SchedulingPolicy, jobs: Sequence[Job]) -> list[flo
     predicted = {}
     if missing:
         raw = model.predict_duration(missing) if model is not None else [DEFAULT_DURATION_S] * len(missing)
-        predicted = {job.job_id: max(float(p), job.known_min_duration, 1.0)
+        predicted = {job.job_id: floored_prediction(job, p)
                      for job, p in zip(missing, raw, strict=True)}
     return [float(job.predicted_duration) if job.predicted_duration is not None else predicted[job.job_id]
             for job in jobs]
