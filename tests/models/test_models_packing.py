@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +104,32 @@ def test_a_four_configuration_calibration_still_trains():
     assert tree.classify([Profile(25, 6, 1800), Profile(92, 45, 10000)]) == [0, 2]
     single = PackingTree().fit(X.iloc[:1], [0])
     assert single.classify([Profile(25, 6, 1800)]) == [0] and single.cv_accuracy_ != single.cv_accuracy_
+
+
+def test_the_artifact_catalog_is_recognized_by_its_content_not_its_folder_name(tmp_path):
+    """A renamed copy of the artifact (rows reordered, CRLF line endings) still says RTX 3090 time slicing;
+    the embedded sample in a folder named `lucid_artifact` is not taken for it and must declare its GPU."""
+    import shutil
+
+    from lucid_core.models.packing import ARTIFACT_KEY, catalog_key
+
+    if not (CATALOG / "single_data.csv").exists():
+        pytest.skip(f"reference catalog not found at {CATALOG} (set LUCID_SHARED_DATA)")
+    copy = tmp_path / "my-copy"
+    copy.mkdir()
+    header, *rows = (CATALOG / "single_data.csv").read_text().splitlines()
+    (copy / "single_data.csv").write_bytes("\r\n".join([header, *reversed(rows)]).encode() + b"\r\n")
+    shutil.copy(CATALOG / "colocate_info.csv", copy / "colocate_info.csv")
+    assert catalog_key(copy) == ARTIFACT_KEY
+
+    impostor = tmp_path / "lucid_artifact"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "include" / "sample", impostor)
+    with pytest.raises(ValueError, match="declare --gpu-model and --sharing"):
+        catalog_key(impostor)
+    assert catalog_key(impostor, "NVIDIA H200", "mps").gpu_model == "NVIDIA H200"
+
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    (edited / "single_data.csv").write_text("\n".join([header, *rows[1:]]) + "\n")  # one measured row missing
+    with pytest.raises(ValueError, match="declare"):
+        catalog_key(edited)
