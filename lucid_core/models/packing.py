@@ -99,12 +99,12 @@ def catalog_key(directory: str | Path, gpu_model: str | None = None, sharing: st
 
 
 def single_rows_digest(path: Path) -> str:
-    """SHA-256 of a single_data.csv's header and rows, cells stripped and rows sorted (order and line endings
-    do not change it)."""
-    with path.open(newline="", encoding="utf-8") as handle:
+    """SHA-256 of a single_data.csv's header and rows, cells stripped, blank lines dropped and rows sorted (order,
+    line endings and a byte-order mark do not change it)."""
+    with path.open(newline="", encoding="utf-8-sig") as handle:  # a BOM (a spreadsheet's save) is not data
         reader = csv.reader(handle)
         header = tuple(cell.strip() for cell in next(reader, []))
-        rows = sorted(tuple(cell.strip() for cell in row) for row in reader if row)
+        rows = sorted(tuple(cell.strip() for cell in row) for row in reader if any(cell.strip() for cell in row))
     return hashlib.sha256(repr((header, rows)).encode()).hexdigest()
 
 
@@ -113,7 +113,7 @@ def is_artifact_catalog(directory: Path) -> bool:
     content; an unreadable file is not it."""
     path = directory / "single_data.csv"
     try:
-        if not path.is_file() or path.stat().st_size > 1 << 20:  # the artifact's is 5 kB: a large file is not it
+        if not path.is_file() or path.stat().st_size > 1 << 20:  # the artifact's is 3.5 kB: a large file is not it
             return False
         return single_rows_digest(path) == ARTIFACT_SINGLE_SHA256
     except (OSError, UnicodeDecodeError, csv.Error):

@@ -107,7 +107,7 @@ def test_a_four_configuration_calibration_still_trains():
 
 
 def test_the_artifact_catalog_is_recognized_by_its_content_not_its_folder_name(tmp_path):
-    """A renamed copy of the artifact (rows reordered, CRLF line endings) still says RTX 3090 time slicing;
+    """A renamed copy of the artifact (rows reordered, CRLF line endings, a BOM) still says RTX 3090 time slicing;
     the embedded sample in a folder named `lucid_artifact` is not taken for it and must declare its GPU."""
     import shutil
 
@@ -118,7 +118,8 @@ def test_the_artifact_catalog_is_recognized_by_its_content_not_its_folder_name(t
     copy = tmp_path / "my-copy"
     copy.mkdir()
     header, *rows = (CATALOG / "single_data.csv").read_text().splitlines()
-    (copy / "single_data.csv").write_bytes("\r\n".join([header, *reversed(rows)]).encode() + b"\r\n")
+    text = "\r\n".join([header, *reversed(rows[1:]), "  ", rows[0]]) + "\r\n"  # CRLF, a blank line, reordered
+    (copy / "single_data.csv").write_bytes(b"\xef\xbb\xbf" + text.encode())  # as a spreadsheet saves it (BOM)
     shutil.copy(CATALOG / "colocate_info.csv", copy / "colocate_info.csv")
     assert catalog_key(copy) == ARTIFACT_KEY
 
