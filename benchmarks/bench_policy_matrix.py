@@ -3,6 +3,7 @@
     nice -n 5 .venv/bin/python benchmarks/bench_policy_matrix.py            # the full matrix
     .venv/bin/python benchmarks/bench_policy_matrix.py --quick              # the contended cells, to iterate
     .venv/bin/python benchmarks/bench_policy_matrix.py --ablations          # with Lucid's ablations (share 0)
+    .venv/bin/python benchmarks/bench_policy_matrix.py --holdout            # windows and sizes never tuned on
     .venv/bin/python benchmarks/bench_policy_matrix.py --set orchestrator.guard_slowdown=8
 
 Windows: every full Monday..Sunday week of the file from 2017-09-11, plus 2017-11-01..14. Sizes:
@@ -53,6 +54,10 @@ POLICIES = (*BASELINES, *LUCIDS)
 #: the development subset: the windows where the non-intrusive Lucid lost, at their contended sizes
 QUICK_WINDOWS = (("2017-09-25", "2017-10-02"), ("2017-11-01", "2017-11-15"), ("2017-11-13", "2017-11-20"))
 QUICK_SIZES = (54, 32)
+#: a check no default was tuned on: 10-day windows from Wednesdays, at three sizes the matrix does not run
+HOLDOUT_WINDOWS = (("2017-09-20", "2017-09-30"), ("2017-10-04", "2017-10-14"), ("2017-10-18", "2017-10-28"),
+                   ("2017-11-01", "2017-11-11"), ("2017-11-15", "2017-11-25"))
+HOLDOUT_SIZES = (64, 48, 36)
 METRICS = ("avg_jct_h", "p999_jct_h", "avg_queue_h", "p999_queue_h")
 NONTRIVIAL_QUEUE_SHARE = 0.05  # a cell counts when FIFO's avg queueing exceeds 5% of its avg JCT
 SJF_SHARE = 0.6  # Lucid at share 0 must match SJF-oracle's avg JCT in at least this share of cells
@@ -411,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="development subset: the Sep 25 and Nov 13 weeks and Nov 1-14 at 54 and 32 nodes")
+    parser.add_argument("--holdout", action="store_true",
+                        help="held-out check: 10-day windows from Wednesdays at 64, 48, 36 nodes, never tuned on")
     parser.add_argument("--ablations", action="store_true", help="also run Lucid's ablations (at share 0)")
     parser.add_argument("--cache", default=str(REPO / "out" / "matrix_baselines.json"),
                         help="baseline figures by window, size, overrides and code hash ('' for none)")
@@ -433,10 +440,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        "--set, --lucid-set and --seed; a rerun with the same ones reuses them (resume)")
     args = parser.parse_args(argv)
 
-    windows = QUICK_WINDOWS if args.quick else all_windows()
+    if args.quick and args.holdout:
+        parser.error("--quick and --holdout are two different subsets: choose one")
+    windows = QUICK_WINDOWS if args.quick else HOLDOUT_WINDOWS if args.holdout else all_windows()
     if args.windows:
         windows = [tuple(w.split("..")) for w in args.windows.split(",")]  # type: ignore[misc]
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = QUICK_SIZES if args.quick else HOLDOUT_SIZES if args.holdout else SIZES
     if args.sizes:
         sizes = tuple(int(s) for s in args.sizes.split(","))
     policies: tuple[str, ...] = (*POLICIES, *(ABLATIONS if args.ablations else ()))

@@ -35,9 +35,9 @@ FIDELITY = 0.15
 HISTORY_VARIANT = "lucid+history"  # Lucid whose duration model learned from another workload's jobs
 
 
-def run_one(task: tuple[str, str, str]) -> dict:
-    """Simulate one policy on one workload file; return its figures."""
-    load, path, policy = task
+def run_one(task: tuple[str, str, str, tuple[tuple[str, str], ...]]) -> dict:
+    """Simulate one policy on one workload file, with knob overrides (`--set`); return its figures."""
+    load, path, policy, overrides = task
     from lucid_core.config import LucidConfig
     from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.pollux_experiment import (
@@ -49,7 +49,8 @@ def run_one(task: tuple[str, str, str]) -> dict:
     from lucid_core.sim.pollux_trace import read_pollux_trace
 
     trace = read_pollux_trace(path)
-    config = fixed_config(LucidConfig().with_overrides({"cluster.gpus_per_node": 4}))
+    knobs = dict(overrides)
+    config = fixed_config(LucidConfig().with_overrides({"cluster.gpus_per_node": 4, **knobs}), knobs)
     history = []
     if policy == HISTORY_VARIANT:  # the next workload of the same load stands for last week's jobs
         number = int(Path(path).stem.rsplit("-", 1)[1])
@@ -153,6 +154,8 @@ def main() -> int:
     parser.add_argument("--policies", default="pollux,tiresias,lucid")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "pollux.json"))
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KNOB=VALUE",
+                        help="override a knob for every policy (to check a default on these workloads)")
     parser.add_argument("--lucid-parts", action="store_true",
                         help="instead: Lucid with one part changed at a time (profiling pool, history, aging)")
     args = parser.parse_args()
@@ -160,7 +163,8 @@ def main() -> int:
         print(lucid_parts(args.loads.split(",")))
         return 0
     policies = [p for p in args.policies.split(",") if p]
-    tasks = [(load, str(POLLUX / LOAD_DIRS[load] / f"workload-{w}.csv"), policy)
+    overrides = tuple(tuple(item.split("=", 1)) for item in args.set)
+    tasks = [(load, str(POLLUX / LOAD_DIRS[load] / f"workload-{w}.csv"), policy, overrides)
              for load in args.loads.split(",") for w in args.workloads.split(",") for policy in policies]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.processes) as pool:

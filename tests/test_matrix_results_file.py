@@ -28,3 +28,19 @@ def test_the_default_run_keeps_the_plain_format(tmp_path):
     assert matrix.RUN_KEY not in path.read_text()
     assert matrix.load_results(str(path)) == FIGURES
     assert matrix.load_results(str(path), matrix.run_label({}, {"binder.pair_priority_ratio": "4"}, 0)) == {}
+
+
+def test_the_holdout_subset_shares_no_size_and_no_window_start_with_the_matrix(capsys):
+    """The held-out check is one the defaults were never tuned on: other sizes, 10-day windows from Wednesdays
+    (the Nov 1 one overlaps the matrix's Nov 1-14, at other sizes)."""
+    from datetime import date
+
+    import pytest
+
+    assert not set(matrix.HOLDOUT_SIZES) & set(matrix.SIZES)
+    for start, end in matrix.HOLDOUT_WINDOWS:
+        first, last = date.fromisoformat(start), date.fromisoformat(end)
+        assert (start, end) not in matrix.all_windows() and first.weekday() == 2 and (last - first).days == 10
+    with pytest.raises(SystemExit):
+        matrix.main(["--holdout", "--quick"])
+    assert "choose one" in capsys.readouterr().err
