@@ -22,16 +22,19 @@ class PartnerChoice:
     reason: str
 
 
-def choose_mode(config: BinderConfig, forecast: Forecast, queued_gpus: float = 0.0) -> tuple[SharingMode, str]:
+def choose_mode(config: BinderConfig, forecast: Forecast, queued_gpus: float = 0.0,
+                profiling_gpus: float = 0.0) -> tuple[SharingMode, str]:
     """GSS from the load: sharing only pays when work is coming (the forecast) or already waiting (the
-    queue's GPU demand), whichever is more."""
+    queue's GPU demand, the jobs waiting for a profiling window included), whichever is more."""
     if config.sharing == "off":
         return SharingMode.OFF, "sharing disabled in the configuration"
     if config.sharing == "on":
         return SharingMode.DEFAULT, "sharing forced on in the configuration"
-    gpus = max(forecast.gpus_per_slot, queued_gpus)
+    waiting = queued_gpus + profiling_gpus
+    gpus = max(forecast.gpus_per_slot, waiting)
     load = (f"forecast {forecast.gpus_per_slot:.1f} GPUs requested per slot ({forecast.source}), "
-            f"{queued_gpus:g} GPUs queued")
+            f"{waiting:g} GPUs queued" + (f" ({profiling_gpus:g} of them waiting for profiling)"
+                                          if profiling_gpus else ""))
     if gpus < config.low_load_gpus_per_slot:
         return SharingMode.OFF, f"{load}: both < {config.low_load_gpus_per_slot:g}, load stays low"
     if gpus < config.apathetic_gpus_per_slot:
@@ -86,7 +89,8 @@ class AffinityBinder:
         return self._classes[cache_key]
 
     def update_mode(self, view: ClusterView, forecast: Forecast) -> SetSharingMode | None:
-        mode, reason = choose_mode(self.config, forecast, view.queue.gpus())
+        profiling = sum(view.jobs[job_id].gpus for job_id in view.profiling_queue)
+        mode, reason = choose_mode(self.config, forecast, view.queue.gpus(), profiling)
         if mode is view.sharing_mode:
             return None
         view.sharing_mode = mode

@@ -54,6 +54,22 @@ def test_update_mode_counts_the_gpus_of_the_main_queue():
     assert AffinityBinder(config.binder).update_mode(view, _forecast(0.5)) is None  # unchanged: no decision
 
 
+def test_update_mode_counts_the_jobs_waiting_for_profiling_and_says_so():
+    """A burst waiting for the profiling pool is work waiting too: with the main queue empty, twelve 1-GPU jobs
+    waiting for a window turn GSS 2 on, and the reason does not say that nothing is queued."""
+    config = LucidConfig()
+    view = ClusterView(config)
+    view.add_nodes(Pool.MAIN, 1)
+    for k in range(12):
+        job = Job(f"P{k}", "u", "vc", 1, 0.0)
+        view.add_job(job)
+        view.enqueue_profiling(job)
+    view.sharing_mode = SharingMode.OFF
+    change = AffinityBinder(config.binder).update_mode(view, _forecast(0.5))
+    assert change is not None and view.sharing_mode is SharingMode.DEFAULT
+    assert "12 GPUs queued (12 of them waiting for profiling)" in change.reason
+
+
 class _QuietForecast:
     """A forecaster that always says almost nothing is coming (the submissions below arrive between rounds)."""
 
