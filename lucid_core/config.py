@@ -45,7 +45,8 @@ class BinderConfig:
     tiny_threshold: float = _knob(0.95, lo=0, hi=1, doc="mean co-located speed at or above: Tiny")
     medium_threshold: float = _knob(0.85, lo=0, hi=1, doc="mean co-located speed at or above: Medium")
     sharing: str = _knob("auto", choices=("auto", "on", "off"), doc=(
-        "auto: the load forecast or the GPUs already queued, whichever is more, picks GSS 2/1/off"))
+        "auto: the load forecast or the GPUs already queued (for the main queue or a profiling window), whichever "
+        "is more, picks GSS 2/1/off"))
     low_load_gpus_per_slot: float = _knob(2.0, lo=0, doc=(
         "sharing is off while both the forecast GPUs per slot and the GPUs queued are below this"))
     apathetic_gpus_per_slot: float = _knob(8.0, lo=0, doc=(
