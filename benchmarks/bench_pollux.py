@@ -163,7 +163,15 @@ def main() -> int:
         print(lucid_parts(args.loads.split(",")))
         return 0
     policies = [p for p in args.policies.split(",") if p]
+    if any("=" not in item for item in args.set):
+        parser.error("--set takes SECTION.KNOB=VALUE")
     overrides = tuple(tuple(item.split("=", 1)) for item in args.set)
+    from lucid_core.config import ConfigError, LucidConfig
+
+    try:  # a bad knob is one clear error here, not a traceback from every worker
+        LucidConfig().with_overrides(dict(overrides))
+    except (ConfigError, ValueError) as err:
+        parser.error(f"--set: {err}")
     tasks = [(load, str(POLLUX / LOAD_DIRS[load] / f"workload-{w}.csv"), policy, overrides)
              for load in args.loads.split(",") for w in args.workloads.split(",") for policy in policies]
     started = time.perf_counter()
