@@ -20,6 +20,7 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("LUCID_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -35,7 +36,7 @@ FIDELITY = 0.15
 HISTORY_VARIANT = "lucid+history"  # Lucid whose duration model learned from another workload's jobs
 
 
-def run_one(task: tuple[str, str, str, tuple[tuple[str, str], ...]]) -> dict:
+def run_one(task: tuple[str, str, str, tuple[tuple[str, Any], ...]]) -> dict:
     """Simulate one policy on one workload file, with knob overrides (`--set`); return its figures."""
     load, path, policy, overrides = task
     from lucid_core.config import LucidConfig
@@ -163,15 +164,12 @@ def main() -> int:
         print(lucid_parts(args.loads.split(",")))
         return 0
     policies = [p for p in args.policies.split(",") if p]
-    if any("=" not in item for item in args.set):
-        parser.error("--set takes SECTION.KNOB=VALUE")
-    overrides = tuple(tuple(item.split("=", 1)) for item in args.set)
-    from lucid_core.config import ConfigError, LucidConfig
+    from lucid_core.config import ConfigError, check_overrides
 
-    try:  # a bad knob is one clear error here, not a traceback from every worker
-        LucidConfig().with_overrides(dict(overrides))
-    except (ConfigError, ValueError) as err:
-        parser.error(f"--set: {err}")
+    try:  # a bad knob is one clear error here (the CLI's own check), not a traceback from every worker
+        overrides = tuple(check_overrides(args.set).items())
+    except ConfigError as err:
+        parser.error(str(err))
     tasks = [(load, str(POLLUX / LOAD_DIRS[load] / f"workload-{w}.csv"), policy, overrides)
              for load in args.loads.split(",") for w in args.workloads.split(",") for policy in policies]
     started = time.perf_counter()

@@ -89,8 +89,7 @@ class AffinityBinder:
         return self._classes[cache_key]
 
     def update_mode(self, view: ClusterView, forecast: Forecast) -> SetSharingMode | None:
-        profiling = sum(view.jobs[job_id].gpus for job_id in view.profiling_queue)
-        mode, reason = choose_mode(self.config, forecast, view.queue.gpus(), profiling)
+        mode, reason = choose_mode(self.config, forecast, view.queue.gpus(), view.profiling_gpus())
         if mode is view.sharing_mode:
             return None
         view.sharing_mode = mode

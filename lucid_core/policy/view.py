@@ -188,6 +188,10 @@ class ClusterView:
         job.state = JobState.SUBMITTED
         self.profiling_queue[job.job_id] = None
 
+    def profiling_gpus(self) -> int:
+        """GPUs asked for by the jobs waiting for a profiling window (the main queue's are `queue.gpus()`)."""
+        return sum(self.jobs[job_id].gpus for job_id in self.profiling_queue)
+
     def queue_part(self, job: Job) -> QueueKey:
         """The main-queue part a job waits in: (placement VC, GPU demand, share class or -1)."""
         return _part_of(self.placement_vc(job), job)
