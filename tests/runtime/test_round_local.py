@@ -423,3 +423,37 @@ def test_the_cycle_collector_is_off_for_the_whole_round_and_back_on_after_it(sto
     with pytest.raises(RuntimeError, match="step failed"):
         _round(store)
     assert gc.isenabled()  # a failed step does not leave the process without its collector
+
+
+def test_a_stored_known_run_time_gone_bad_is_dropped(store, tmp_path):
+    """What a job is known to have run already (`known_min_duration`) floors its prediction. Written as infinity
+    by another controller or a hand edit, it would predict the job to run for ever (never overdue, last of its
+    class); NaN or negative, it means nothing. Read back, such a value counts as nothing known."""
+    import math
+
+    from lucid_core.policy.lucid import LucidPolicy
+    from lucid_core.runtime.store.schema import JobRow
+
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off"})
+    durations = {"hold": 600.0, "a": 30.0, "b": 60.0, "c": 90.0}
+
+    def factory(cfg, snapshot):
+        policy = LucidPolicy(cfg, duration_model=FixedDurations(durations, key=lambda job: job.name))
+        policy.model_sources = {"duration": "fixed"}
+        return policy
+
+    hold = submit(store, JobRequest("sleep 3", 1, "ann", "vc-a", name="hold"))
+    _until(store, lambda jobs: jobs[hold].state == "RUNNING", config=config, policy_factory=factory)
+    ids = {n: submit(store, JobRequest("true", 1, "ann", "vc-a", name=n)) for n in "abc"}
+    bad = (math.inf, math.nan if store.engine.dialect.name != "sqlite" else -math.inf, -1e9)  # SQLite keeps no NaN
+    with store.session() as s:
+        for name, value in zip("abc", bad, strict=True):
+            s.get(JobRow, ids[name]).known_min_duration = value
+    _round(store, config, policy_factory=factory)
+    jobs = jobs_by_id(store)
+    assert [jobs[ids[n]].predicted_duration for n in "abc"] == [30.0, 60.0, 90.0]
+    jobs = _until(store, lambda jobs: all(jobs[i].state == "COMPLETED" for i in (hold, *ids.values())),
+                  config=config, policy_factory=factory)
+    assert [jobs[ids[n]].state for n in "abc"] == ["COMPLETED"] * 3

@@ -166,6 +166,12 @@ def _prediction(value: float | None) -> float | None:
     return value if value is not None and 0.0 < value < math.inf else None
 
 
+def _known_run(value: float) -> float:
+    """A stored run time the job is known to have had, or 0 (nothing known) where it is not a finite number >= 0:
+    an infinite one would predict the job to run for ever, and its priority would break the saved policy state."""
+    return value if 0.0 <= value < math.inf else 0.0
+
+
 def _percent(value: float) -> float:
     """A stored utilization clamped to [0, 100] (NaN -> 0); the common in-range value costs one compare."""
     return value if 0.0 <= value <= 100.0 else min(100.0, max(0.0, value))
@@ -181,7 +187,8 @@ def job_of(row: JobRow) -> Job:
     return Job(job_id=row.job_id, user=row.user, vc=row.vc, gpus=row.gpus, submit_time=row.submit_time,
                name=row.name, amp=row.amp, long_cold_start=row.long_cold_start, state=state,
                profile=profile, share_class=_share_class(row.share_class),
-               predicted_duration=_prediction(row.predicted_duration), known_min_duration=row.known_min_duration,
+               predicted_duration=_prediction(row.predicted_duration),
+               known_min_duration=_known_run(row.known_min_duration),
                start_time=row.start_time, end_time=row.end_time, no_share=row.no_share,
                preemptible=row.preemptible, yields=row.yields)
 
