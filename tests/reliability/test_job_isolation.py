@@ -187,23 +187,30 @@ class GarblingTransport(LocalTransport):
     """The local host, except that the poll line of runs of `job` comes back garbled (a host whose
     answer for one run cannot be read)."""
 
-    def __init__(self, job: str) -> None:
+    def __init__(self, job: str, garble: str = "RUNNING x\x00?") -> None:
         self.job = job
+        self.garble = garble
 
     def run_script(self, host: HostAddress, script: str, timeout_s: float) -> ScriptResult:
         result = super().run_script(host, script, timeout_s)
-        lines = [f"{line.split()[0]} RUNNING x\x00?" if line.startswith(self.job) else line
+        lines = [f"{line.split()[0]} {self.garble}" if line.startswith(self.job) else line
                  for line in result.stdout.splitlines()]
         return ScriptResult(result.exit_status, "\n".join(lines) + "\n", result.stderr)
 
 
-def test_a_run_whose_status_cannot_be_read_fails_alone_and_its_cancel_takes_effect(tmp_path):
+@pytest.mark.parametrize("garble", [
+    "RUNNING x\x00?",
+    "EXITED \u00b2",           # a Unicode digit passes str.isdigit but not int()
+    "EXITED " + "9" * 23,      # an exit code a job forged, too large for the store's column
+    "RUNNING " + "9" * 23,     # a pid likewise
+])
+def test_a_run_whose_status_cannot_be_read_fails_alone_and_its_cancel_takes_effect(tmp_path, garble):
     store = local_cluster(tmp_path)
     ledger = tmp_path / "gpu-ledger"
     garbled = submit(store, JobRequest(gpu_ledger_command(ledger, "sleep 60"), 1, "bob", "vc-a"))
     other = submit(store, JobRequest(gpu_ledger_command(ledger, "sleep 0.5"), 1, "alice", "vc-a"))
     waiting = submit(store, JobRequest(gpu_ledger_command(ledger, "true"), 1, "carol", "vc-a"))
-    executor = lambda: HostExecutor({"local": GarblingTransport(garbled)})  # noqa: E731
+    executor = lambda: HostExecutor({"local": GarblingTransport(garbled, garble)})  # noqa: E731
     reports = run_rounds(store, lambda jobs: jobs[other].state in TERMINAL, executor_factory=executor)
     assert jobs_by_id(store)[garbled].state == "RUNNING"
     named = [e for r in reports for e in r.errors if garbled in e]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lucid_core.runtime.hosts.executor import HostAddress, LaunchSpec
+from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor, LaunchSpec, ScriptResult, parse_status
 from lucid_core.runtime.hosts.inputs import check_run_id
 from lucid_core.runtime.hosts.launch import launch_script
 from lucid_core.runtime.hosts.local_executor import local_executor
@@ -121,3 +121,53 @@ def test_a_profile_window_is_read_from_the_files_front_past_what_the_job_appende
     # the scan is bounded: a window behind more than `scan_bytes` is not found (the job loses its profile)
     assert parse_samples(executor.read_front_lines(host, "j3-prof1", "telemetry.jsonl", 1 << 20,
                                                    RECORD_BYTES_BOUND, 1 << 10)) == [json.loads(w) for w in window[:4]]
+
+
+@pytest.mark.parametrize(("words", "state", "value"), [
+    (["RUNNING", "4242"], "RUNNING", 4242),
+    (["EXITED", "137", "stopped"], "EXITED", 137),
+    (["EXITED", "\u00b2"], "UNREADABLE", None),                      # a Unicode digit: int() refuses it
+    (["EXITED", "256"], "UNREADABLE", None),                         # no exit status is above 255
+    (["EXITED", "9" * 23], "UNREADABLE", None),                      # a forged code no column holds
+    (["RUNNING", "9" * 23], "UNREADABLE", None),
+    (["RUNNING", "\u0663"], "UNREADABLE", None),                     # Arabic-Indic three
+    (["VANISHED", "9" * 23], "UNREADABLE", None),
+    (["VANISHED", "-", "escaped=\u00b2"], "VANISHED", None),         # a bad count is no count, the line stands
+])
+def test_a_poll_line_a_job_or_host_forged_is_unreadable_for_that_run_not_an_error(words, state, value):
+    status = parse_status(words)
+    assert status.state == state
+    assert (status.pid if state == "RUNNING" else status.exit_code if state == "EXITED" else None) == value
+    if state == "VANISHED":
+        assert status.escaped == 0
+
+
+class _Answering:
+    """A transport whose host answers every script with `stdout`."""
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout = stdout
+
+    def run_script(self, host, script, timeout_s):
+        return ScriptResult(0, self.stdout, "")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("answer", "pid"), [
+    ("EXISTS 4242\n", 4242),
+    ("EXISTS " + "9" * 23 + "\n", None),  # a pid file the job rewrote: no pid rather than a store overflow
+    ("LAUNCHED \u00b2\n", None),
+])
+def test_a_launch_answer_keeps_only_a_pid_the_store_can_hold(tmp_path, answer, pid):
+    host = HostAddress("h", workdir=str(tmp_path), executor="fake")
+    result = HostExecutor({"fake": _Answering(answer)}).launch(host, LaunchSpec("j1-main1", "true"))
+    assert result.pid == pid
+
+
+def test_gpu_discovery_skips_lines_a_host_garbled(tmp_path):
+    lines = "0, NVIDIA H100, 81559, GPU-a\n\u00b2, NVIDIA H100, 81559\n1, NVIDIA H100, nan\n2, NVIDIA H100, 80000\n"
+    host = HostAddress("h", workdir=str(tmp_path), executor="fake")
+    gpus = HostExecutor({"fake": _Answering(lines)}).discover_gpus(host)
+    assert [(g.index, g.memory_mb) for g in gpus] == [(0, 81559.0), (2, 80000.0)]

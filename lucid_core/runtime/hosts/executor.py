@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -123,22 +124,46 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+def bounded_int(text: str, most: int) -> int | None:
+    """`text` as an int when it is ASCII digits (at most 10) for a value of at most `most`, else None: a host
+    or a job writes these words, and a Unicode digit or a 30-digit pid must not reach int() or the store."""
+    if not (0 < len(text) <= 10 and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= most else None
+
+
+def _finite_or_none(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+PID_MAX = 2**31 - 1  # a pid the store's integer column holds (Linux's own limit is 2**22)
+EXIT_CODE_MAX = 255
+
+
 def parse_status(words: Sequence[str]) -> RunStatus:
     """Turn the words of one poll line (after the run id) into a RunStatus; a line that does not parse is
     UNREADABLE (with the line as its detail), for that run alone."""
     state = words[0] if words else ""
-    escaped = next((int(w[8:]) for w in words[1:] if w.startswith("escaped=") and w[8:].isdigit()), 0)
+    escaped = next((n for w in words[1:] if w.startswith("escaped=")
+                    and (n := bounded_int(w[8:], PID_MAX)) is not None), 0)
     tampered = next((tuple(x for x in w[9:].split(",") if x in {"pid", "exit_code", "records"})
                      for w in words[1:] if w.startswith("tampered=")), ())
     second = words[1] if len(words) > 1 else ""
-    if state == "RUNNING" and second.isdigit():
-        return RunStatus("RUNNING", pid=int(second), tampered=tampered)
-    if state == "EXITED" and second.isdigit():
-        return RunStatus("EXITED", exit_code=int(second), stop_requested="stopped" in words[2:],
+    pid = bounded_int(second, PID_MAX)
+    if state == "RUNNING" and pid is not None:
+        return RunStatus("RUNNING", pid=pid, tampered=tampered)
+    exit_code = bounded_int(second, EXIT_CODE_MAX)
+    if state == "EXITED" and exit_code is not None:
+        return RunStatus("EXITED", exit_code=exit_code, stop_requested="stopped" in words[2:],
                          disk_full="disk_full" in words[2:], escaped=escaped)
-    if state == "VANISHED" and (second.isdigit() or second == "-"):
-        return RunStatus("VANISHED", pid=int(second) if second.isdigit() else None,
-                         stop_requested="stopped" in words[2:], escaped=escaped, tampered=tampered)
+    if state == "VANISHED" and (pid is not None or second == "-"):
+        return RunStatus("VANISHED", pid=pid, stop_requested="stopped" in words[2:], escaped=escaped,
+                         tampered=tampered)
     if state in {"MISSING", "NOPID"} and len(words) == 1:
         return RunStatus(state)
     return RunStatus("UNREADABLE", detail=" ".join(words)[:200])
@@ -180,7 +205,7 @@ class HostExecutor:
             raise HostCommandFailed(
                 f"host {host.name}: launch of {spec.run_id} failed (status {result.exit_status}): "
                 f"{(result.stdout + result.stderr).strip()[-500:]}")
-        pid = int(last[1]) if len(last) > 1 and last[1].isdigit() else None
+        pid = bounded_int(last[1], PID_MAX) if len(last) > 1 else None
         return LaunchResult(pid, already_launched=last[0] == "EXISTS")
 
     @staticmethod
@@ -250,8 +275,10 @@ class HostExecutor:
         gpus = []
         for line in result.stdout.strip().splitlines():
             parts = [p.strip() for p in line.split(",")]
-            if len(parts) >= 3 and parts[0].isdigit():
-                gpus.append(GpuInfo(int(parts[0]), parts[1], float(parts[2]), parts[3] if len(parts) > 3 else None))
+            index = bounded_int(parts[0], 1023) if len(parts) >= 3 else None
+            memory = _finite_or_none(parts[2]) if index is not None else None
+            if index is not None and memory is not None and memory >= 0:
+                gpus.append(GpuInfo(index, parts[1], memory, parts[3] if len(parts) > 3 else None))
         return gpus
 
     def forget(self, name: str) -> None:

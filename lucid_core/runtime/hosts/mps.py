@@ -236,7 +236,7 @@ class FaultRead:
 
 
 def _number(word: str) -> float | None:
-    return float(word) if word.isdigit() and len(word) <= 12 else None
+    return float(word) if word.isascii() and word.isdigit() and len(word) <= 12 else None
 
 
 def _naive_epoch(stamp: str) -> float | None:
