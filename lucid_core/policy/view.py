@@ -297,17 +297,25 @@ class ClusterView:
     def restore_policy_state(self, state: Mapping[str, Any]) -> set[str]:
         """Take back what `policy_state` saved; returns the borrowed nodes, which the caller places in the
         profiling pool as it adds nodes (a node's pool is known only when it is added)."""
-        if "sharing_mode" in state:
-            self.sharing_mode = SharingMode(state["sharing_mode"])
-        self.tprof_s = float(state.get("tprof_s", self.tprof_s))
-        self.nprof_gpus = int(state.get("nprof_gpus", self.nprof_gpus))
-        self.last_mode_check = state.get("last_mode_check")
-        self.last_yield_check = state.get("last_yield_check")
-        self.recent_priorities = [float(p) for p in state.get("recent_priorities") or [] if saved_number(p)]
+        mode = state.get("sharing_mode")
+        if mode in {m.value for m in SharingMode}:
+            self.sharing_mode = SharingMode(mode)
+        # another controller or a hand edit may have written any of these: a value of the wrong kind is
+        # not restored (the default stands), so one bad key cannot stop every round
+        tprof, nprof = state.get("tprof_s"), state.get("nprof_gpus")
+        if saved_number(tprof) and tprof > 0:
+            self.tprof_s = float(tprof)
+        if saved_number(nprof) and nprof >= 0 and float(nprof).is_integer():
+            self.nprof_gpus = int(nprof)
+        self.last_mode_check = _saved_time(state.get("last_mode_check"))
+        self.last_yield_check = _saved_time(state.get("last_yield_check"))
+        recent = state.get("recent_priorities")
+        self.recent_priorities = [float(p) for p in recent if saved_number(p)] if isinstance(recent, list) else []
         self.recent_sorted = (self.recent_priorities, sorted(self.recent_priorities))
         cap = state.get("long_cap")
         self.long_cap = float(cap) if saved_number(cap) else math.inf
-        return set(state.get("borrowed_nodes", []))
+        borrowed = state.get("borrowed_nodes")
+        return {n for n in borrowed if isinstance(n, str)} if isinstance(borrowed, list) else set()
 
     def borrow_node(self, name: str) -> None:
         """Move an idle main node into the profiling pool (a burst)."""
@@ -329,6 +337,11 @@ class ClusterView:
                 other = self.allocations.get(alloc.partner)
                 assert other is not None and other.partner == alloc.job_id, f"pair of {alloc.job_id} broken"
                 assert set(other.gpus) == set(alloc.gpus), f"pair {alloc.job_id} on different GPUs"
+
+
+def _saved_time(value: Any) -> float | None:
+    """A saved round time, or None (never) when what was saved is not a finite number."""
+    return float(value) if saved_number(value) else None
 
 
 def saved_number(value: Any) -> bool:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 
-from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
+from lucid_core.domain import ACTIVE_RUN_STATES, JobState, RunState, left_alone
+from lucid_core.policy.view import saved_number
 from lucid_core.runtime.hosts.executor import HostCommandFailed, HostExecutor, HostUnreachable
 from lucid_core.runtime.hosts.inventory import host_address
 from lucid_core.runtime.store.schema import HostRow, JobEventRow, JobRow, RunRow
@@ -44,7 +45,11 @@ def lost_hosts(store: Store, now: float, lost_after_s: float) -> dict[str, float
     """
     with store.session() as s:
         down = set(s.scalars(select(HostRow.name).where(HostRow.reachable.is_(False))))
-    since = {h: t for h, t in (store.get_state(UNREACHABLE_SINCE) or {}).items() if h in down}
+    saved = store.get_state(UNREACHABLE_SINCE)
+    # another controller may have written it: only finite times not after now count (a time in the future
+    # would keep a dead host's jobs running for ever); a host with none counts from now
+    since = ({h: float(t) for h, t in saved.items() if h in down and saved_number(t) and t <= now}
+             if isinstance(saved, dict) else {})
     since.update({h: now for h in down if h not in since})
     store.set_state(UNREACHABLE_SINCE, since)
     return {name: now - t for name, t in since.items() if now - t > lost_after_s}
@@ -72,7 +77,7 @@ def mark_lost(store: Store, now: float, lost_after_s: float, *, requeue: bool = 
                       .values(state=RunState.ENDED, ended_at=now, outcome="peer lost before launch")
                       .execution_options(synchronize_session=False))
             job = s.get(JobRow, run.job_id)
-            if job is None or JobState(job.state) in TERMINAL_STATES or job.job_id in report.requeued:
+            if job is None or left_alone(job.state) or job.job_id in report.requeued:
                 continue
             s.add(JobEventRow(job_id=job.job_id, time=now, kind="lost", message=f"run {run.run_id}: {why}"))
             if requeue and not job.cancel_requested:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import delete, select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
+from lucid_core.domain import ACTIVE_RUN_STATES, JobState, RunState, left_alone
 from lucid_core.runtime.round.base import (
     RoundBase,
     _log,
@@ -40,7 +40,7 @@ class HostInventorySteps(RoundBase):
                     outcome=f"host {run.host} was removed from the inventory "
                             + ("before launch" if run.state == RunState.PLANNED else "while it ran"))).rowcount
                 job = s.get(JobRow, run.job_id)
-                if not ended or job is None or JobState(job.state) in TERMINAL_STATES:
+                if not ended or job is None or left_alone(job.state):
                     continue
                 if run.state == RunState.PLANNED and not job.cancel_requested:
                     back = JobState.SUBMITTED if run.kind == "profiling" and not job.profiled else JobState.QUEUED

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import distinct, func, select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, Pool, RunState
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, Pool, RunState, left_alone
 from lucid_core.runtime.hosts.calls import CallResult
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
@@ -70,12 +70,17 @@ class LaunchSteps(RoundBase):
                         RunRow.run_id == run.run_id, RunRow.host == run.host)) == RunState.PLANNED
                 if not still_planned:
                     continue  # another node's launch failed this round and ended this one: nothing of it may start
-                if job is None or JobState(job.state) in TERMINAL_STATES or job.cancel_requested:
-                    ended = job is not None and JobState(job.state) in TERMINAL_STATES
-                    self._abandon_planned(run, f"not launched: its job had ended ({job.state})" if ended and job
+                if job is None or left_alone(job.state) or job.cancel_requested:
+                    ended = job is not None and left_alone(job.state)
+                    self._abandon_planned(run, f"not launched: its job is {job.state}" if ended and job
                                           else "job cancelled before launch")
                     continue
-                address, spec = host_address(self._hosts[run.host]), self._launch_spec(run, job)
+                try:
+                    address, spec = host_address(self._hosts[run.host]), self._launch_spec(run, job)
+                except (TypeError, ValueError) as exc:  # its stored env is not a mapping of names: this job alone
+                    self.report.errors.append(f"launch {run.run_id} on {run.host}: {exc}")
+                    self._launch_failed(run, f"its stored launch settings cannot be read: {exc}", final=True)
+                    continue
                 launches.append(run)
                 batches.setdefault(run.host, []).append(lambda a=address, sp=spec: self.executor.launch(a, sp))
             if not launches:
@@ -168,7 +173,10 @@ class LaunchSteps(RoundBase):
         with self.store.session() as s:
             peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run.run_id).order_by(RunRow.node_rank)))
         master = self._hosts[peers[0].host].address if peers else host.address
-        env = dict(job.env or {})
+        stored = job.env or {}
+        if not isinstance(stored, dict):
+            raise ValueError(f"env {str(stored)[:60]!r} is not a mapping of variable names to values")
+        env = dict(stored)
         env.update({
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in run.gpu_indices),
             "LUCID_JOB_ID": job.job_id, "LUCID_RUN_ID": run.run_id,
@@ -265,7 +273,7 @@ class LaunchSteps(RoundBase):
             failures = s.scalar(select(func.count(distinct(RunRow.run_id))).where(  # tries, not nodes
                 RunRow.job_id == run.job_id, RunRow.outcome.like("launch failed%"))) or 0
             job = s.get(JobRow, run.job_id)
-            if job is None or JobState(job.state) in TERMINAL_STATES:
+            if job is None or left_alone(job.state):
                 return
             self._event(s, job.job_id, "launch_conflict" if conflict else "launch_failed", why[:1000])
             if conflict:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
+from lucid_core.domain import ACTIVE_RUN_STATES, JobState, RunState, left_alone
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
     HostUnreachable,
@@ -172,7 +172,7 @@ class SettlingSteps(MpsFaultChecks):
             still = s.scalar(select(RunRow.host).where(RunRow.run_id == run.run_id,
                                                        RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
             job = s.get(JobRow, run.job_id)
-            if job is None or JobState(job.state) in TERMINAL_STATES:
+            if job is None or left_alone(job.state):
                 return
             if still is not None and not stopped:
                 # a wide job: other nodes still run. Success waits for them; a failure fails the

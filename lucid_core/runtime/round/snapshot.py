@@ -20,12 +20,14 @@ from lucid_core.domain import (
     Job,
     JobState,
     Profile,
+    RunState,
     ShareClass,
 )
 from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, ProfileRow, RunRow
 from lucid_core.runtime.store.store import Store
 
 ACTIVE_RUNS = ACTIVE_RUN_STATES
+KNOWN_RUNS = [state.value for state in RunState]
 HISTORY_LIMIT = 50000
 #: the job columns a round reads: all but what only a launch (from its own row) or a reader needs
 JOB_COLUMNS = tuple(c for c in JobRow.__table__.columns
@@ -61,6 +63,9 @@ class Snapshot:
     # (job id, speed relative to running alone) of running pairs, as their telemetry shows (pair_speed)
     speed_reports: list[tuple[str, float]] = field(default_factory=list)
     history_reader: Callable[[], list[tuple[HistoryRecord, float]]] | None = None
+    # runs of non-terminal jobs in a state this version does not know (another controller's, a hand edit's):
+    # they may be running, so their GPUs are held and their jobs sit out, never placed a second time
+    unknown_runs: list[RunRow] = field(default_factory=list)
 
     def finished_jobs(self) -> list[tuple[HistoryRecord, float]]:
         """The fallback's history, read from the store the first time it is asked for."""
@@ -86,7 +91,11 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
             select(*JOB_COLUMNS).where(JobRow.state.in_(active)))), key=_submission_order)}
         runs = list(s.scalars(select(RunRow).where(RunRow.state.in_(ACTIVE_RUNS)).order_by(RunRow.planned_at)))
         profiles: dict[str, ProfileRow] = {}
+        unknown_runs: list[RunRow] = []
         if jobs:
+            unknown_runs = [r for r in s.scalars(select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
+                                                 .where(JobRow.state.in_(active), RunRow.state.not_in(KNOWN_RUNS))
+                                                 .order_by(RunRow.planned_at)) if r.job_id in jobs]
             # joined on the state rather than an IN list of every job id (tens of thousands of parameters)
             for p in s.scalars(select(ProfileRow).join(JobRow, JobRow.job_id == ProfileRow.job_id)
                                .where(JobRow.state.in_(active)).order_by(ProfileRow.id)):
@@ -112,9 +121,9 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
             return _read_history(s.connection())
 
     # recent submissions feed the load forecast; a row whose time or width is not a number is left out
-    submissions = [(t, g) for t, g in subs if type(t) in (float, int) and type(g) is int]
+    submissions = [(t, g) for t, g in subs if type(t) in (float, int) and math.isfinite(t) and type(g) is int]
     return Snapshot(hosts, counts, jobs, runs, profiles, state, history, unlearned, submissions, models,
-                    history_reader=read_history)
+                    history_reader=read_history, unknown_runs=unknown_runs)
 
 
 _FINISHED = (JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None), JobRow.end_time.is_not(None))
@@ -184,6 +193,8 @@ def job_of(row: JobRow) -> Job:
         profile = Profile(_percent(row.gpu_util), _percent(row.mem_util or 0.0), max(0.0, row.gpu_mem_mb or 0.0),
                           row.amp, row.profile_emulated)
     state = _JOB_STATES.get(row.state) or JobState(row.state)  # a dict lookup; a bad value raises as JobState does
+    if type(row.submit_time) not in (float, int) or not math.isfinite(row.submit_time):
+        raise ValueError(f"submit time {str(row.submit_time)[:40]!r} is not a finite number")
     return Job(job_id=row.job_id, user=row.user, vc=row.vc, gpus=row.gpus, submit_time=row.submit_time,
                name=row.name, amp=row.amp, long_cold_start=row.long_cold_start, state=state,
                profile=profile, share_class=_share_class(row.share_class),

@@ -9,11 +9,13 @@ placeholder jobs whose ids start with HOLD_PREFIX.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import (
+    ACTIVE_RUN_STATES,
     GpuRef,
     Job,
     JobState,
@@ -80,6 +82,45 @@ def fleet_config(config: LucidConfig, gpu_counts: Iterable[int]) -> LucidConfig:
     return config.with_overrides({"cluster.gpus_per_node": size})
 
 
+def _time_or_inf(value: object) -> float:
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else math.inf
+
+
+def _finite(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def run_problem(run: RunRow, host_gpus: int | None) -> str | None:
+    """Why an active run's stored row cannot be rebuilt as an allocation (None when it can). Another
+    controller or a hand edit may have written it: a bad one makes its own job sit out, not the round fail."""
+    if run.state not in ACTIVE_RUN_STATES:
+        return f"state {run.state!r} is none this version knows"
+    if run.pool not in (Pool.MAIN.value, Pool.PROFILING.value):
+        return f"pool {run.pool!r} is neither main nor profiling"
+    indices = run.gpu_indices
+    if not isinstance(indices, list) or not indices or any(type(i) is not int for i in indices):
+        return f"GPU indices {str(indices)[:60]!r} are not a list of integers"
+    if host_gpus is not None and any(not 0 <= i < host_gpus for i in indices):
+        return f"GPU indices {indices[:8]} are not all among the host's {host_gpus} GPUs"
+    if len(set(indices)) != len(indices):
+        return f"GPU indices {indices[:8]} repeat"
+    if not _finite(run.planned_at) or (run.started_at is not None and not _finite(run.started_at)):
+        return "its planned or start time is not a finite number"
+    if run.profiling_until is not None and not _finite(run.profiling_until):
+        return "its profiling deadline is not a finite number"
+    if type(run.node_rank) is not int:
+        return f"node rank {run.node_rank!r} is not an integer"
+    return None
+
+
+def held_indices(run: RunRow, host_gpus: int) -> list[int]:
+    """The GPUs a frozen run holds: its own where they read as GPUs of the host, else all of the host's."""
+    indices = run.gpu_indices
+    if isinstance(indices, list) and indices and all(type(i) is int and 0 <= i < host_gpus for i in indices):
+        return list(indices)
+    return list(range(host_gpus))
+
+
 def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_factory: PolicyFactory) -> BuiltView:
     config = fleet_config(config, snapshot.gpu_counts.values())
     policy = policy_factory(config, snapshot)
@@ -93,7 +134,9 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     profiles = snapshot.profiles
     view = ClusterView(config, now=now, profile_of=lambda job_id: (
         profile_of_row(profiles[job_id], jobs[job_id].amp) if job_id in profiles and job_id in jobs else None))
-    borrowed = view.restore_policy_state(snapshot.state)
+    # a node that runs a main-pool run is not the profiling pool's, whatever the saved state says
+    borrowed = view.restore_policy_state(snapshot.state) - {
+        run.host for run in [*snapshot.runs, *snapshot.unknown_runs] if run.pool == Pool.MAIN.value}
     available: set[str] = set()
     for host in snapshot.hosts:
         count = snapshot.gpu_counts.get(host.name, 0)
@@ -112,8 +155,12 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
             view.closed_nodes.add(host.name)
 
     runs_by_job: dict[str, list[RunRow]] = {}
-    for run in snapshot.runs:
+    for run in [*snapshot.runs, *snapshot.unknown_runs]:
         runs_by_job.setdefault(run.job_id, []).append(run)
+        problem = run_problem(run, snapshot.gpu_counts.get(run.host))
+        if problem is not None and run.job_id not in unreadable:
+            unreadable[run.job_id] = (f"job {run.job_id}: its run {run.run_id} on host {run.host} cannot be read "
+                                      f"({problem}); the job sits this round out and the run's GPUs are held")
     placed_on = {name for pool in (view.main, view.profiling) for name in pool.nodes}
     # frozen: a stop is pending, or a run sits on a host the inventory no longer has (the round repairs it)
     frozen = {j for j, runs in runs_by_job.items() if any(r.stop_reason or r.host not in placed_on for r in runs)}
@@ -123,13 +170,14 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
 
     held: dict[tuple[str, str], list[int]] = {}  # (pool, host) -> GPU indices held
     # running jobs become allocations: lone runs and pair founders first, then partners
-    ordered = sorted(runs_by_job.items(), key=lambda kv: min(r.planned_at for r in kv[1]))
+    ordered = sorted(runs_by_job.items(), key=lambda kv: min(_time_or_inf(r.planned_at) for r in kv[1]))
     started: set[str] = set()
     pending_partners = []
     for job_id, runs in ordered:
         if job_id in frozen:
             for run in runs:
-                held.setdefault((run.pool, run.host), []).extend(run.gpu_indices)
+                held.setdefault((run.pool, run.host), []).extend(
+                    held_indices(run, snapshot.gpu_counts.get(run.host, 0)))
             continue
         partner = runs[0].partner
         if partner is not None and partner in started:

@@ -1,0 +1,125 @@
+"""Values another controller or a hand edit can write into the store that its column types accept (JSON columns,
+free strings, NaN, a run state or job state this version does not know): each is read as the one job's, run's or
+key's problem, never the round's. The round goes on, no job runs twice, and a job that was not touched completes.
+Real processes on a local host, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from runtime_helpers import SETTINGS, fast_config, jobs_by_id
+from sqlalchemy import select, text, update
+
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.hosts.loss import UNREACHABLE_SINCE, lost_hosts
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.store.schema import HostRow, JobRow, RunRow, SchedulerStateRow
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+CONFIG = fast_config(**{"profiler.enabled": False, "binder.sharing": "off"})
+
+
+def _round(store):
+    return SchedulingRound(store, local_executor(), CONFIG, SETTINGS).run()
+
+
+def _rounds_until(store, done, timeout_s=20.0):
+    deadline, reports = time.monotonic() + timeout_s, []
+    while True:
+        reports.append(_round(store))
+        jobs = jobs_by_id(store)
+        if done(jobs):
+            return jobs, reports
+        assert time.monotonic() < deadline, {j: (r.state, r.pending_reason) for j, r in jobs.items()}
+        time.sleep(0.2)
+
+
+def _set_run(store, job_id, **values):
+    with store.session() as s:
+        s.execute(update(RunRow).where(RunRow.job_id == job_id, RunRow.state == "running").values(**values))
+
+
+def _set_state(store, key, value):
+    with store.session() as s:
+        row = s.get(SchedulerStateRow, key)
+        if row is None:
+            s.add(SchedulerStateRow(key=key, value=value))
+        else:
+            row.value = value
+
+
+CORRUPTIONS = {
+    # a run's row: the job sits out, its GPU stays held (a second copy would share it), the round goes on
+    "run state unknown": lambda store, job: _set_run(store, job, state="stopping"),
+    "run GPU indices text": lambda store, job: _set_run(store, job, gpu_indices=["0"]),
+    "run GPU index past the host's": lambda store, job: _set_run(store, job, gpu_indices=[7]),
+    "run pool unknown": lambda store, job: _set_run(store, job, pool="burst"),
+    # the policy's saved state: a bad key keeps its default
+    "saved sharing mode unknown": lambda store, job: _set_state(store, "sharing_mode", "exclusive-v2"),
+    "saved Tprof text": lambda store, job: _set_state(store, "tprof_s", "60s"),
+    "saved mode check text": lambda store, job: _set_state(store, "last_mode_check", "2026-01-01"),
+    "saved borrowed node runs a main job": lambda store, job: _set_state(store, "borrowed_nodes", ["m0"]),
+    # the running job's own state: another controller's, left alone
+    "job state unknown": lambda store, job: _set_job(store, job, state="SUSPENDED"),
+}
+
+
+def _set_job(store, job_id, **values):
+    with store.session() as s:
+        s.execute(update(JobRow).where(JobRow.job_id == job_id).values(**values))
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_a_stored_value_gone_bad_stays_the_problem_of_its_own_job_or_key(store, tmp_path, case):
+    for name in ("m0", "m1"):
+        add_host(store, HostSpec(name, executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                                 workdir=str(tmp_path / name)))
+    running = submit(store, JobRequest("sleep 4", 1, "ann", "vc-a", name="running"))
+    _rounds_until(store, lambda jobs: jobs[running].state == "RUNNING")
+    CORRUPTIONS[case](store, running)
+    later = submit(store, JobRequest("true", 1, "bob", "vc-a", name="later"))
+    _, reports = _rounds_until(store, lambda jobs: jobs[later].state == "COMPLETED")
+    with store.session() as s:
+        runs = list(s.scalars(select(RunRow).where(RunRow.job_id == running)))
+        later_runs = list(s.scalars(select(RunRow).where(RunRow.job_id == later)))
+    assert len(runs) == 1, [(r.run_id, r.host, r.state) for r in runs]  # never placed a second time
+    if case.startswith("run"):
+        # its GPU is held while it may run: the later job ran on the other host, and the round said why
+        assert later_runs and all(r.host != runs[0].host for r in later_runs)
+        assert any(running in e and "cannot be read" in e for r in reports for e in r.errors)
+
+
+def test_a_stored_env_that_is_not_a_mapping_fails_that_job_alone(store, tmp_path):
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    bad = submit(store, JobRequest("true", 1, "ann", "vc-a", name="bad"))
+    _set_job(store, bad, env="A=1")
+    good = submit(store, JobRequest("true", 1, "bob", "vc-a", name="good"))
+    jobs, _ = _rounds_until(store, lambda jobs: jobs[good].state == "COMPLETED" and jobs[bad].state == "FAILED")
+    assert "not a mapping" in jobs[bad].end_reason
+
+
+def test_a_stored_submit_time_that_is_no_number_leaves_that_job_out(store, tmp_path):
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    bad = submit(store, JobRequest("true", 1, "ann", "vc-a", name="bad"))
+    with store.session() as s:  # PostgreSQL reads 'NaN' as the float; SQLite keeps the text
+        s.execute(text("UPDATE jobs SET submit_time = 'NaN' WHERE job_id = :j"), {"j": bad})
+    good = submit(store, JobRequest("true", 1, "bob", "vc-a", name="good"))
+    jobs, reports = _rounds_until(store, lambda jobs: jobs[good].state == "COMPLETED")
+    assert jobs[bad].state == "SUBMITTED"
+    assert any(bad in e and "submit time" in e for r in reports for e in r.errors)
+
+
+@pytest.mark.parametrize("saved", [{"m0": 4e9}, {"m0": "2026-01-01"}, "m0"])
+def test_when_a_host_went_down_is_counted_from_now_when_what_was_saved_is_bad(store, tmp_path, saved):
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    with store.session() as s:
+        s.execute(update(HostRow).where(HostRow.name == "m0").values(reachable=False))
+    store.set_state(UNREACHABLE_SINCE, saved)  # a time far in the future, a text, not a mapping at all
+    now = time.time()
+    assert lost_hosts(store, now, lost_after_s=60) == {}  # first seen down now
+    assert list(lost_hosts(store, now + 120, lost_after_s=60)) == ["m0"]  # and given up on after the limit
