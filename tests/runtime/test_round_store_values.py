@@ -56,6 +56,10 @@ CORRUPTIONS = {
     "run GPU indices text": lambda store, job: _set_run(store, job, gpu_indices=["0"]),
     "run GPU index past the host's": lambda store, job: _set_run(store, job, gpu_indices=[7]),
     "run pool unknown": lambda store, job: _set_run(store, job, pool="burst"),
+    "run start time -Infinity": lambda store, job: _sql(store, "UPDATE runs SET started_at = '-Infinity' "
+                                                             "WHERE job_id = :j AND state = 'running'", job),
+    # hosts' rows: a cool-down that is no number closes no host (NaN used to close it for ever on PostgreSQL)
+    "host cool-down NaN": lambda store, job: _sql(store, "UPDATE hosts SET cooldown_until = 'NaN'", job),
     # the policy's saved state: a bad key keeps its default
     "saved sharing mode unknown": lambda store, job: _set_state(store, "sharing_mode", "exclusive-v2"),
     "saved Tprof text": lambda store, job: _set_state(store, "tprof_s", "60s"),
@@ -64,6 +68,12 @@ CORRUPTIONS = {
     # the running job's own state: another controller's, left alone
     "job state unknown": lambda store, job: _set_job(store, job, state="SUSPENDED"),
 }
+
+
+def _sql(store, statement, job_id):
+    """Raw SQL, so a value reaches the column as written (PostgreSQL reads 'NaN' as the float, SQLite keeps it)."""
+    with store.session() as s:
+        s.execute(text(statement), {"j": job_id})
 
 
 def _set_job(store, job_id, **values):
@@ -85,7 +95,7 @@ def test_a_stored_value_gone_bad_stays_the_problem_of_its_own_job_or_key(store, 
         runs = list(s.scalars(select(RunRow).where(RunRow.job_id == running)))
         later_runs = list(s.scalars(select(RunRow).where(RunRow.job_id == later)))
     assert len(runs) == 1, [(r.run_id, r.host, r.state) for r in runs]  # never placed a second time
-    if case.startswith("run"):
+    if case.startswith("run "):
         # its GPU is held while it may run: the later job ran on the other host, and the round said why
         assert later_runs and all(r.host != runs[0].host for r in later_runs)
         assert any(running in e and "cannot be read" in e for r in reports for e in r.errors)

@@ -199,8 +199,8 @@ class RoundBase:
     def _host_seen(self, name: str) -> None:
         """Mark a host that answered as reachable; last_seen is refreshed at most every 30 s per host."""
         host, now = self._hosts.get(name), self.clock()
-        if (host is not None and host.reachable and host.last_error is None and host.last_seen is not None
-                and now - host.last_seen < 30.0):
+        if (host is not None and host.reachable and host.last_error is None
+                and isinstance(host.last_seen, int | float) and now - host.last_seen < 30.0):
             return
         with self.store.session() as s:
             s.execute(update_unsynced(HostRow).where(HostRow.name == name).values(

@@ -4,6 +4,7 @@ other nodes of wide jobs), stopping runs that have a stop reason, and what a ref
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -218,7 +219,9 @@ class LaunchSteps(RoundBase):
     def _window_s(run: RunRow) -> float:
         """Length of a run's profiling window (its end is rebased to the launch once launched)."""
         begin = run.started_at if run.started_at is not None else run.planned_at
-        return max(1.0, (run.profiling_until or begin) - begin)
+        window = (run.profiling_until or begin) - begin
+        # a row another controller wrote may hold an infinite or negative time: a window is 1 s to a day then
+        return min(max(1.0, window), 86400.0) if math.isfinite(window) else 1.0
 
     def _kept_window_s(self, run: RunRow) -> float:
         """How long from its start a watching agent keeps every sample: the profile's window, a sample over."""

@@ -149,7 +149,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         view.host_sharing[host.name] = host_sharing(host)
         if host.name in borrowed:
             view.borrowed_nodes.append(host.name)
-        if host.reachable and not host.draining and (host.cooldown_until is None or host.cooldown_until <= now):
+        if host.reachable and not host.draining and not (_finite(host.cooldown_until) and host.cooldown_until > now):
             available.add(host.name)
         else:
             view.closed_nodes.add(host.name)
