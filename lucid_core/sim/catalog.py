@@ -360,14 +360,37 @@ def _read_single(path: Path) -> list[CatalogEntry]:
             raise ValueError(f"{path}: not a single-GPU profile file, missing columns {missing}")
         for line, row in enumerate(reader, start=2):
             try:
+                short = [c for c in SINGLE_COLUMNS if c != "label" and row.get(c) is None]
+                if short:
+                    raise ValueError(f"the row has no cell for {short}")
                 label_text = (row.get("label") or "").strip()
-                entries.append(CatalogEntry(
+                entry = CatalogEntry(
                     row["model"].strip(), row["dataset"].strip(), int(float(row["batchsize"])), _flag(row["amp"]),
                     float(row["speed"]), float(row["gpu_util"]), float(row["gmem_util"]), float(row["gmem"]),
-                    int(float(label_text)) if label_text else None))
+                    int(float(label_text)) if label_text else None)
+                _check_single(entry)
+                entries.append(entry)
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{path}: line {line}: {error}") from None
     return entries
+
+
+def _check_single(entry: CatalogEntry) -> None:
+    """A measured exclusive profile's values in the range they can have: a zero speed would make every job of
+    the workload run for ever, a utilization over 100% is no percentage (and fails the policy's profile check
+    mid-run, with every policy simulated so far thrown away)."""
+    if not (entry.throughput > 0 and math.isfinite(entry.throughput)):
+        raise ValueError(f"speed {entry.throughput} is not a positive number")
+    for name, value in (("gpu_util", entry.gpu_util), ("gmem_util", entry.gmem_util)):
+        if not 0 <= value <= 100:
+            raise ValueError(f"{name} {value} is not a percentage in [0, 100]")
+    if not (entry.gmem_mb >= 0 and math.isfinite(entry.gmem_mb)):
+        raise ValueError(f"gmem {entry.gmem_mb} is not a memory size >= 0 MB")
+    if entry.batchsize < 1:
+        raise ValueError(f"batchsize {entry.batchsize} is not >= 1")
+
+
+MIN_COLOCATED_SPEED = 0.01
 
 
 def _read_colocate(path: Path, index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -385,6 +408,11 @@ def _read_colocate(path: Path, index: dict[str, int]) -> tuple[np.ndarray, np.nd
                 s1, s2 = float(row["speed1"]), float(row["speed2"])
             except (KeyError, TypeError, ValueError) as error:
                 raise ValueError(f"{path}: line {line}: {error}") from None
+            if math.isfinite(s1) and math.isfinite(s2) and min(s1, s2) < MIN_COLOCATED_SPEED:
+                # 0 would never finish a job, a negative speed would finish it before it began, and a pair at a
+                # millionth of its speed runs for ages of simulated time: no measurement of sharing looks so
+                raise ValueError(f"{path}: line {line}: co-located speeds {s1:g} and {s2:g} must both be at least "
+                                 f"{MIN_COLOCATED_SPEED:g} (a share of the exclusive speed)")
             if i is None or j is None or not (math.isfinite(s1) and math.isfinite(s2)):
                 continue  # a pair of workloads the profile file does not list: unusable
             sums[i, j] += s1  # averaged over duplicates first, capped at 1.0 after (in the catalog)

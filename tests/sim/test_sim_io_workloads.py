@@ -132,3 +132,31 @@ def test_synthetic_catalog_is_labelled_and_round_trips_through_the_artifact_form
     assert [w.label for w in again.workloads] == [w.label for w in catalog.workloads]
     assert np.abs(again.speed_ - catalog.speed_).max() <= 0.0005 + 1e-12  # written with 3 decimals
     assert not again.synthetic  # read back from files it is just a catalog; the README says what it is
+
+
+@pytest.mark.parametrize(("file", "edit", "message"), [
+    ("colocate_info.csv", lambda df: df.assign(speed1=0.0), "co-located speeds 0 and"),
+    ("colocate_info.csv", lambda df: df.assign(speed2=-1.0), "must both be at least 0.01"),
+    ("colocate_info.csv", lambda df: df.assign(speed1=1e-9), "must both be at least 0.01"),
+    ("single_data.csv", lambda df: df.assign(gpu_util=150.0), "gpu_util 150.0 is not a percentage"),
+    ("single_data.csv", lambda df: df.assign(gmem_util=float("nan")), "gmem_util nan is not a percentage"),
+    ("single_data.csv", lambda df: df.assign(speed=0.0), "speed 0.0 is not a positive number"),
+    ("single_data.csv", lambda df: df.assign(gmem=-5.0), "gmem -5.0 is not a memory size"),
+])
+def test_a_catalog_value_out_of_its_range_is_refused_naming_file_and_line(tmp_path, file, edit, message):
+    """A zero co-located speed divided by zero mid-run, a negative one gave a negative JCT, a utilization of 150%
+    failed only when Lucid's turn came: each is refused when the catalog is read."""
+    WorkloadCatalog.synthetic(7).to_csv(tmp_path)
+    path = tmp_path / file
+    edit(pd.read_csv(path)).to_csv(path, index=False, na_rep="nan")
+    with pytest.raises(ValueError, match=f"{file}: line 2: .*{message}"):
+        WorkloadCatalog.from_artifact(tmp_path)
+
+
+def test_a_short_row_in_the_profiles_is_refused_naming_its_line(tmp_path):
+    WorkloadCatalog.synthetic(7).to_csv(tmp_path)
+    path = tmp_path / "single_data.csv"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, "SynMLP"]) + "\n")
+    with pytest.raises(ValueError, match=rf"single_data.csv: line {len(lines) + 1}: the row has no cell for"):
+        WorkloadCatalog.from_artifact(tmp_path)
