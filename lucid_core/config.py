@@ -7,6 +7,7 @@ Load order: defaults, then a TOML or YAML file, then environment variables named
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -107,9 +108,9 @@ class ForecastConfig:
 class TiresiasConfig:
     queue_threshold_gpu_s: float = _knob(18000.0, lo=1, doc=(
         "attained GPU-seconds past which a job is in the low queue (the Lucid artifact's 18,000)"))
-    checkpoint_cost_s: float = _knob(40.0, lo=0, doc="run time lost per preemption of a job within one node")
-    checkpoint_cost_wide_s: float = _knob(60.0, lo=0, doc="run time lost per preemption of a multi-node job")
-    interval_s: float = _knob(60.0, lo=1, doc="scheduling interval: queues are revisited this often")
+    checkpoint_cost_s: float = _knob(40.0, lo=0, hi=86400, doc="run time lost per preemption of a job within one node")
+    checkpoint_cost_wide_s: float = _knob(60.0, lo=0, hi=86400, doc="run time lost per preemption of a multi-node job")
+    interval_s: float = _knob(60.0, lo=1, hi=86400, doc="scheduling interval: queues are revisited this often")
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def _coerce(section: str, knob: str, value: Any, typ: type, meta: Mapping[str, A
             if isinstance(value, bool):
                 raise ValueError
             value = float(value)
-            if value != value:  # NaN
+            if not math.isfinite(value):  # NaN, or inf: no knob means "never" by it (0 turns rules off)
                 raise ValueError
         elif typ is str and not isinstance(value, str):
             raise ValueError

@@ -229,6 +229,11 @@ def test_config_rejects_bad_values_by_name(tmp_path):
         LucidConfig().with_overrides({"binder.nonsense": 1})
     with pytest.raises(ConfigError, match="must not exceed"):
         LucidConfig().with_overrides({"binder.medium_threshold": 0.99})
+    for inf in ("inf", float("inf"), "-inf"):  # no knob means "never" by infinity: it made the clock NaN
+        with pytest.raises(ConfigError, match=r"orchestrator\.guard_slowdown: expected float"):
+            LucidConfig().with_overrides({"orchestrator.guard_slowdown": inf})
+    with pytest.raises(ConfigError, match=r"tiresias\.checkpoint_cost_s: .* above the maximum"):
+        LucidConfig().with_overrides({"tiresias.checkpoint_cost_s": 1e8})  # hung Tiresias's simulation
     path = tmp_path / "lucid.toml"
     path.write_text("[profiler]\ntprof_s = 300\n[binder]\nsharing = 'off'\n")
     config = load_config(path, env={"LUCID__PROFILER__NPROF_GPUS": "4"})
