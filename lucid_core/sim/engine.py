@@ -239,12 +239,14 @@ class Simulation:
         run.version += 1
         self._push(now + max(run.remaining, 0.0) / run.rate, _FINISH, job_id, run.version)
 
-    def _set_rate(self, job_id: str, rate: float, now: float) -> None:
+    def _set_rate(self, job_id: str, rate: float, now: float, *, shared: bool) -> None:
+        """A run's speed from now on; `shared`: whether it now has a partner on its GPUs (its time counts as
+        shared whatever the pair's speed: a pair measured at full speed still shares)."""
         run = self.runs[job_id]
         self._settle(run, now)
-        if rate < 1.0 and run.shared_since is None:
+        if shared and run.shared_since is None:
             run.shared_since = now
-        elif rate >= 1.0 and run.shared_since is not None:
+        elif not shared and run.shared_since is not None:
             run.shared += now - run.shared_since
             run.shared_since = None
         run.rate = rate
@@ -308,8 +310,8 @@ class Simulation:
             node = self._node_of(decision.partner) if self.host_catalogs is not None else None  # partner's GPUs
             a, b = self._workload_of(decision.job_id, node), self._workload_of(decision.partner, node)
             s_job, s_partner = self._pair_speeds(node)(a, b) if a is not None and b is not None else (1.0, 1.0)
-            self._set_rate(decision.job_id, min(1.0, s_job), now)
-            self._set_rate(decision.partner, min(1.0, s_partner), now)
+            self._set_rate(decision.job_id, min(1.0, s_job), now, shared=True)
+            self._set_rate(decision.partner, min(1.0, s_partner), now, shared=True)
             self.view.speed_reports.append((decision.job_id, min(s_job, s_partner)))
         else:
             self._plan_end(decision.job_id, now)
@@ -331,7 +333,7 @@ class Simulation:
         partner = alloc.partner
         view.stop(job_id)
         if partner is not None and partner in self.runs:
-            self._set_rate(partner, 1.0, now)
+            self._set_rate(partner, 1.0, now, shared=False)
         job.end_time = now
         job.state = JobState.COMPLETED
         self.policy.on_finish(view, job, self.original[job_id])
@@ -441,8 +443,7 @@ def _resume(start: StartState, runs: dict[str, _Run], speeds: SpeedFn,
             for member, speed in zip((job_id, partner), pair_speeds, strict=True):
                 speed = start.rates.get(member, speed)
                 runs[member].rate = min(1.0, speed)
-                if speed < 1.0:
-                    runs[member].shared_since = now
+                runs[member].shared_since = now
     for job_id in start.remaining:
         run, alloc = runs[job_id], view.allocations[job_id]
         window_end = alloc.profiling_until

@@ -270,7 +270,7 @@ def _rows(handle, parse, problems: list[RowProblem], columns: list[str],
           check_encoding: bool = True) -> Iterator[_Row | object | None]:
     """Parse each data row after the header: a `_Row`, None for a non-GPU job, or `_BAD_ROW`.
     `check_encoding=False` when the text is known to be ASCII (no byte can have failed to decode)."""
-    reader = csv.DictReader(handle, fieldnames=columns)
+    reader = csv.DictReader(handle, fieldnames=columns, strict=True)  # strict: a quote left open is an error
     while True:
         try:
             row = next(reader)
@@ -347,6 +347,9 @@ def parse_trace(path: str | Path, fmt: str = "auto") -> ParsedTrace:
         missing = [name for name in required if name not in columns]
         if missing:
             raise TraceFormatError(f"{path}: not a {fmt} trace: header lacks {missing} (has {columns})")
+        repeated = sorted({name for name in columns if name and columns.count(name) > 1})
+        if repeated:  # which of two `gpus` cells is the job's? The last one won, silently
+            raise TraceFormatError(f"{path}: the header names {repeated} more than once")
         body = handle.read()
         # an ASCII file has no byte that failed to decode: its rows skip the per-cell check
         for parsed in _rows(io.StringIO(body), parse, problems, columns, check_encoding=not body.isascii()):

@@ -121,6 +121,20 @@ def test_lucid_pairs_two_tiny_jobs_on_one_gpu_and_never_preempts():
     assert {o.job_id: o.shared_seconds for o in result.outcomes} == {"A": 160, "B": 160}
 
 
+def test_a_pair_measured_at_full_speed_still_counts_as_shared_time():
+    """Shared time is time with a partner on the GPU, not time slowed down: a pair the catalog measured at full
+    speed (many of the artifact's pairs read 1.0 or more) counted as no sharing at all before."""
+    config = LucidConfig().with_overrides({**ONE_GPU_NODES, "profiler.tprof_s": 20, "profiler.pool_nodes": 1,
+                                           "profiler.autoscale": False, "binder.sharing": "on"})
+    records = _records(("A", 0, 100), ("B", 0, 100))
+    result = simulate(records, LucidPolicy(config), config, main_nodes=1, profiling_nodes=1,
+                      workloads=[_light("a"), _light("b")], speeds=lambda a, b: (1.2, 1.0),
+                      check_invariants=True)
+    # t=20: B shares A's GPU at full speed (1.2 capped at 1): A ends at 100, B's last 80 s of work end at 100
+    assert _jcts(result) == {"A": 100, "B": 120}
+    assert {o.job_id: o.shared_seconds for o in result.outcomes} == {"A": 80, "B": 80}
+
+
 def test_unstable_pair_is_split_and_its_jobs_never_share_again():
     config = LucidConfig()
     view = _view_with_running(config, 1, ShareClass.TINY, 1000)

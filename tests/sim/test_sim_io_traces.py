@@ -134,6 +134,22 @@ def test_window_is_half_open_and_sets_the_epoch(tmp_path):
         read_trace(path, "generic", start="2024-03-05", end="2024-03-04")
 
 
+def test_a_header_naming_a_column_twice_is_refused(tmp_path):
+    """Two `gpus` columns: which is the job's? The last one won without a word (8 GPUs instead of 1)."""
+    path = write(tmp_path, "dup.csv", "job_id,submit_time,duration,gpus,vc,gpus\na,2024-03-04 00:00:00,100,1,nlp,8\n")
+    with pytest.raises(TraceFormatError, match=r"the header names \['gpus'\] more than once"):
+        read_trace(path, "generic")
+
+
+def test_a_quote_left_open_is_a_reported_row_not_a_swallowed_job(tmp_path):
+    """An unterminated quote used to take every following row into one cell: job b vanished, 0 rows skipped."""
+    text = ("job_id,submit_time,duration,gpus,vc,name\n"
+            "a,2024-03-04 00:00:00,100,1,nlp,\"unterminated\n"
+            "b,2024-03-04 00:01:00,100,1,nlp,n\n")
+    with pytest.raises(TraceFormatError, match=r"1 rows skipped.*malformed CSV: unexpected end of data"):
+        read_trace(write(tmp_path, "quote.csv", text), "generic")
+
+
 def test_format_errors_are_clear(tmp_path):
     bad = write(tmp_path, "bad.csv", "timestamp,duration,num_gpus\nnever,-1,x\n")
     with pytest.raises(TraceFormatError, match=r"no valid philly job rows .*1 rows read"):
