@@ -55,18 +55,28 @@ def read_vc_config(path: str | Path) -> dict[str, int]:
     out: dict[str, int] = {}
     with open(path, encoding="utf-8", newline="") as handle:
         for line_no, row in enumerate(csv.reader(handle), start=1):
-            if len(row) < 2 or not row[0].strip() or (line_no == 1 and not row[1].strip().isdigit()):
-                continue
+            if len(row) < 2 or not row[0].strip() or (line_no == 1 and not _integer_text(row[1])):
+                continue  # a header (its second cell names the column), or no VC on the line
             try:
                 nodes = int(row[1])
             except ValueError:
                 raise ValueError(f"{path} line {line_no}: nodes {row[1]!r} is not an integer") from None
             if nodes < 1:
                 raise ValueError(f"{path} line {line_no}: VC {row[0]!r} needs at least one node, got {nodes}")
+            if row[0].strip() in out:  # which of the two sizes is the VC's? The last one won, silently
+                raise ValueError(f"{path} line {line_no}: VC {row[0].strip()!r} is listed twice")
             out[row[0].strip()] = nodes
     if not out:
         raise ValueError(f"{path}: no virtual clusters found (expected rows 'name,nodes')")
     return out
+
+
+def _integer_text(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
 
 
 def profiling_pool_nodes(config_pool: int, nodes: int) -> int:
@@ -169,10 +179,11 @@ def _run_per_vc(name: str, exp: Experiment, progress: Callable[[int, int], None]
     unknown = sorted({r.vc for r in exp.records} - set(exp.vc_nodes))
     if unknown:
         raise ValueError(f"jobs of virtual clusters missing from the VC config: {unknown[:5]}")
-    results, pool_gpus, assumes = [], 0, 0.0
+    results, pool_gpus, assumes, idle_gpus = [], 0, 0.0, 0
     for vc, nodes in sorted(exp.vc_nodes.items()):
         records = [r for r in exp.records if r.vc == vc]
-        if not records:
+        if not records:  # nothing to simulate, but its GPUs are the cluster's: they count, idle, in utilization
+            idle_gpus += nodes * exp.config.cluster.gpus_per_node
             continue
         sub = replace(exp, records=records, nodes=nodes, vc_nodes=None)
         done_before = sum(len(r.outcomes) for r in results)
@@ -188,7 +199,7 @@ def _run_per_vc(name: str, exp: Experiment, progress: Callable[[int, int], None]
         for key, value in r.decision_counts.items():
             counts[key] = counts.get(key, 0) + value
     merged = SimResult(name, outcomes, _merge_timelines([r.busy_timeline for r in results]),
-                       sum(r.total_gpus for r in results), counts, sum(r.wall_seconds for r in results),
+                       sum(r.total_gpus for r in results) + idle_gpus, counts, sum(r.wall_seconds for r in results),
                        sum(r.events for r in results), [e for r in results for e in r.decision_log])
     metrics = compute_metrics(merged.outcomes, merged.busy_timeline, merged.total_gpus)
     metrics["wall_s"] = merged.wall_seconds

@@ -334,6 +334,15 @@ def test_virtual_clusters_keep_jobs_on_their_own_nodes(tmp_path):
     vc_file.write_text("nlp,2\n")
     with pytest.raises(ValueError, match="missing from the VC config"):
         run_policy("fifo", replace(exp, vc_nodes=read_vc_config(vc_file)))
+    # a VC with no jobs in the window still owns its GPUs: they count, idle, in utilization
+    idle, _ = run_policy("fifo", replace(exp, vc_nodes={**vc_nodes, "ghost": 95}))
+    assert idle.total_gpus == 100 * 8
+    vc_file.write_text("nlp,2\nvision,1\nnlp,3\n")  # which size is nlp's? The last one won, silently
+    with pytest.raises(ValueError, match="line 3: VC 'nlp' is listed twice"):
+        read_vc_config(vc_file)
+    vc_file.write_text("nlp,-3\nvision,1\n")  # no header: a negative size was taken for one
+    with pytest.raises(ValueError, match="line 1: VC 'nlp' needs at least one node, got -3"):
+        read_vc_config(vc_file)
 
 
 def test_jobs_are_placed_only_on_nodes_of_their_own_vc():
