@@ -133,3 +133,25 @@ def test_when_a_host_went_down_is_counted_from_now_when_what_was_saved_is_bad(st
     now = time.time()
     assert lost_hosts(store, now, lost_after_s=60) == {}  # first seen down now
     assert list(lost_hosts(store, now + 120, lost_after_s=60)) == ["m0"]  # and given up on after the limit
+
+
+def test_a_job_with_a_run_in_an_unknown_state_is_not_called_cancelled_while_that_run_may_live(store, tmp_path):
+    """Cancelled, it used to end at once: its GPU then looked free while its process still ran on it."""
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    running = submit(store, JobRequest("sleep 30", 1, "ann", "vc-a", name="running"))
+    _rounds_until(store, lambda jobs: jobs[running].state == "RUNNING")
+    _set_run(store, running, state="stopping")
+    cancel(store, running)
+    waiting = submit(store, JobRequest("true", 1, "bob", "vc-a", name="waiting"))
+    for _ in range(3):
+        report = _round(store)
+        time.sleep(0.2)
+    jobs = jobs_by_id(store)
+    assert jobs[running].state == "RUNNING" and jobs[waiting].state != "COMPLETED"  # its GPU stays held
+    assert any(running in e and "none this version knows" in e for e in report.errors)
+    _sql(store, "UPDATE runs SET state = 'running' WHERE job_id = :j AND state = 'stopping'", running)  # repaired
+    jobs, _ = _rounds_until(store, lambda jobs: jobs[waiting].state == "COMPLETED")
+    assert jobs[running].state == "CANCELLED"

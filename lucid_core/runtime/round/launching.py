@@ -348,14 +348,16 @@ class LaunchSteps(RoundBase):
         with self.store.session() as s:
             jobs = list(s.scalars(select(JobRow).where(JobRow.cancel_requested.is_(True), JobRow.state.in_(active))))
             for job in jobs:
+                # every run not over: a run in a state this version does not know may be running, so the job
+                # is not called cancelled while one exists (its GPUs would look free); the round reports it
                 runs = list(s.scalars(select(RunRow).where(RunRow.job_id == job.job_id,
-                                                           RunRow.state.in_(ACTIVE_RUN_STATES))))
+                                                           RunRow.state.not_in((RunState.ENDED, RunState.LOST)))))
                 for run in runs:
                     if run.state == RunState.PLANNED:
                         run.state, run.ended_at, run.outcome = RunState.ENDED, self.clock(), "cancelled before launch"
-                    else:
+                    elif run.state == RunState.RUNNING:
                         run.stop_reason = "cancel"
-                if not any(r.state == RunState.RUNNING for r in runs):
+                if all(r.state == RunState.ENDED for r in runs):
                     ended = s.execute(update_unsynced(JobRow).where(
                         JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES)).values(
                         state=JobState.CANCELLED.value, end_time=self.clock(), end_reason="cancelled",
