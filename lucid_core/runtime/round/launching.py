@@ -219,9 +219,11 @@ class LaunchSteps(RoundBase):
     def _window_s(run: RunRow) -> float:
         """Length of a run's profiling window (its end is rebased to the launch once launched)."""
         begin = run.started_at if run.started_at is not None else run.planned_at
-        window = (run.profiling_until or begin) - begin
-        # a row another controller wrote may hold an infinite or negative time: a window is 1 s to a day then
-        return min(max(1.0, window), 86400.0) if math.isfinite(window) else 1.0
+        end = run.profiling_until or begin
+        # a row another controller wrote may hold an infinite, negative or text time: a window is 1 s to a day
+        if not all(isinstance(t, int | float) and math.isfinite(t) for t in (begin, end)):
+            return 1.0
+        return min(max(1.0, end - begin), 86400.0)
 
     def _kept_window_s(self, run: RunRow) -> float:
         """How long from its start a watching agent keeps every sample: the profile's window, a sample over."""
