@@ -331,28 +331,33 @@ def check_overrides(items: Sequence[str]) -> dict[str, Any]:
     """Each `SECTION.KNOB=VALUE` of the CLI's --set checked on its own against the schema (the knob exists,
     the value has its type and range), returned converted. ConfigError in one line naming the knob and what it
     takes, or, for an unknown name, the closest known ones and the section's knobs."""
+    return {key: check_knob(key, value, f"--set {key}") for key, value in parse_overrides(items).items()}
+
+
+def check_knob(key: str, value: Any, given: str | None = None) -> Any:
+    """One value of the dotted knob `key` checked on its own against the schema, returned converted.
+
+    ConfigError in one line starting with `given` (the flag or field the user wrote; default: the knob),
+    saying what the knob takes, or, for an unknown name, the closest known ones and the section's knobs."""
     import difflib
 
     sections = {f.name: f.default_factory() for f in fields(LucidConfig)}  # type: ignore[misc]
-    checked: dict[str, Any] = {}
-    for key, value in parse_overrides(items).items():
-        section, _, knob = key.partition(".")
-        given = f"--set {key}"
-        if section not in sections:
-            close = difflib.get_close_matches(section, sections, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"{given}: unknown section {section!r}{hint}; sections: {', '.join(sections)}")
-        known = {f.name: f for f in fields(sections[section])}
-        if knob not in known:
-            close = difflib.get_close_matches(knob, known, n=3, cutoff=0.5)
-            hint = f" (did you mean {', '.join(f'{section}.{c}' for c in close)}?)" if close else ""
-            raise ConfigError(f"{given}: unknown knob{hint}; {section} knobs: {', '.join(known)}")
-        typ = get_type_hints(type(sections[section]))[knob]
-        try:
-            checked[key] = _coerce(section, knob, value, typ, known[knob].metadata)
-        except ConfigError:
-            raise ConfigError(f"{given}: expected {knob_takes(typ, known[knob].metadata)}, got {value!r}") from None
-    return checked
+    section, _, knob = key.partition(".")
+    given = given or key
+    if section not in sections:
+        close = difflib.get_close_matches(section, sections, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"{given}: unknown section {section!r}{hint}; sections: {', '.join(sections)}")
+    known = {f.name: f for f in fields(sections[section])}
+    if knob not in known:
+        close = difflib.get_close_matches(knob, known, n=3, cutoff=0.5)
+        hint = f" (did you mean {', '.join(f'{section}.{c}' for c in close)}?)" if close else ""
+        raise ConfigError(f"{given}: unknown knob{hint}; {section} knobs: {', '.join(known)}")
+    typ = get_type_hints(type(sections[section]))[knob]
+    try:
+        return _coerce(section, knob, value, typ, known[knob].metadata)
+    except ConfigError:
+        raise ConfigError(f"{given}: expected {knob_takes(typ, known[knob].metadata)}, got {value!r}") from None
 
 
 def load_live_config(path: str | Path | None = None, overrides: Sequence[str] = (),

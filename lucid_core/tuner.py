@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lucid_core.config import ConfigError, LucidConfig, load_config_file, load_live_config
+from lucid_core.config import ConfigError, LucidConfig, check_knob, load_config_file, load_live_config
 from lucid_core.sim.fleet import Fleet, FleetCatalogs
 from lucid_core.sim.records import TraceRecord, stored_flag
 from lucid_core.tuner_grid import (
@@ -93,39 +93,77 @@ class ConfigResult:
         return cls(**dict(data))
 
 
-def expand_grid(grid: Mapping[str, Sequence[Any]], base: LucidConfig | None = None) -> list[dict[str, Any]]:
-    """Cartesian product of the form's value lists, as dotted-key overrides; invalid combinations dropped.
+@dataclass(frozen=True)
+class GridExpansion:
+    """The configurations of a grid and the combinations left out because their knobs conflict (with why)."""
 
-    Keys may be form names (`tprof_s`) or dotted knobs (`profiler.tprof_s`). An empty list or a
-    missing key keeps the configured value. Combinations the config (`base`, default: the defaults)
-    rejects (e.g. a Medium threshold above the Tiny one) are left out; duplicates collapse.
-    """
+    configs: list[dict[str, Any]]
+    dropped: int = 0
+    reason: str = ""
+    combinations: int = 0  # distinct combinations of the grid's values, the dropped ones included
+
+    def dropped_text(self) -> str:
+        """The combinations left out, in words (empty when none was)."""
+        if not self.dropped:
+            return ""
+        verb = "was" if self.dropped == 1 else "were"
+        return (f"{self.dropped} of the {self.combinations} combinations of the grid {verb} left out because their "
+                f"knobs conflict (e.g. {self.reason})")
+
+
+def checked_values(knob: str, values: Sequence[Any], given: str | None = None) -> list[Any]:
+    """Each of a knob's grid values checked on its own, converted; ConfigError naming `given` (the flag or
+    form field; default: the knob) and the value, so no bad value is silently left out of the grid."""
+    return [check_knob(knob, value, given or knob) for value in values]
+
+
+def grid_expansion(grid: Mapping[str, Sequence[Any]], base: LucidConfig | None = None) -> GridExpansion:
+    """Cartesian product of the form's value lists, as dotted-key overrides, each value checked on its own.
+
+    Keys may be form names (`tprof_s`) or dotted knobs (`profiler.tprof_s`). An empty list or a missing key
+    keeps the configured value. A bad value is a ConfigError naming it; only combinations whose knobs conflict
+    under the config (`base`, default: the defaults), e.g. a Medium threshold above the Tiny one, are left
+    out and counted; duplicates collapse."""
     axes: list[tuple[str, list[Any]]] = []
     for key, values in grid.items():
         knob = knob_name(key)
         values = list(values) if isinstance(values, list | tuple) else [] if values is None else [values]
         if values:
-            axes.append((knob, values))
+            axes.append((knob, checked_values(knob, values, key)))
     base = base or LucidConfig()
     configs: list[dict[str, Any]] = []
     seen: set[str] = set()
+    dropped, reason = 0, ""
     for combo in itertools.product(*(values for _, values in axes)):
         overrides = dict(zip((knob for knob, _ in axes), combo, strict=True))
+        key = json.dumps(overrides, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
         try:
             base.with_overrides(overrides)
-        except ConfigError:
+        except ConfigError as exc:
+            dropped, reason = dropped + 1, reason or str(exc)
             continue
-        key = json.dumps(overrides, sort_keys=True, default=str)
-        if key not in seen:
-            seen.add(key)
-            configs.append(overrides)
-    return configs
+        configs.append(overrides)
+    return GridExpansion(configs, dropped, reason, len(seen))
+
+
+def expand_grid(grid: Mapping[str, Sequence[Any]], base: LucidConfig | None = None) -> list[dict[str, Any]]:
+    """The configurations of `grid_expansion` (conflicting combinations left out, bad values refused)."""
+    return grid_expansion(grid, base).configs
+
+
+def sweep_grid(explicit: Mapping[str, Any], around: Sequence[str], base: LucidConfig) -> GridExpansion:
+    """The configurations a sweep replays: explicit values and values around the current ones
+    (`grid_request`), valid under `base`, without the current configuration itself (replayed on its own)."""
+    grid = grid_expansion(grid_request(explicit, around, base), base)
+    return GridExpansion(drop_current(grid.configs, base), grid.dropped, grid.reason, grid.combinations)
 
 
 def sweep_configurations(explicit: Mapping[str, Any], around: Sequence[str], base: LucidConfig) -> list[dict[str, Any]]:
-    """The configurations a sweep replays: explicit values and values around the current ones
-    (`grid_request`), valid under `base`, without the current configuration itself (replayed on its own)."""
-    return drop_current(expand_grid(grid_request(explicit, around, base), base), base)
+    """The configurations of `sweep_grid`."""
+    return sweep_grid(explicit, around, base).configs
 
 
 def outcome_metrics(result) -> dict[str, float]:
@@ -529,12 +567,14 @@ def _plots(ranked: Sequence[ConfigResult], objective: str, directory: Path, unit
 
 
 def write_report(results: Sequence[ConfigResult], settings: TunerSettings, directory: str | Path,
-                 context: Mapping[str, Any] | None = None, base: LucidConfig | None = None) -> dict[str, Any]:
+                 context: Mapping[str, Any] | None = None, base: LucidConfig | None = None,
+                 grid: GridExpansion | None = None) -> dict[str, Any]:
     """Write report.json, table.csv, report.md, report.html and plots; return the JSON summary.
 
     `results` may hold the current configuration's replays (role "current", see `sweep_items`):
     they give the current row and the noise the verdict (`assess`) is measured against. `base` is
-    the current configuration (default: the defaults). Every duration is in one unit (`report_unit`)."""
+    the current configuration (default: the defaults). Every duration is in one unit (`report_unit`).
+    `grid` (when given) says how many combinations were left out for conflicting knobs."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     base = base or LucidConfig()
@@ -562,6 +602,8 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
         "fleet": settings.fleet.to_dict() if settings.fleet is not None else None,
         "cluster": cluster,
         "left_out": left_out,
+        "dropped": grid.dropped if grid else 0,
+        "dropped_text": grid.dropped_text() if grid else "",
         "configurations": len(candidates),
         "failed": sum(1 for r in candidates if r.error),
         "best": best.to_dict() if best else None,
@@ -604,6 +646,8 @@ def report_markdown(summary: Mapping[str, Any], header: Sequence[str], rows: Seq
     md = [f"# System Tuner report ({summary['objective']})", "", f"Cluster: {summary['cluster']}."]
     if summary.get("left_out"):
         md.append(f"{summary['left_out']} job(s) wider than the cluster could run were left out.")
+    if summary.get("dropped_text"):
+        md.append(f"{summary['dropped_text']}.")
     md += ["", summary["verdict"], "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
     if best and not summary["keep_current"]:
@@ -631,6 +675,8 @@ def report_html(summary: Mapping[str, Any], header: Sequence[str], rows: Sequenc
     lines.append(f"<p class='muted'>Cluster: {esc(str(summary.get('cluster', '')))}."
                  + (f" {summary['left_out']} job(s) wider than it could run were left out." if summary.get("left_out")
                     else "") + "</p>")
+    if summary.get("dropped_text"):
+        lines.append(f"<p class='muted'>{esc(str(summary['dropped_text']))}.</p>")
     return (f"<h2>System Tuner: objective {esc(str(summary['objective']))}</h2>{''.join(lines)}"
             f"<div class='scroll'><table class='tuner' id='tuner-table'><thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table></div>")
@@ -712,8 +758,32 @@ def inventory_fleet(store_url: str | None) -> Fleet:
     return fleet
 
 
-def _values(text: str, cast) -> list[Any]:
-    return [cast(v.strip()) for v in text.split(",") if v.strip()]
+#: `lucid tune`'s grid flags: flag -> the form name of the knob it sweeps.
+GRID_FLAGS: dict[str, str] = {"--tprof": "tprof_s", "--nprof": "nprof_gpus", "--cprof": "cprof_nodes",
+                              "--tiny": "tiny_threshold", "--medium": "medium_threshold", "--sharing": "sharing",
+                              "--cadence": "update_cadence", "--aging": "aging"}
+
+
+def _items(text: str) -> list[str]:
+    """The comma-separated items of a flag, stripped, empty ones skipped."""
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _around(text: str) -> list[str]:
+    """The --around knobs, each a known tuner knob (ConfigError naming the flag otherwise)."""
+    names = _items(text)
+    for name in names:
+        try:
+            knob_name(name)
+        except ConfigError as exc:
+            raise ConfigError(f"--around: {exc}") from None
+    return names
+
+
+def _grid_flags(args) -> dict[str, list[Any]]:
+    """The grid flags' values by form name, each checked on its own: a bad one fails naming its flag."""
+    return {name: checked_values(GRID_KNOBS[name], _items(getattr(args, flag[2:])), flag)
+            for flag, name in GRID_FLAGS.items()}
 
 
 def add_parser(subparsers) -> Any:
@@ -776,13 +846,13 @@ def _run_cli(args) -> int:
     from lucid_core.sim.experiment import load_experiment
 
     base = load_live_config(args.config, args.set)
-    explicit = {"tprof_s": _values(args.tprof, float), "nprof_gpus": _values(args.nprof, int),
-                "cprof_nodes": _values(args.cprof, int), "tiny_threshold": _values(args.tiny, float),
-                "medium_threshold": _values(args.medium, float), "sharing": _values(args.sharing, str),
-                "update_cadence": _values(args.cadence, str), "aging": _values(args.aging, float)}
-    configs = sweep_configurations(explicit, _values(args.around, str), base)
+    grid = sweep_grid(_grid_flags(args), _around(args.around), base)
+    configs = grid.configs
     if not configs:
-        raise ValueError("the grid has no valid configuration (is every Medium threshold above every Tiny one?)")
+        which = "its only combination" if grid.dropped == 1 else f"all {grid.dropped} of its combinations"
+        raise ValueError(f"the grid has no valid configuration: knobs conflict in {which} (e.g. {grid.reason})")
+    if grid.dropped:
+        print(f"note: {grid.dropped_text()}", flush=True)
     fleet = inventory_fleet(args.store_url) if args.fleet else None
     settings = TunerSettings(main_nodes=None if fleet else args.nodes, objective=args.objective, fleet=fleet)
     catalog = WorkloadCatalog.from_artifact(args.catalog) if args.catalog else WorkloadCatalog.synthetic(settings.seed)
@@ -797,6 +867,7 @@ def _run_cli(args) -> int:
                                          catalogs=catalogs))
         print(f"[{item['index'] + 1}/{len(items)}] {item_label(item)}: "
               + (results[-1].error or f"avg JCT {duration_words(results[-1].metrics['avg_jct_s'])}"), flush=True)
-    summary = write_report(results, settings, args.out, context={"trace": str(args.trace)}, base=base)
+    summary = write_report(results, settings, args.out, context={"trace": str(args.trace)}, base=base,
+                           grid=grid)
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     return 0 if summary["best"] else 1
