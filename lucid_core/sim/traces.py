@@ -327,6 +327,11 @@ class ParsedTrace:
             seen_ids[parsed.job_id] = parsed.line
             kept.append(parsed)
         problems.sort(key=lambda p: p.row)
+        if not kept and outside:  # every valid row fell outside: say where the trace's submissions are
+            first, last = min(r.submit for r in self.rows), max(r.submit for r in self.rows)
+            raise TraceFormatError(
+                f"{self.path}: no {self.fmt} job submitted in the window: all {outside} valid rows are outside it "
+                f"(the trace's submissions run from {first} to {last})")
         return _build_trace(self.path, self.fmt, kept, problems, window_start, self.rows_read, outside,
                             self.non_gpu_rows)
 

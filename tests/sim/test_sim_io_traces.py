@@ -128,7 +128,8 @@ def test_window_is_half_open_and_sets_the_epoch(tmp_path):
     assert trace.epoch == datetime(2024, 3, 4, 9, 0)
     assert [r.submit_time for r in trace.records] == [0.0, 3600.0, 3600.0]
     assert trace.outside_window == 2
-    with pytest.raises(TraceFormatError, match="no valid generic job rows"):
+    with pytest.raises(TraceFormatError, match=r"no generic job submitted in the window: all \d+ valid rows are "
+                                                r"outside it \(the trace's submissions run from 2024-03-04"):
         read_trace(path, "generic", start="2030-01-01")
     with pytest.raises(TraceFormatError, match="empty window"):
         read_trace(path, "generic", start="2024-03-05", end="2024-03-04")
