@@ -245,7 +245,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """The table of sections a config file (TOML or YAML) holds, as written there."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
+        raise ConfigError(f"config file {p} {'is a directory' if p.is_dir() else 'does not exist'}")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -189,7 +189,10 @@ def _run_per_vc(name: str, exp: Experiment, progress: Callable[[int, int], None]
         done_before = sum(len(r.outcomes) for r in results)
         overall = (None if progress is None else
                    lambda done, _total, before=done_before: progress(before + done, len(exp.records)))
-        result, metrics = run_policy(name, sub, progress=overall, **kwargs)
+        try:
+            result, metrics = run_policy(name, sub, progress=overall, **kwargs)
+        except ValueError as error:  # e.g. a job wider than its VC: say which VC's cluster it is
+            raise ValueError(f"VC {vc} ({nodes} nodes): {error}") from None
         results.append(result)
         pool_gpus += int(metrics["profiling_pool_gpus"])
         assumes = metrics["assumes_checkpoints"]

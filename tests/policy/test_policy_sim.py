@@ -252,6 +252,8 @@ def test_config_rejects_bad_values_by_name(tmp_path):
     path.write_text("[profiler]\ntprof_s = 300\n[binder]\nsharing = 'off'\n")
     config = load_config(path, env={"LUCID__PROFILER__NPROF_GPUS": "4"})
     assert (config.profiler.tprof_s, config.binder.sharing, config.profiler.nprof_gpus) == (300, "off", 4)
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
     (tmp_path / "bad.toml").write_text("[profiler\n")
     with pytest.raises(ConfigError, match="not valid"):
         load_config(tmp_path / "bad.toml")
@@ -386,6 +388,9 @@ def test_per_vc_replay_keeps_the_duration_model_and_counts_progress_over_every_v
     assert len(result.outcomes) == 8
     assert {j[0] for j in asked} == {"a", "b"}  # the given model predicted the jobs of both VCs
     assert seen[-1] == (8, 8) and all(total == 8 for _, total in seen)  # one count over both VCs
+    wide = [*records, TraceRecord("b-wide", 0.0, 60.0, 16, vc="b")]  # 16 GPUs: VC b has one 8-GPU node
+    with pytest.raises(ValueError, match=r"VC b \(1 nodes\): 1 job\(s\) need more GPUs than the 8"):
+        run_policy("fifo", replace(exp, records=wide))
 
 
 _KnownDurations = FixedDurations  # a model that knows each job's run time: isolates the ordering rules
