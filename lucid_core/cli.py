@@ -48,8 +48,44 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                         "so Lucid stops no job). Tiresias preempts every job regardless")
     p.add_argument("--check-invariants", action="store_true", help="verify GPU invariants after every event")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_simulate)
+    p.set_defaults(func=_simulate, format_flag_defaults={dest: p.get_default(dest) for dest in FORMAT_FLAGS})
     return p
+
+
+#: `lucid simulate` flags that apply to one kind of trace only: dest -> (flag, True: pollux workloads only,
+#: False: every format but pollux). Given for the other kind they would be silently ignored, so they are refused.
+FORMAT_FLAGS: dict[str, tuple[str, bool]] = {
+    "start": ("--start", False), "end": ("--end", False), "preemptible_share": ("--preemptible-share", False),
+    "vc_config": ("--vc-config", False), "seed": ("--seed", False), "check_invariants": ("--check-invariants", False),
+    "history": ("--history", True), "profiles": ("--profiles", True),
+}
+
+
+def check_format_flags(args: argparse.Namespace) -> None:
+    """ConfigError naming the first flag the user gave (it differs from its default) that the chosen
+    --format does not use: `--start` with pollux workloads, `--history` with a philly trace."""
+    pollux = args.format == "pollux"
+    defaults = getattr(args, "format_flag_defaults", {})
+    for dest, (flag, pollux_only) in FORMAT_FLAGS.items():
+        if pollux_only == pollux or dest not in defaults or getattr(args, dest, None) == defaults[dest]:
+            continue
+        if pollux_only:
+            raise ConfigError(f"{flag} applies to --format pollux only, not to --format {args.format}; leave it out")
+        raise ConfigError(f"{flag} does not apply to --format pollux (its workloads ignore it); leave it out")
+
+
+def prepare_output(out: Path, node_counts: Sequence[int]) -> None:
+    """Create --out and its per-size folders up front, so an unwritable one fails before any simulating
+    (ConfigError naming --out and the folder)."""
+    for folder in (out, *(out / f"nodes{n}" for n in node_counts)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise ConfigError(f"--out: {folder} is a file, not a folder") from None
+        except OSError as exc:
+            raise ConfigError(f"--out: cannot create folder {folder}: {exc.strerror or exc}") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"--out: folder {folder} is not writable")
 
 
 def _share(text: str) -> float:
@@ -65,6 +101,7 @@ def _share(text: str) -> float:
 
 def _simulate(args: argparse.Namespace) -> int:
     policies = _policies(args.policy, args.format)  # before any file is read: a typo costs no wait
+    check_format_flags(args)
     from lucid_core.sim.catalog import WorkloadCatalog
     from lucid_core.sim.experiment import read_vc_config
     from lucid_core.sim.report import PlotWorker
@@ -86,6 +123,7 @@ def _simulate(args: argparse.Namespace) -> int:
         node_counts = [sum(vc_nodes.values())]
     catalog = WorkloadCatalog.from_artifact(args.catalog)
     out = Path(args.out)
+    prepare_output(out, node_counts)  # before the trace is read: an unwritable --out costs no wait
     if args.format == "pollux":
         from lucid_core.sim.pollux_experiment import simulate_pollux_cli
 

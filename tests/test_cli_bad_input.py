@@ -95,3 +95,54 @@ def test_unknown_flag_is_named_before_the_missing_ones(capsys):
     code, _, err = _run(["submit", "--num-gpus", "2", "--vc", "x"], capsys)
     assert code == 2 and err.strip() == ("lucid submit: error: unknown option --num-gpus (did you mean --gpus?); "
                                          "see lucid submit --help")
+
+
+@pytest.mark.parametrize("trace", ["sample", "missing"])
+def test_simulate_refuses_an_out_that_is_a_file_before_reading_the_trace(trace, tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("kept")
+    argv = ["simulate", "--policy", "fifo", "--no-progress", "--out", str(a_file)]
+    if trace == "missing":  # the trace is never opened: the --out problem is the one named
+        argv += ["--trace", str(tmp_path / "no-trace.csv")]
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and err.strip() == f"lucid simulate: error: --out: {a_file} is a file, not a folder", err
+    assert "simulating" not in out and a_file.read_text() == "kept"
+
+
+def test_simulate_refuses_an_out_inside_a_file(tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("kept")
+    code, out, err = _run(["simulate", "--policy", "fifo", "--no-progress", "--out", str(a_file / "sub")], capsys)
+    assert code == 2 and err.strip() == (f"lucid simulate: error: --out: cannot create folder {a_file / 'sub'}: "
+                                         "Not a directory"), err
+    assert "simulating" not in out
+
+
+@pytest.mark.parametrize(("fmt", "flag"), [
+    ("pollux", ["--start", "2017-10-01"]), ("pollux", ["--end", "2017-10-02"]),
+    ("pollux", ["--preemptible-share", "0.5"]), ("pollux", ["--vc-config", "vc.csv"]), ("pollux", ["--seed", "3"]),
+    ("pollux", ["--check-invariants"]), ("philly", ["--history", "w.csv"]), ("auto", ["--profiles", "traces"]),
+])
+def test_simulate_refuses_a_flag_the_trace_format_ignores(fmt, flag, tmp_path, capsys):
+    out = tmp_path / "sim"
+    code, stdout, err = _run(["simulate", "--trace", str(tmp_path / "no-trace.csv"), "--format", fmt,
+                              "--policy", "fifo", "--no-progress", "--out", str(out), *flag], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    if fmt == "pollux":
+        assert lines[0] == f"lucid simulate: error: {flag[0]} does not apply to --format pollux (its workloads " \
+                           "ignore it); leave it out"
+    else:
+        assert lines[0] == f"lucid simulate: error: {flag[0]} applies to --format pollux only, not to --format " \
+                           f"{fmt}; leave it out"
+    assert not out.exists() and stdout == ""
+
+
+def test_simulate_accepts_a_format_flag_left_at_its_default():
+    from lucid_core.cli import check_format_flags
+
+    args = build_parser().parse_args(["simulate", "--format", "pollux", "--seed", "0"])
+    check_format_flags(args)  # --seed 0 is the default: nothing the user changed is ignored
+    args = build_parser().parse_args(["simulate", "--format", "pollux", "--seed", "1"])
+    with pytest.raises(ValueError, match="--seed does not apply"):
+        check_format_flags(args)
