@@ -195,3 +195,46 @@ def test_a_bare_postgresql_url_uses_the_installed_driver(pg_url):
     store = Store(bare)  # before: "No module named 'psycopg'" with only psycopg2 installed
     assert store.revision() == HEAD
     store.dispose()
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [
+    ("name", "a\nb", "'\\n' at character 2"), ("user", "u\x1b[31mred", "'\\x1b' at character 2"),
+    ("vc", "vc-a\t", "'\\t' at character 5"), ("name", "del\x7f", "'\\x7f' at character 4"),
+    ("user", "u\x85", "'\\x85' at character 2"), ("name", "\r", "'\\r' at character 1"),
+])
+def test_a_control_character_in_name_user_or_vc_is_refused_and_nothing_stored(field, value, shown, store):
+    _hosts(store)
+    request = JobRequest("train", 1, **{"user": "u", "vc": "vc-a", "name": "n", field: value})
+    with pytest.raises(SubmissionError) as info:
+        submit(store, request)
+    assert info.value.errors[field] == ("must not contain control characters (newlines, tabs, escapes), "
+                                        f"got {shown}")
+    from lucid_core.runtime.surfaces.queries import status
+
+    with pytest.raises(UnknownJob):
+        status(store, "j000001")
+
+
+def test_a_command_keeps_its_newlines_and_tabs(store):
+    _hosts(store)
+    job = submit(store, JobRequest("echo a\n\techo b", 1, "u", "vc-a", name="two lines"))
+    from lucid_core.runtime.surfaces.queries import status
+
+    assert status(store, job)["command"] == "echo a\n\techo b"
+
+
+def test_submit_cli_refuses_an_escape_in_user_in_one_line_and_queue_stays_clean(store_url, capsys):
+    if not store_url.startswith("sqlite"):
+        pytest.skip("the CLI's answer does not depend on the backend")
+    from lucid_core.cli import main
+
+    store = Store(store_url)
+    _hosts(store)
+    store.dispose()
+    code = main(["submit", "--store", store_url, "--gpus", "1", "--vc", "vc-a", "--name", "a\nb",
+                 "--user", "u\x1b[31mred", "--", "true"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "\x1b" not in err and "\n" not in err.strip(), err
+    assert "name: must not contain control characters" in err and "user: must not contain control" in err
+    assert main(["queue", "--store", store_url]) == 0
+    assert "\x1b" not in capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -96,6 +97,16 @@ def _storable(text: str) -> bool:
     return True
 
 
+def control_character_problem(text: str) -> str | None:
+    """Why `text` may not be a job's name, user or VC when it holds a control character (Unicode category Cc):
+    a newline or an escape sequence printed raw by `lucid queue` forges rows or recolours the terminal."""
+    found = next((c for c in text if unicodedata.category(c) == "Cc"), None)
+    if found is None:
+        return None
+    where = text.index(found) + 1
+    return f"must not contain control characters (newlines, tabs, escapes), got {found!r} at character {where}"
+
+
 def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]:
     """Field -> problem for everything wrong with the request (empty when it is fine)."""
     errors: dict[str, str] = {}
@@ -123,6 +134,8 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
             errors[name] = f"is {len(value)} characters; at most {limit}"
         elif not _storable(value):
             errors[name] = UNSTORABLE
+        elif (problem := control_character_problem(value)) is not None:  # the command may hold newlines
+            errors[name] = problem
     if "vc" not in errors:
         if request.vc not in capacity:
             known = ", ".join(sorted(capacity)) or "none: add main hosts first"
