@@ -108,12 +108,10 @@ def lucid_system_tuner():
         """One item per configuration of the grid (the unit each mapped task simulates)."""
         from lucid_airflow.tuning import current_config, tuner_fleet
 
-        from lucid_core.tuner import GRID_KNOBS, sweep_configurations, sweep_items
+        from lucid_core.tuner import GRID_KNOBS, sweep_grid_with_configurations, sweep_items
 
-        configs = sweep_configurations({name: params.get(name) for name in GRID_KNOBS}, params.get("around") or [],
-                                       current_config())
-        if not configs:
-            raise ValueError("the grid has no valid configuration (is a Medium threshold above every Tiny one?)")
+        configs = sweep_grid_with_configurations({name: params.get(name) for name in GRID_KNOBS},
+                                                 params.get("around") or [], current_config()).configs
         if len(configs) > params["max_configurations"]:
             raise ValueError(f"{len(configs)} configurations exceed max_configurations={params['max_configurations']}")
         fleet = tuner_fleet(params)  # one snapshot of the inventory for every mapped task
@@ -145,11 +143,14 @@ def lucid_system_tuner():
         """Rank the configurations against the current one and keep the report where the plugin shows it."""
         from lucid_airflow.tuning import current_config, report_directory, tuner_settings
 
-        from lucid_core.tuner import ConfigResult, write_report
+        from lucid_core.tuner import GRID_KNOBS, ConfigResult, sweep_grid, write_report
 
         settings = tuner_settings(params, items[0].get("fleet") if items else None)
+        base = current_config()
+        # the grid again (deterministic): the report says how many combinations conflicting knobs left out
+        grid = sweep_grid({name: params.get(name) for name in GRID_KNOBS}, params.get("around") or [], base)
         summary = write_report([ConfigResult.from_dict(r) for r in results], settings, report_directory(run_id),
-                               context={"run_id": run_id, "params": dict(params)}, base=current_config())
+                               context={"run_id": run_id, "params": dict(params)}, base=base, grid=grid)
         return {k: summary[k] for k in ("objective", "configurations", "failed", "best", "keep_current", "verdict",
                                         "cluster", "workers", "directory")}
 

@@ -161,6 +161,16 @@ def sweep_grid(explicit: Mapping[str, Any], around: Sequence[str], base: LucidCo
     return GridExpansion(drop_current(grid.configs, base), grid.dropped, grid.reason, grid.combinations)
 
 
+def sweep_grid_with_configurations(explicit: Mapping[str, Any], around: Sequence[str],
+                                   base: LucidConfig) -> GridExpansion:
+    """`sweep_grid`, refusing a grid with nothing left to replay (the CLI's and the DAG's one message)."""
+    grid = sweep_grid(explicit, around, base)
+    if not grid.configs:  # a grid of only current values still replays them (drop_current): a conflict left this
+        which = "its only combination" if grid.dropped == 1 else f"all {grid.dropped} of its combinations"
+        raise ValueError(f"the grid has no valid configuration: knobs conflict in {which} (e.g. {grid.reason})")
+    return grid
+
+
 def sweep_configurations(explicit: Mapping[str, Any], around: Sequence[str], base: LucidConfig) -> list[dict[str, Any]]:
     """The configurations of `sweep_grid`."""
     return sweep_grid(explicit, around, base).configs
@@ -846,11 +856,8 @@ def _run_cli(args) -> int:
     from lucid_core.sim.experiment import load_experiment
 
     base = load_live_config(args.config, args.set)
-    grid = sweep_grid(_grid_flags(args), _around(args.around), base)
+    grid = sweep_grid_with_configurations(_grid_flags(args), _around(args.around), base)
     configs = grid.configs
-    if not configs:
-        which = "its only combination" if grid.dropped == 1 else f"all {grid.dropped} of its combinations"
-        raise ValueError(f"the grid has no valid configuration: knobs conflict in {which} (e.g. {grid.reason})")
     if grid.dropped:
         print(f"note: {grid.dropped_text()}", flush=True)
     fleet = inventory_fleet(args.store_url) if args.fleet else None

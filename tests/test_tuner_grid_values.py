@@ -96,3 +96,14 @@ def test_sweep_grid_keeps_the_count_after_leaving_the_current_configuration_out(
     grid = sweep_grid({"tiny_threshold": [0.9, 0.95], "medium_threshold": [0.85, 0.92]}, [], LucidConfig())
     # (0.95, 0.85) is the current one, replayed on its own; (0.9, 0.92) conflicts
     assert grid.dropped == 1 and grid.combinations == 4 and len(grid.configs) == 2
+
+
+def test_the_cli_and_the_dag_refuse_an_empty_grid_with_one_message():
+    """The Airflow tuner's expand_grid task and `lucid tune` share `sweep_grid_with_configurations`: the DAG had
+    its own stale hint blaming the thresholds whatever the cause."""
+    from lucid_core.tuner import sweep_grid_with_configurations
+
+    with pytest.raises(ValueError, match=r"knobs conflict in its only combination \(e\.g\. binder\.medium"):
+        sweep_grid_with_configurations({"tiny_threshold": [0.9], "medium_threshold": [0.92]}, [], LucidConfig())
+    grid = sweep_grid_with_configurations({"tprof_s": [100, 300]}, [], LucidConfig())
+    assert [c["profiler.tprof_s"] for c in grid.configs] == [100, 300] and grid.dropped == 0

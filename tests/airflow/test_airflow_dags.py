@@ -77,7 +77,8 @@ def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home
     dag = _dagbag().dags["lucid_system_tuner"]
     conf = {"trace_path": str(SAMPLE_TRACE), "trace_format": "generic", "main_nodes": 2,
             "tprof_s": [100, 300], "sharing": ["auto"], "aging": [0, 32], "update_cadence": ["daily"],
-            "yield_margin": [4], "objective": "avg_jct", "apply": True}
+            "yield_margin": [4], "objective": "avg_jct", "apply": True,
+            "medium_threshold": [0.85, 0.99]}  # 0.99 is above the Tiny threshold (0.95): those 4 are left out
     run = dag.test(run_conf=conf)
     states = _ti_states(run)
     assert _state(run) == "success", states
@@ -86,6 +87,7 @@ def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home
     assert len(reports) == 1
     summary = json.loads(reports[0].read_text())
     assert summary["configurations"] == 4 and summary["failed"] == 0
+    assert summary["dropped"] == 4, summary.get("dropped_text")  # the report says what conflicting knobs left out
     jcts = [r["metrics"]["avg_jct_s"] for r in summary["ranked"]]
     assert jcts == sorted(jcts)
     assert (reports[0].parent / "objective.png").stat().st_size > 1000
