@@ -15,13 +15,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid_airflow.auth import airflow_auth_middleware
+
+if TYPE_CHECKING:  # the store's modules load at the first request
+    from sqlalchemy.orm import Session
+
+    from lucid_core.runtime.surfaces.queries import HistoryPage, HistoryQuery
 
 esc = html.escape
 
@@ -177,20 +182,20 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
     @app.get("/jobs", response_class=HTMLResponse)
     def job_history(user: str = "", vc: str = "", state: str = "", since: str = "", until: str = "",
                     number: int = Query(1, alias="page")) -> HTMLResponse:
-        from lucid_core.runtime.surfaces.queries import HistoryQuery, history
+        from lucid_core.runtime.surfaces.queries import HistoryQuery
 
-        number = max(1, number)
         try:
+            if number < 1:
+                raise ValueError(f"page must be 1 or more, got {number}")
             query = HistoryQuery(user=user.strip() or None, vc=vc.strip() or None,
                                  states=tuple(x for x in state.split(",") if x), since=_day_start(since),
-                                 until=_day_start(until), limit=HISTORY_PAGE_SIZE,
-                                 offset=(number - 1) * HISTORY_PAGE_SIZE)
+                                 until=_day_start(until), limit=HISTORY_PAGE_SIZE)
         except ValueError as exc:
             refused = page("Job history", f"<p class='hint'>{esc(str(exc))}</p>", prefix)
             refused.status_code = 422
             return refused
         with store().session() as s:
-            found = history(s, query)
+            found, number, note = _history_page(s, query, number)
         rows = [[f'<a href="{prefix}/jobs/{esc(r["job_id"])}">{esc(r["job_id"])}</a>', esc(r["name"]),
                  esc(r["user"]), esc(r["vc"]), str(r["gpus"]), esc(r["state"]),
                  esc(_utc(r["end_time"])), hours(r["queued_s"]), hours(r["elapsed_s"]),
@@ -207,7 +212,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                 f"<label>ended from <input name='since' type='date' value='{esc(since)}'></label>"
                 f"<label>before <input name='until' type='date' value='{esc(until)}'></label>"
                 f"<button type='submit'>Filter</button> <a href='{prefix}/jobs'>clear</a></form>")
-        last = max(1, -(-found.total // HISTORY_PAGE_SIZE))
+        last = _last_page(found.total)
 
         def link(to: int, label: str) -> str:
             from urllib.parse import urlencode
@@ -220,8 +225,9 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                  f"{link(number + 1, 'older &rarr;') if number < last else ''}</p>")
         empty = ("" if rows else "<p class='hint'>No finished job matches. Jobs appear here once they complete, "
                  "fail or are cancelled; waiting and running ones are on the Queue and Running pages.</p>")
-        body = (form + pager + table(["job", "name", "user", "VC", "GPUs", "state", "ended", "queued", "ran",
-                                      "exit code", "end reason"], rows, "history") + empty
+        past = f"<p class='hint' id='page-note'>{esc(note)}</p>" if note else ""
+        body = (form + past + pager + table(["job", "name", "user", "VC", "GPUs", "state", "ended", "queued", "ran",
+                                             "exit code", "end reason"], rows, "history") + empty
                 + "<p class='muted'>The same list on the command line: <code>lucid history</code> "
                   "(<code>--user</code>, <code>--state</code>, <code>--since</code>, <code>--format</code>).</p>")
         return page("Job history", body, prefix)
@@ -293,11 +299,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/tuner/{name}", response_class=HTMLResponse)
     def tuner_report(name: str) -> HTMLResponse:
-        directory = _inside(reports_root() / "tuner", name)
-        report = directory / "report.html"
-        if not report.is_file():
-            raise HTTPException(404, f"no tuner report {name}")
-        summary = json.loads((directory / "report.json").read_text(encoding="utf-8"))
+        report = _inside(reports_root() / "tuner", f"{name}/report.html", f"no tuner report {name}")
+        summary = json.loads((report.parent / "report.json").read_text(encoding="utf-8"))
         imgs = "".join(f"<img src='{prefix}/files/tuner/{esc(name)}/{esc(p)}' alt='{esc(p)}'>"
                        for p in summary.get("plots", []))
         return page(f"Tuner report {name}", report.read_text(encoding="utf-8") + imgs, prefix)
@@ -327,7 +330,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         if area not in {"tuner", "models"}:
             raise HTTPException(404, "unknown area")
         target = _inside(reports_root() / area, path)
-        if not target.is_file() or target.suffix not in {".png", ".csv", ".json", ".md", ".txt"}:
+        if target.suffix not in {".png", ".csv", ".json", ".md", ".txt"}:
             raise HTTPException(404, "no such file")
         return FileResponse(target)
 
@@ -520,12 +523,38 @@ def _day_start(text: str) -> float | None:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def _inside(root: Path, relative: str) -> Path:
-    """`root/relative`, refusing paths that escape `root`."""
-    target = (root / relative).resolve()
-    if not target.is_relative_to(root.resolve()):
-        raise HTTPException(404, "no such file")
+def _inside(root: Path, relative: str, missing: str = "no such file") -> Path:
+    """The file `root/relative`; a 404 (`missing`) when it escapes `root`, is no file, or is a name the OS
+    refuses (a NUL, a name or path too long): an odd URL is a page not found, not a server error."""
+    try:
+        target = (root / relative).resolve()
+        found = target.is_relative_to(root.resolve()) and target.is_file()
+    except (OSError, ValueError):
+        found = False
+    if not found:
+        raise HTTPException(404, missing)
     return target
+
+
+def _last_page(total: int) -> int:
+    """The number of the last history page for `total` jobs (1 when there are none)."""
+    return max(1, -(-total // HISTORY_PAGE_SIZE))
+
+
+def _history_page(session: Session, query: HistoryQuery, number: int) -> tuple[HistoryPage, int, str]:
+    """Page `number` of the jobs `query` matches, the page's number and a note: past the end, the last page and
+    a note saying so (a stale or hand-typed link shows jobs, not "page 999 of 2" beside none)."""
+    from dataclasses import replace
+
+    from lucid_core.runtime.surfaces.queries import MAX_HISTORY_ROWS, history
+
+    wanted = min(number, MAX_HISTORY_ROWS // HISTORY_PAGE_SIZE + 1)  # a huge page overflows the store's integers
+    found = history(session, replace(query, offset=(wanted - 1) * HISTORY_PAGE_SIZE))
+    last = _last_page(found.total)
+    if number <= last:
+        return found, number, ""
+    note = f"There is no page {number}; showing the last page, {last}."
+    return history(session, replace(query, offset=(last - 1) * HISTORY_PAGE_SIZE)), last, note
 
 
 def _explanation(url: str, job_id: str) -> str:

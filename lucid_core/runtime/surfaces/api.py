@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from lucid_core.config import LucidConfig
 from lucid_core.runtime.hosts.inventory import list_hosts
@@ -26,6 +26,10 @@ from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, 
 
 
 class SubmitBody(BaseModel):
+    """A job submission; an unknown key (a misspelt "preemptable") is refused naming it, not dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
     command: str | list[str] = Field(description="shell command line, or an argv list")
     gpus: int
     user: str = Field("", description="defaults to the authenticated caller")

@@ -4,6 +4,7 @@ log, a promoted version's drift reference), is a query here; the round and the s
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session
 from lucid_core.domain import TERMINAL_STATES, JobState, RunState
 from lucid_core.runtime.store.schema import DecisionRow, GpuRow, HostRow, JobEventRow, JobRow, ModelVersionRow, RunRow
 from lucid_core.runtime.surfaces.shared_time import shared_spans, shared_words
-from lucid_core.runtime.surfaces.submission import UnknownJob
+from lucid_core.runtime.surfaces.submission import UNSTORABLE, UnknownJob, storable
 
 if TYPE_CHECKING:  # imported where used: `lucid queue`, `status` and `history` start without the fleet and the round
     from lucid_core.runtime.hosts.executor import HostExecutor
@@ -86,14 +87,21 @@ def queue(store: Store, *, priority_in_reason: bool = True) -> list[dict[str, An
             for r in rows]
 
 
+def _job_row(session: Session, job_id: str) -> JobRow:
+    """The job's row; `UnknownJob` when there is none, or when no job could have the id (a NUL: PostgreSQL
+    refuses such text even in a lookup)."""
+    row = session.get(JobRow, job_id) if storable(job_id) else None
+    if row is None:
+        raise UnknownJob(job_id)
+    return row
+
+
 def status(store: Store, job_id: str) -> dict[str, Any]:
     """A job's row and runs, its pending reason in words, and its measured speed while it shares GPUs."""
     from lucid_core.runtime.round.pending import pending_text
 
     with store.session() as s:
-        r = s.get(JobRow, job_id)
-        if r is None:
-            raise UnknownJob(job_id)
+        r = _job_row(s, job_id)
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
         pairs = any(x.state == RunState.RUNNING and x.partner is not None for x in runs)
         shared = shared_speeds(s, [job_id]).get(job_id) if pairs else None
@@ -116,8 +124,7 @@ def latest_run(store: Store, job_id: str) -> tuple[RunRow, HostRow] | None:
     """The job's latest launched rank-0 run and its host, whose files hold its logs (None before its first
     launch); `UnknownJob` when there is no such job."""
     with store.session() as s:
-        if s.get(JobRow, job_id) is None:
-            raise UnknownJob(job_id)
+        _job_row(s, job_id)
         run = s.scalars(select(RunRow).where(RunRow.job_id == job_id, RunRow.node_rank == 0,
                                              RunRow.state != RunState.PLANNED)
                         .order_by(RunRow.planned_at.desc()).limit(1)).first()
@@ -146,6 +153,8 @@ def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdou
 HISTORY_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
                   "queued_s", "elapsed_s", "exit_code", "end_reason", "ended_in_profiling")
 HISTORY_DEFAULT_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "end_time", "elapsed_s", "exit_code")
+#: The largest history limit and offset: more jobs than any store holds, and within the stores' 64-bit integers.
+MAX_HISTORY_ROWS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -161,12 +170,38 @@ class HistoryQuery:
     offset: int = 0
 
     def __post_init__(self) -> None:
+        problem = self._states_problem() or self._page_problem() or self._filter_problem()
+        if problem:
+            raise ValueError(problem)
+
+    def _states_problem(self) -> str | None:
+        """Why `states` holds a state that is not a finished one (None when all are)."""
         terminal = {s.value for s in TERMINAL_STATES}
         unknown = [s for s in self.states if s not in terminal]
         if unknown:
-            raise ValueError(f"state {', '.join(unknown)} is not a finished state; use {', '.join(sorted(terminal))}")
+            return f"state {', '.join(unknown)} is not a finished state; use {', '.join(sorted(terminal))}"
+        return None
+
+    def _page_problem(self) -> str | None:
+        """Why `limit` or `offset` is out of range (a huge one overflows the stores' integers: a 500)."""
         if self.limit < 1 or self.offset < 0:
-            raise ValueError(f"limit must be >= 1 and offset >= 0, got {self.limit} and {self.offset}")
+            return f"limit must be >= 1 and offset >= 0, got {self.limit} and {self.offset}"
+        for name in ("limit", "offset"):
+            if getattr(self, name) > MAX_HISTORY_ROWS:
+                return f"{name} must be at most {MAX_HISTORY_ROWS}, got {getattr(self, name)}"
+        return None
+
+    def _filter_problem(self) -> str | None:
+        """Why a user, VC or time filter is no value a stored job could have (NUL text; a NaN or infinite time)."""
+        for name in ("user", "vc"):
+            value = getattr(self, name)
+            if value is not None and not storable(value):
+                return f"{name} {UNSTORABLE}, got {value!r}"
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                return f"{name} must be a finite time (epoch seconds), got {value}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -242,9 +277,7 @@ class JobRecord:
 def job_record(store: Store, job_id: str) -> JobRecord:
     """A job with its history; `UnknownJob` when there is none."""
     with store.session() as s:
-        job = s.get(JobRow, job_id)
-        if job is None:
-            raise UnknownJob(job_id)
+        job = _job_row(s, job_id)
         events = list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.time)))
         decisions = list(s.scalars(select(DecisionRow).where(DecisionRow.job_id == job_id).order_by(DecisionRow.id)))
     return JobRecord(job, events, decisions)

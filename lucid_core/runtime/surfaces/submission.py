@@ -86,8 +86,9 @@ def vc_capacity(store: Store) -> dict[str, int]:
 UNSTORABLE = "must be UTF-8 encodable text without NUL characters"
 
 
-def _storable(text: str) -> bool:
-    """True when a store (SQLite or PostgreSQL) and a host shell can take the text as given."""
+def storable(text: str) -> bool:
+    """True when a store (SQLite or PostgreSQL) and a host shell can take the text as given; a job id, user
+    or VC failing it can name no stored job (PostgreSQL refuses such text even in a query: a 500)."""
     if "\x00" in text:
         return False
     try:
@@ -117,7 +118,7 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
         errors["command"] = f"is {len(command)} characters; at most {MAX_COMMAND}"
     elif "\x00" in command:
         errors["command"] = "must not contain NUL characters"
-    elif not _storable(command):
+    elif not storable(command):
         errors["command"] = UNSTORABLE
     gpus = request.gpus
     if isinstance(gpus, bool) or not isinstance(gpus, int):
@@ -132,7 +133,7 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
             errors[name] = "must not be empty"
         elif len(value) > limit:
             errors[name] = f"is {len(value)} characters; at most {limit}"
-        elif not _storable(value):
+        elif not storable(value):
             errors[name] = UNSTORABLE
         elif (problem := control_character_problem(value)) is not None:  # the command may hold newlines
             errors[name] = problem
@@ -155,14 +156,14 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
             errors[f"env.{key}"] = "is not a valid environment variable name"
         elif key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIX):
             errors[f"env.{key}"] = "is set by the scheduler and may not be given"
-        elif not isinstance(value, str) or len(value) > MAX_ENV_VALUE or not _storable(value):
+        elif not isinstance(value, str) or len(value) > MAX_ENV_VALUE or not storable(value):
             errors[f"env.{key}"] = f"value must be text of at most {MAX_ENV_VALUE} characters"
     if request.workload is not None and (not isinstance(request.workload, str) or len(request.workload) > 256
-                                         or not _storable(request.workload)):
+                                         or not storable(request.workload)):
         errors["workload"] = "must be a catalog key of at most 256 characters"
     key = request.idempotency_key
     if key is not None and (not isinstance(key, str) or not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY
-                            or not _storable(key)):
+                            or not storable(key)):
         errors["idempotency_key"] = f"must be non-empty text of at most {MAX_IDEMPOTENCY_KEY} characters"
     return errors
 
@@ -244,7 +245,7 @@ def cancel(store: Store, job_id: str, *, now: float | None = None) -> str:
     """Ask for a job to be cancelled; the next round stops it. Returns its state after the request."""
     now = time.time() if now is None else now
     with store.session() as s:
-        job = s.get(JobRow, job_id)
+        job = s.get(JobRow, job_id) if storable(job_id) else None
         if job is None:
             raise UnknownJob(job_id)
         if JobState(job.state) in TERMINAL_STATES:

@@ -1,0 +1,158 @@
+"""Odd values in the URLs and bodies of the plugin's pages and the runtime API get a clear 4xx on SQLite and
+PostgreSQL, never a 500 or a misleading page: an id no store could hold is an unknown job (404), a filter no job
+could match or a page out of range is refused naming it (422), a file name the OS refuses is not found (404),
+and an unknown key in a submission is refused naming the key."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import Request
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.store.schema import JobRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces import queries
+from lucid_core.runtime.surfaces.api import create_app
+from lucid_core.runtime.surfaces.submission import UnknownJob, cancel
+
+REPO = Path(__file__).resolve().parents[2]
+FINISHED = 60  # two pages of the history page
+NUL_IDS = ["%00", "a%00b"]
+
+
+def _seed_finished(store: Store, count: int = FINISHED) -> None:
+    """`count` completed jobs in VC `nlp`, the newest ending last."""
+    with store.session() as s:
+        for k in range(count):
+            s.add(JobRow(job_id=f"job-{k:05d}", seq=k + 1, name=f"n{k}", user="u1", vc="nlp", gpus=1,
+                         command="true", env={}, state="COMPLETED", submit_time=1000.0 + k,
+                         start_time=1010.0 + k, end_time=1100.0 + k))
+
+
+def _plugin(url: str, reports: Path) -> TestClient:
+    """The Airflow plugin's app without Airflow's auth (its /api mount is the runtime API)."""
+    if str(REPO / "plugins") not in sys.path:
+        sys.path.insert(0, str(REPO / "plugins"))
+    from lucid_airflow.web import create_lucid_app
+
+    return TestClient(create_lucid_app(lambda: url, lambda: reports, protect=False), raise_server_exceptions=False)
+
+
+@pytest.fixture
+def lucid_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A LUCID_HOME and no config file (the plugin loads the live config)."""
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "lucid"))
+    monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.delenv("LUCID_REPORTS_DIR", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def seeded(store: Store, lucid_env: Path) -> Iterator[tuple[Store, TestClient, TestClient]]:
+    """The store with finished jobs, the plugin's pages and the runtime API on it."""
+    _seed_finished(store)
+    yield store, _plugin(store.url, lucid_env / "reports"), TestClient(create_app(store.url, store=store),
+                                                                      raise_server_exceptions=False)
+
+
+def caller_ana(request: Request) -> None:
+    """The plugin's auth naming a user who is no operator (cancel checks the job's owner first)."""
+    request.state.lucid_user, request.state.lucid_operator = "ana", False
+
+
+def test_an_id_no_store_could_hold_is_an_unknown_job(seeded):
+    store, pages, api = seeded
+    with_user = TestClient(create_app(store.url, store=store, auth=caller_ana), raise_server_exceptions=False)
+    for raw in NUL_IDS:
+        replies = {"page": pages.get(f"/jobs/{raw}"), "api": api.get(f"/jobs/{raw}"),
+                   "eta": api.get(f"/jobs/{raw}/eta"), "explain": api.get(f"/jobs/{raw}/explain"),
+                   "cancel": api.post(f"/jobs/{raw}/cancel"), "cancel as ana": with_user.post(f"/jobs/{raw}/cancel"),
+                   "plugin api": pages.get(f"/api/jobs/{raw}")}
+        assert {what: r.status_code for what, r in replies.items()} == dict.fromkeys(replies, 404), raw
+        assert "There is no job" in replies["page"].text and "no job" in replies["api"].json()["detail"]
+    for lookup in (queries.status, queries.job_record, queries.latest_run, cancel):
+        with pytest.raises(UnknownJob):
+            lookup(store, "a\x00b")
+
+
+def test_a_filter_no_job_could_match_is_refused_naming_it(seeded):
+    _, pages, api = seeded
+    for field in ("user", "vc"):
+        page = pages.get("/jobs", params={field: "a\x00b"})
+        assert page.status_code == 422 and f"{field} must be UTF-8 encodable text without NUL" in page.text
+        reply = api.get("/history", params={field: "\x00"})
+        assert reply.status_code == 422 and reply.json()["detail"].startswith(f"{field} must be"), reply.text
+    assert api.get("/history", params={"user": "u1"}).json()["total"] == FINISHED  # a plain filter still works
+
+
+def test_huge_offsets_are_refused_and_the_largest_allowed_one_answers(seeded):
+    _, _, api = seeded
+    for offset in (10**22, 2**63, 2**31):  # past the stores' integers, and past the bound
+        reply = api.get("/history", params={"offset": offset})
+        assert reply.status_code == 422 and reply.json()["detail"].startswith("offset must be at most"), reply.text
+    largest = api.get("/history", params={"offset": queries.MAX_HISTORY_ROWS})
+    assert largest.status_code == 200 and largest.json() == {"total": FINISHED, "offset": queries.MAX_HISTORY_ROWS,
+                                                            "jobs": []}
+    with pytest.raises(ValueError, match="limit must be at most"):
+        queries.HistoryQuery(limit=10**22)
+
+
+def test_history_times_must_be_finite(seeded):
+    _, _, api = seeded
+    for field, value in (("since", "nan"), ("since", "inf"), ("until", "-inf"), ("until", "NaN")):
+        reply = api.get("/history", params={field: value})
+        assert reply.status_code == 422, (field, value, reply.text)
+        assert reply.json()["detail"].startswith(f"{field} must be a finite time"), reply.text
+    assert api.get("/history", params={"since": "0", "until": "1e12"}).json()["total"] == FINISHED
+
+
+def test_a_history_page_past_the_end_shows_the_last_page_and_says_so(seeded):
+    _, pages, _ = seeded
+    for number in (3, 999, 10**22):
+        page = pages.get("/jobs", params={"page": number})
+        assert page.status_code == 200, (number, page.status_code)
+        assert f"There is no page {number}; showing the last page, 2." in page.text
+        assert "page 2 of 2 (60 job(s))" in page.text and "No finished job matches" not in page.text
+        assert page.text.split("<tbody>")[1].count("<tr>") == FINISHED - 50  # the last page's jobs, shown
+        assert "older &rarr;" not in page.text and "page=1" in page.text
+    assert "page-note" not in pages.get("/jobs", params={"page": 2}).text
+
+
+def test_a_history_page_below_one_is_refused(seeded):
+    _, pages, _ = seeded
+    for number in (0, -3):
+        page = pages.get("/jobs", params={"page": number})
+        assert page.status_code == 422 and f"page must be 1 or more, got {number}" in page.text
+
+
+def test_names_the_os_refuses_are_not_found(lucid_env):
+    reports = lucid_env / "reports"
+    (reports / "tuner" / "run1").mkdir(parents=True)
+    (reports / "models").mkdir()
+    (reports / "tuner" / "run1" / "ok.png").write_bytes(b"PNG-ok")
+    pages = _plugin(f"sqlite:///{lucid_env / 'l.db'}", reports)
+    for path in ["/tuner/%00", "/tuner/a%00b", "/tuner/" + "n" * 5000, "/files/tuner/%00.png",
+                 "/files/tuner/run1/" + "p" * 300 + ".png", "/files/models/" + "a/" * 3000 + "x.png",
+                 "/files/tuner/run1", "/tuner/run1"]:
+        reply = pages.get(path)
+        assert reply.status_code == 404 and "id='not-found'" in reply.text, (path[:40], reply.status_code)
+    assert pages.get("/files/tuner/run1/ok.png").content == b"PNG-ok"
+
+
+def test_a_submission_with_an_unknown_key_is_refused_naming_it(store, lucid_env):
+    add_host(store, HostSpec("m0", executor="local", vc="default", gpus=1, workdir=str(lucid_env / "m0")))
+    body = {"command": "true", "gpus": 1, "user": "u", "vc": "default"}
+    for client, route in ((TestClient(create_app(store.url, store=store)), "/jobs"),
+                          (_plugin(store.url, lucid_env / "reports"), "/api/jobs")):
+        reply = client.post(route, json={**body, "preemptable": True})
+        assert reply.status_code == 422, reply.text
+        assert [e["loc"] for e in reply.json()["detail"]] == [["body", "preemptable"]]
+        with store.session() as s:
+            assert s.scalar(select(func.count()).select_from(JobRow)) == 0
+    assert TestClient(create_app(store.url, store=store)).post("/jobs", json=body).status_code == 201
