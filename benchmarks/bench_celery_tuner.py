@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "LUCID_HOME": str(root / "lucid"),
+        "LUCID_TRACES_DIR": str(Path(args.trace).resolve().parent),  # the folder tuner runs may read traces from
         "AIRFLOW_CONN_LUCID_DB": json.dumps({"conn_type": "sqlite", "host": str(root / "lucid" / "lucid.db")}),
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]),

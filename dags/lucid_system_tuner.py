@@ -60,8 +60,9 @@ def _choices(description: str, choices: list[str]) -> Param:
     doc_md=__doc__,
     params={
         # optional fields admit null (Airflow's trigger form requires a typed field that does not)
-        "trace_path": Param(None, type=["null", "string"], description="Trace file to replay; empty: finished "
-                            "jobs of the Lucid store (connection lucid_db) from the last `window_days`."),
+        "trace_path": Param(None, type=["null", "string"], description="Trace file to replay, inside "
+                            "LUCID_TRACES_DIR (default LUCID_HOME/traces); empty: finished jobs of the Lucid store "
+                            "(connection lucid_db) from the last `window_days`."),
         "trace_format": Param("auto", enum=["auto", "philly", "helios", "generic"]),
         "window_start": Param(None, type=["null", "string"], description="Trace window start (YYYY-MM-DD), "
                               "file only; empty: the file's first job"),
@@ -104,14 +105,21 @@ def _choices(description: str, choices: list[str]) -> Param:
 )
 def lucid_system_tuner():
     @task
-    def expand_grid(params=None) -> list[dict]:
-        """One item per configuration of the grid (the unit each mapped task simulates)."""
+    def expand_grid(params=None, dag_run=None, dag=None) -> list[dict]:
+        """One item per configuration of the grid (the unit each mapped task simulates); the run's inputs are
+        checked first, so a typo or a file it may not read fails before any simulating."""
+        from lucid_airflow.run_inputs import checked_trace_path, refuse_unknown_conf, refuse_window_without_trace
         from lucid_airflow.tuning import current_config, tuner_fleet
 
         from lucid_core.tuner import GRID_KNOBS, sweep_grid_with_configurations, sweep_items
 
+        refuse_unknown_conf(getattr(dag_run, "conf", None), dag.params.keys())  # params: conf merged in
+        refuse_window_without_trace(params)
+        if params.get("trace_path"):
+            checked_trace_path(params["trace_path"])
         configs = sweep_grid_with_configurations({name: params.get(name) for name in GRID_KNOBS},
-                                                 params.get("around") or [], current_config()).configs
+                                                 params.get("around") or [], current_config(),
+                                                 most=params["max_configurations"]).configs
         if len(configs) > params["max_configurations"]:
             raise ValueError(f"{len(configs)} configurations exceed max_configurations={params['max_configurations']}")
         fleet = tuner_fleet(params)  # one snapshot of the inventory for every mapped task

@@ -39,18 +39,25 @@ UPDATE_SCHEDULE = None if _SCHEDULE.lower() == "none" else _SCHEDULE
         "max_quarantine_share": Param(0.05, type="number", minimum=0, maximum=1),
         "drift_mae_ratio": Param(1.25, type="number", minimum=1),
         "drift_psi": Param(0.2, type="number", minimum=0),
-        "alert_to": Param("lucid-admins@localhost", type="string", description="Comma-separated recipients"),
+        "alert_to": Param("lucid-admins@localhost", type="string", minLength=1,
+                          description="Recipients, separated by commas or semicolons"),
         "smtp_conn_id": Param("smtp_default", type="string"),
     },
 )
 def lucid_update_engine():
     @task
-    def extract(params=None, logical_date=None, run_id=None) -> dict:
-        """Job log and submissions per slot from the store, written as the run's batch files."""
+    def extract(params=None, logical_date=None, run_id=None, dag_run=None, dag=None) -> dict:
+        """Job log and submissions per slot from the store, written as the run's batch files. The run's inputs
+        are checked first: a typo in its conf, or recipients no alert could reach, fail before any training."""
         from lucid_airflow.connections import store_url
+        from lucid_airflow.run_inputs import refuse_unknown_conf
         from lucid_airflow.tuning import reports_root, safe_name
 
+        from lucid_core.alerts import alert_recipients
         from lucid_core.update import extract_batch
+
+        refuse_unknown_conf(getattr(dag_run, "conf", None), dag.params.keys())  # params: conf merged in
+        alert_recipients(params["alert_to"])
 
         batch = extract_batch(store_url(), reports_root() / "update" / safe_name(run_id), params["mode"],
                               logical_date.timestamp() if logical_date else None,
@@ -105,11 +112,13 @@ def lucid_update_engine():
         """Error ratio and input PSI of the promoted models; kept as drift history."""
         from lucid_airflow.tuning import reports_root
 
+        from lucid_core.alerts import alert_recipients
         from lucid_core.update import drift_reports, save_drift_history
 
         reports = drift_reports(decision, params["drift_mae_ratio"], params["drift_psi"])
-        save_drift_history(reports_root() / "drift", run_id, reports,
-                           params["alert_to"] if any(r["drifted"] for r in reports) else "")
+        save_drift_history(reports_root() / "drift", run_id, reports,  # who the alert task sends to, as it will
+                           ", ".join(alert_recipients(params["alert_to"])) if any(r["drifted"] for r in reports)
+                           else "")
         return {"reports": reports}
 
     @task
@@ -118,12 +127,12 @@ def lucid_update_engine():
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
         from airflow.sdk import get_current_context
 
-        from lucid_core.alerts import alert_message
+        from lucid_core.alerts import alert_message, alert_recipients
 
         message = alert_message(drift["reports"])
         if message is None:
             return []
-        recipients = [a.strip() for a in params["alert_to"].split(",") if a.strip()]
+        recipients = alert_recipients(params["alert_to"])
         notifier = SmtpNotifier(to=recipients, subject=message[0], html_content=message[1],
                                 smtp_conn_id=params["smtp_conn_id"])
         notifier.notify(get_current_context())

@@ -7,6 +7,7 @@ formats `report.subject` and `report.body`, so the figures in the message are th
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -135,6 +136,28 @@ def check_drift(
         shifts.append(InputShift(feature, psi, psi > psi_threshold))
     return DriftReport(model, reference_mae, recent_mae, ratio, mae_ratio_threshold, psi_threshold,
                        tuple(shifts), int(ref_err.size), int(rec_err.size))
+
+
+_ADDRESS = re.compile(r"[^@\s<>(),;:\"\[\]]+@[^@\s<>(),;:\"\[\]]+")
+
+
+def alert_recipients(text: str) -> list[str]:
+    """The addresses of a recipients field, split on commas or semicolons (both are common in forms);
+    ValueError naming `alert_to` for one that is no address or a field that names none: the alert would fail,
+    or reach fewer people than the drift history says, only when a model drifts."""
+    from email.utils import getaddresses
+
+    parts = [part.strip() for part in re.split(r"[,;]", text or "") if part.strip()]
+    if not parts:
+        raise ValueError("alert_to names no recipient: give at least one email address")
+    addresses = []
+    for part in parts:
+        parsed = getaddresses([part])
+        address = parsed[0][1] if len(parsed) == 1 else ""
+        if not _ADDRESS.fullmatch(address):
+            raise ValueError(f"alert_to: {part!r} is not an email address")
+        addresses.append(address)
+    return addresses
 
 
 def alert_message(reports: Sequence[Mapping]) -> tuple[str, str] | None:

@@ -24,6 +24,7 @@ from lucid_core.tuner_grid import (
     GRID_KNOBS,
     drop_current,
     grid_request,
+    grid_size,
     knob_name,
     knob_text,
     knob_value,
@@ -154,17 +155,24 @@ def expand_grid(grid: Mapping[str, Sequence[Any]], base: LucidConfig | None = No
     return grid_expansion(grid, base).configs
 
 
-def sweep_grid(explicit: Mapping[str, Any], around: Sequence[str], base: LucidConfig) -> GridExpansion:
+def sweep_grid(explicit: Mapping[str, Any], around: Sequence[str], base: LucidConfig,
+               most: int | None = None) -> GridExpansion:
     """The configurations a sweep replays: explicit values and values around the current ones
-    (`grid_request`), valid under `base`, without the current configuration itself (replayed on its own)."""
-    grid = grid_expansion(grid_request(explicit, around, base), base)
+    (`grid_request`), valid under `base`, without the current configuration itself (replayed on its own).
+    `most`: refuse, before building any, a grid of more combinations (a few long lists multiply to millions)."""
+    request = grid_request(explicit, around, base)
+    size = grid_size(request)
+    if most is not None and size > most:
+        raise ValueError(f"the grid has {size:,} combinations, more than max_configurations={most}: give the knobs "
+                         f"fewer values ({', '.join(f'{k}: {len(v)}' for k, v in request.items())})")
+    grid = grid_expansion(request, base)
     return GridExpansion(drop_current(grid.configs, base), grid.dropped, grid.reason, grid.combinations)
 
 
 def sweep_grid_with_configurations(explicit: Mapping[str, Any], around: Sequence[str],
-                                   base: LucidConfig) -> GridExpansion:
+                                   base: LucidConfig, most: int | None = None) -> GridExpansion:
     """`sweep_grid`, refusing a grid with nothing left to replay (the CLI's and the DAG's one message)."""
-    grid = sweep_grid(explicit, around, base)
+    grid = sweep_grid(explicit, around, base, most)
     if not grid.configs:  # a grid of only current values still replays them (drop_current): a conflict left this
         which = "its only combination" if grid.dropped == 1 else f"all {grid.dropped} of its combinations"
         raise ValueError(f"the grid has no valid configuration: knobs conflict in {which} (e.g. {grid.reason})")

@@ -158,14 +158,20 @@ def grid_around(base: LucidConfig, keys: Sequence[str], width: int = 3) -> dict[
 def grid_request(explicit: Mapping[str, Any], around: Sequence[str], base: LucidConfig) -> dict[str, list[Any]]:
     """The grid a sweep runs: a knob's explicit values when given, values around the current one when the
     knob is in `around` and has none; every other knob keeps its current value (no axis)."""
-    grid: dict[str, list[Any]] = {}
+    grid: dict[str, list[Any]] = {}  # keyed as given (a form field's name stays one, for its error messages)
     for key, values in explicit.items():
         given = [] if values is None else list(values) if isinstance(values, list | tuple) else [values]
         if given:
-            grid[knob_name(key)] = given
-    missing = [key for key in around if knob_name(key) not in grid]
+            grid[key] = given
+    named = {knob_name(key) for key in grid}
+    missing = [key for key in around if knob_name(key) not in named]
     grid.update(grid_around(base, missing))
     return grid
+
+
+def grid_size(grid: Mapping[str, Sequence[Any]]) -> int:
+    """How many combinations `grid` expands to, before any is built or checked."""
+    return math.prod(len(values) for values in grid.values())
 
 
 def is_current(overrides: Mapping[str, Any], base: LucidConfig) -> bool:

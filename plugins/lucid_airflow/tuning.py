@@ -31,9 +31,10 @@ def report_directory(run_id: str) -> Path:
 def load_tuner_trace(params: Mapping[str, Any]):
     """The trace records a sweep replays: a file window, or the store's finished jobs of the last days."""
     if params.get("trace_path"):
+        from lucid_airflow.run_inputs import checked_trace_path
         from lucid_core.sim.traces import read_trace
 
-        trace = read_trace(params["trace_path"], params.get("trace_format") or "auto",
+        trace = read_trace(checked_trace_path(params["trace_path"]), params.get("trace_format") or "auto",
                            params.get("window_start") or None, params.get("window_end") or None)
         return trace.records
     from lucid_airflow.connections import store_url

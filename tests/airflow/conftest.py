@@ -47,5 +47,6 @@ def airflow_db() -> Path:
 def lucid_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "lucid"
     monkeypatch.setenv("LUCID_HOME", str(home))
+    monkeypatch.setenv("LUCID_TRACES_DIR", str(REPO / "include" / "sample"))  # tuner runs replay its trace
     monkeypatch.delenv("LUCID_REPORTS_DIR", raising=False)
     return home

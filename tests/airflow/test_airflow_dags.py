@@ -190,7 +190,8 @@ def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid
     seed_finished_jobs(url)
     dag = _dagbag().dags["lucid_update_engine"]
     now = time.time()
-    conf = {"mode": "full", "full_days": 3650, "alert_to": "ops@example.org"}
+    # separated by a semicolon, as mail clients write it: the second recipient used to be lost
+    conf = {"mode": "full", "full_days": 3650, "alert_to": "ops@example.org; Dev Team <dev@example.org>"}
     first = dag.test(run_conf=conf, logical_date=None)
     assert _state(first) == "success", _ti_states(first)
     assert smtp_inbox.messages == []  # nothing promoted before: nothing can have drifted
@@ -202,7 +203,7 @@ def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid
     assert _state(second) == "success", states
     assert len(smtp_inbox.messages) == 1, states
     recipients, message = smtp_inbox.messages[0]
-    assert recipients == ["ops@example.org"]
+    assert recipients == ["ops@example.org", "dev@example.org"]
     assert "DRIFT" in message["Subject"] and "duration" in message["Subject"]
     text = message.get_payload()[0].get_payload(decode=True).decode() if message.is_multipart() else \
         message.get_payload(decode=True).decode()
@@ -210,6 +211,7 @@ def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid
     history = sorted((lucid_home / "reports" / "drift").glob("*.json"))
     duration = [r for h in history for r in json.loads(h.read_text())["reports"] if r["model"] == "duration"]
     assert duration and duration[-1]["mae_ratio"] > 1.25
+    assert json.loads(history[-1].read_text())["alert_sent_to"] == "ops@example.org, dev@example.org"
     assert any(s["feature"] == "gpus" and s["psi"] > 0.2 for s in duration[-1]["shifts"])
     assert f"{duration[-1]['mae_ratio']:.3f}" in text
     shapes = list((lucid_home / "reports" / "models" / "duration").glob("v*/*.png"))
@@ -259,3 +261,33 @@ def test_update_engine_refuses_training_on_a_bad_batch(airflow_db, lucid_home, m
     assert "job_log: the batch fails: 10 rows found, at least 20 required" in report["refused"], report["refused"]
     assert "what to do: let at least 20 jobs finish" in report["refused"]
     assert Path(report["job_log"]["clean_path"]).exists()
+
+
+@pytest.mark.parametrize(("dag_id", "conf", "failed", "said"), [
+    ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": [200], "sharng": ["off"]}, "expand_grid",
+     "run conf key 'sharng' is not a parameter of this DAG (did you mean 'sharing'?)"),  # a typo
+    ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": [200], "trace_path": "/etc/hostname"}, "expand_grid",
+     "is outside the folders tuner runs may read traces from"),
+    ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": [200], "window_start": "2099-01-01"}, "expand_grid",
+     "window_start choose a window of trace_path's file"),
+    ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": list(range(100, 1100, 10)),
+                            "aging": list(range(0, 100, 2)), "around": [], "max_configurations": 64}, "expand_grid",
+     "the grid has 5,000 combinations, more than max_configurations=64"),
+    ("lucid_update_engine", {"mode": "full", "finetune_dayz": 3}, "extract",
+     "run conf key 'finetune_dayz' is not a parameter of this DAG (did you mean 'finetune_days'?)"),
+    ("lucid_update_engine", {"mode": "full", "alert_to": "ops at example.org"}, "extract",
+     "alert_to: 'ops at example.org' is not an email address"),
+])
+def test_a_run_whose_inputs_cannot_be_what_was_meant_fails_in_its_first_task(airflow_db, lucid_home, monkeypatch,
+                                                                              capfd, dag_id, conf, failed, said):
+    """Each of these used to run: a typo'd key with the default, any file the worker could read, a window the
+    store replay ignores, a grid of 5,000 combinations built before max_configurations was looked at, an alert
+    that would reach nobody. Now the run's first task fails, saying why, before any simulating or training."""
+    url = _store_connection(lucid_home, monkeypatch)
+    seed_finished_jobs(url, limit=30)
+    run = _dagbag().dags[dag_id].test(run_conf=conf)
+    states = _ti_states(run)
+    assert states[failed] == ["failed"], states
+    assert not any(state == ["success"] for task, state in states.items() if task != failed), states
+    out = capfd.readouterr()
+    assert said in out.out + out.err

@@ -88,6 +88,7 @@ def airflow_stack(tmp_path_factory):
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
         "LUCID_HOME": str(root / "lucid"),
+        "LUCID_TRACES_DIR": str(SAMPLE_TRACE.parent),  # the tuner run below replays the sample trace
         "AIRFLOW_CONN_LUCID_DB": json.dumps({"conn_type": "sqlite", "host": str(store_db)}),
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
     })

@@ -290,3 +290,47 @@ def test_the_tuners_apply_changes_what_the_next_round_reads(tmp_path, monkeypatc
     assert live_config_path() == tmp_path / "other.toml"
     assert load_live_config().profiler.tprof_s == 200
     rnd.store.dispose()
+
+
+@pytest.mark.parametrize(("text", "recipients"), [
+    ("ops@example.org", ["ops@example.org"]),
+    ("ops@example.org; dev@example.org", ["ops@example.org", "dev@example.org"]),  # a mail client's separator
+    ("Ops <ops@example.org>,dev@example.org ,", ["ops@example.org", "dev@example.org"]),
+    ("lucid-admins@localhost", ["lucid-admins@localhost"]),
+])
+def test_alert_recipients_split_on_commas_and_semicolons(text, recipients):
+    from lucid_core.alerts import alert_recipients
+
+    assert alert_recipients(text) == recipients
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("", "names no recipient"), (" ; , ", "names no recipient"), ("ops at example.org", "is not an email address"),
+    ("a@b@c", "is not an email address"), ("ops@example.org, dev", "'dev' is not an email address"),
+])
+def test_alert_recipients_refuse_what_no_alert_could_reach(text, said):
+    from lucid_core.alerts import alert_recipients
+
+    with pytest.raises(ValueError, match=said):
+        alert_recipients(text)
+
+
+def test_a_trace_path_must_lie_in_the_trace_folders_even_through_a_link(tmp_path, monkeypatch):
+    from lucid_airflow.run_inputs import checked_trace_path
+
+    folder, outside = tmp_path / "traces", tmp_path / "secret.csv"
+    folder.mkdir()
+    outside.write_text("TOKEN=value\n")
+    (folder / "t.csv").write_text("job_id\n")
+    (folder / "link.csv").symlink_to(outside)
+    monkeypatch.setenv("LUCID_TRACES_DIR", str(folder))
+    assert checked_trace_path(str(folder / "t.csv")) == (folder / "t.csv").resolve()
+    for path in (str(outside), str(folder / "link.csv"), str(folder / ".." / "secret.csv"), "/proc/self/environ"):
+        with pytest.raises(ValueError, match="outside the folders tuner runs may read traces from"):
+            checked_trace_path(path)
+    with pytest.raises(ValueError, match="is not a file"):
+        checked_trace_path(str(folder))
+    monkeypatch.delenv("LUCID_TRACES_DIR")
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    with pytest.raises(ValueError, match=str(tmp_path / "home" / "traces")):  # the default folder
+        checked_trace_path(str(folder / "t.csv"))

@@ -1,0 +1,56 @@
+"""What a DAG run's form or conf asks for, checked by its first task before any work: a key the DAG does not
+take, a trace file outside the folders a run may read, a window with no file to cut it from. Airflow merges
+conf into the params without a word about keys it does not know, so a typo ran with the default."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def refuse_unknown_conf(conf: Mapping[str, Any] | None, known: Iterable[str]) -> None:
+    """ValueError naming the first conf key that is no parameter of the DAG, with the closest one."""
+    names = sorted(known)
+    for key in sorted(conf or {}):
+        if key in names:
+            continue
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"run conf key {key!r} is not a parameter of this DAG{hint}; it takes: {', '.join(names)}")
+
+
+def trace_folders() -> list[Path]:
+    """The folders a tuner run may read a trace from: LUCID_TRACES_DIR (several joined by the path separator),
+    else LUCID_HOME/traces."""
+    given = [Path(p) for p in os.environ.get("LUCID_TRACES_DIR", "").split(os.pathsep) if p]
+    if given:
+        return given
+    from lucid_core.runtime.store.store import lucid_home
+
+    return [lucid_home() / "traces"]
+
+
+def checked_trace_path(path: str) -> Path:
+    """`path` resolved, when it is a file inside one of `trace_folders`: a form field must not make the worker
+    read, and echo into its log, whatever file it can (a secrets file, /proc/self/environ)."""
+    resolved = Path(path).resolve()
+    folders = [folder.resolve() for folder in trace_folders()]
+    if not any(resolved.is_relative_to(folder) for folder in folders):
+        raise ValueError(f"trace_path {path!r} is outside the folders tuner runs may read traces from "
+                         f"({', '.join(map(str, folders))}; set LUCID_TRACES_DIR to change them)")
+    if not resolved.is_file():
+        raise ValueError(f"trace_path {path!r} is not a file")
+    return resolved
+
+
+def refuse_window_without_trace(params: Mapping[str, Any]) -> None:
+    """window_start/window_end cut trace_path's file; without one the store's last window_days are replayed."""
+    if not params.get("trace_path"):
+        given = [k for k in ("window_start", "window_end") if params.get(k)]
+        if given:
+            raise ValueError(f"{' and '.join(given)} choose a window of trace_path's file, and no trace_path is "
+                             "given (the store's finished jobs of the last window_days are replayed): leave "
+                             f"{'them' if len(given) > 1 else 'it'} out or give trace_path")
