@@ -290,19 +290,23 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
         rows = []
         for path in reports:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-            rows.append([f'<a href="{prefix}/tuner/{esc(path.parent.name)}">{esc(path.parent.name)}</a>',
-                         esc(summary["objective"]), str(summary["configurations"]), str(summary["failed"]),
-                         esc(proposal_text(summary)), esc(", ".join(summary.get("workers", [])))])
+            link = f'<a href="{prefix}/tuner/{esc(path.parent.name)}">{esc(path.parent.name)}</a>'
+            summary = _report_json(path)
+            try:
+                rows.append([link, esc(summary["objective"]), str(summary["configurations"]),
+                             str(summary["failed"]), esc(proposal_text(summary)),
+                             esc(", ".join(map(str, summary.get("workers", []))))])
+            except (KeyError, TypeError, ValueError, AttributeError):  # a report cut short, or not one of ours
+                rows.append([link, "", "", "", "its report.json cannot be read", ""])
         return page("System Tuner reports", table(["run", "objective", "configurations", "failed", "proposal",
                                                    "workers"], rows, "tuner-reports"), prefix)
 
     @app.get("/tuner/{name}", response_class=HTMLResponse)
     def tuner_report(name: str) -> HTMLResponse:
         report = _inside(reports_root() / "tuner", f"{name}/report.html", f"no tuner report {name}")
-        summary = json.loads((report.parent / "report.json").read_text(encoding="utf-8"))
-        imgs = "".join(f"<img src='{prefix}/files/tuner/{esc(name)}/{esc(p)}' alt='{esc(p)}'>"
-                       for p in summary.get("plots", []))
+        plots = _report_json(report.parent / "report.json").get("plots", [])
+        imgs = "".join(f"<img src='{prefix}/files/tuner/{esc(name)}/{esc(str(p))}' alt='{esc(str(p))}'>"
+                       for p in (plots if isinstance(plots, list) else []))
         return page(f"Tuner report {name}", report.read_text(encoding="utf-8") + imgs, prefix)
 
     @app.get("/drift", response_class=HTMLResponse)
@@ -310,13 +314,16 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         root = reports_root() / "drift"
         rows = []
         for path in sorted(root.glob("*.json"), reverse=True) if root.is_dir() else []:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            for report in data.get("reports", []):
-                shifts = ", ".join(f"{s['feature']} {s['psi']:.3f}" for s in report.get("shifts", []))
-                rows.append([esc(data.get("run_id", path.stem)), esc(report["model"]),
-                             f"{report['reference_mae']:.4g}", f"{report['recent_mae']:.4g}",
-                             f"{report['mae_ratio']:.3f}", esc(shifts), "ALERT" if report["drifted"] else "ok",
-                             esc(data.get("alert_sent_to", ""))])
+            data = _report_json(path)
+            try:
+                for report in data.get("reports", []):
+                    shifts = ", ".join(f"{s['feature']} {s['psi']:.3f}" for s in report.get("shifts", []))
+                    rows.append([esc(str(data.get("run_id", path.stem))), esc(str(report["model"])),
+                                 f"{report['reference_mae']:.4g}", f"{report['recent_mae']:.4g}",
+                                 f"{report['mae_ratio']:.3f}", esc(shifts), "ALERT" if report["drifted"] else "ok",
+                                 esc(str(data.get("alert_sent_to", "")))])
+            except (KeyError, TypeError, ValueError, AttributeError):  # cut short, or not one of ours
+                rows.append([esc(path.stem), "", "", "", "", "", "this record cannot be read", ""])
         hint = ("" if rows else "<p class='hint' id='drift-hint'>No drift check yet. Each run of the "
                 "<code>lucid_update_engine</code> DAG that has a promoted model compares its error on recent jobs "
                 "with its error when trained and writes a row here (and mails an alert when it drifted). The first "
@@ -521,6 +528,16 @@ def _day_start(text: str) -> float | None:
     except ValueError:
         raise ValueError(f"{text!r} is not a date (YYYY-MM-DD)") from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _report_json(path: Path) -> dict:
+    """A report file a task wrote, or {} where it is missing or cut short (a task killed while writing it): one
+    bad file is shown as unreadable, never a 500 for the page that lists them all."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _inside(root: Path, relative: str, missing: str = "no such file") -> Path:

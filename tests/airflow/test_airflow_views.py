@@ -167,3 +167,27 @@ def test_api_reference_is_served_without_internet(lucid_home):
     assert "<script" not in docs.text
     assert "command" in docs.text  # the request body's fields are listed
     assert client.get("/api/openapi.json").json()["info"]["title"] == "Lucid scheduler"
+
+
+def test_a_report_file_cut_short_is_shown_unreadable_and_the_pages_still_answer(lucid_home):
+    """A task killed while writing its report.json, or a drift record gone bad: the page listing them all used to
+    answer 500 for every report."""
+    from fastapi.testclient import TestClient
+    from lucid_airflow.web import create_lucid_app
+
+    reports = lucid_home / "reports"
+    (reports / "tuner" / "cut").mkdir(parents=True)
+    (reports / "tuner" / "cut" / "report.json").write_text('{"objective": "avg_j')
+    (reports / "tuner" / "cut" / "report.html").write_text("<p>partial report</p>")
+    (reports / "tuner" / "odd").mkdir()
+    (reports / "tuner" / "odd" / "report.json").write_text('["not", "a", "summary"]')
+    (reports / "drift").mkdir()
+    (reports / "drift" / "manual__9.json").write_text('{"reports": [{"model": "duration"}]}')
+    client = TestClient(create_lucid_app(lambda: f"sqlite:///{lucid_home / 'lucid.db'}", lambda: reports,
+                                         protect=False))
+    listing = client.get("/tuner")
+    assert listing.status_code == 200 and listing.text.count("its report.json cannot be read") == 2
+    one = client.get("/tuner/cut")
+    assert one.status_code == 200 and "partial report" in one.text
+    drift = client.get("/drift")
+    assert drift.status_code == 200 and "this record cannot be read" in drift.text
