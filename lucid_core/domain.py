@@ -22,13 +22,13 @@ class JobState(StrEnum):
 
 
 TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
-_JOB_STATE_VALUES = {state.value: state for state in JobState}
+JOB_STATES_BY_VALUE = {state.value: state for state in JobState}  # a dict lookup where rows are many
 
 
 def left_alone(stored_state: object) -> bool:
     """Whether a round must not move a job whose stored state is this: it ended, or its state is none this
     version knows (another controller's or a hand edit's), so what a move would mean is unknown."""
-    state = _JOB_STATE_VALUES.get(stored_state) if isinstance(stored_state, str) else None
+    state = JOB_STATES_BY_VALUE.get(stored_state) if isinstance(stored_state, str) else None
     return state is None or state in TERMINAL_STATES
 
 

@@ -15,7 +15,7 @@ from lucid_core.runtime.hosts.inventory import HostSpec, add_host
 from lucid_core.runtime.hosts.local_executor import local_executor
 from lucid_core.runtime.hosts.loss import UNREACHABLE_SINCE, lost_hosts
 from lucid_core.runtime.round.scheduling_round import SchedulingRound
-from lucid_core.runtime.store.schema import HostRow, JobRow, RunRow, SchedulerStateRow
+from lucid_core.runtime.store.schema import HostRow, JobRow, RunRow
 from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 CONFIG = fast_config(**{"profiler.enabled": False, "binder.sharing": "off"})
@@ -41,15 +41,6 @@ def _set_run(store, job_id, **values):
         s.execute(update(RunRow).where(RunRow.job_id == job_id, RunRow.state == "running").values(**values))
 
 
-def _set_state(store, key, value):
-    with store.session() as s:
-        row = s.get(SchedulerStateRow, key)
-        if row is None:
-            s.add(SchedulerStateRow(key=key, value=value))
-        else:
-            row.value = value
-
-
 CORRUPTIONS = {
     # a run's row: the job sits out, its GPU stays held (a second copy would share it), the round goes on
     "run state unknown": lambda store, job: _set_run(store, job, state="stopping"),
@@ -61,10 +52,10 @@ CORRUPTIONS = {
     # hosts' rows: a cool-down that is no number closes no host (NaN used to close it for ever on PostgreSQL)
     "host cool-down NaN": lambda store, job: _sql(store, "UPDATE hosts SET cooldown_until = 'NaN'", job),
     # the policy's saved state: a bad key keeps its default
-    "saved sharing mode unknown": lambda store, job: _set_state(store, "sharing_mode", "exclusive-v2"),
-    "saved Tprof text": lambda store, job: _set_state(store, "tprof_s", "60s"),
-    "saved mode check text": lambda store, job: _set_state(store, "last_mode_check", "2026-01-01"),
-    "saved borrowed node runs a main job": lambda store, job: _set_state(store, "borrowed_nodes", ["m0"]),
+    "saved sharing mode unknown": lambda store, job: store.set_state("sharing_mode", "exclusive-v2"),
+    "saved Tprof text": lambda store, job: store.set_state("tprof_s", "60s"),
+    "saved mode check text": lambda store, job: store.set_state("last_mode_check", "2026-01-01"),
+    "saved borrowed node runs a main job": lambda store, job: store.set_state("borrowed_nodes", ["m0"]),
     # the running job's own state: another controller's, left alone
     "job state unknown": lambda store, job: _set_job(store, job, state="SUSPENDED"),
 }

@@ -4,13 +4,13 @@ other nodes of wide jobs), stopping runs that have a stop reason, and what a ref
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import distinct, func, select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, Pool, RunState, left_alone
+from lucid_core.policy.view import saved_number
 from lucid_core.runtime.hosts.calls import CallResult
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
@@ -221,7 +221,7 @@ class LaunchSteps(RoundBase):
         begin = run.started_at if run.started_at is not None else run.planned_at
         end = run.profiling_until or begin
         # a row another controller wrote may hold an infinite, negative or text time: a window is 1 s to a day
-        if not all(isinstance(t, int | float) and math.isfinite(t) for t in (begin, end)):
+        if not (saved_number(begin) and saved_number(end)):
             return 1.0
         return min(max(1.0, end - begin), 86400.0)
 

@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from lucid_core.domain import (
     ACTIVE_RUN_STATES,
+    JOB_STATES_BY_VALUE,
     TERMINAL_STATES,
     Job,
     JobState,
@@ -159,7 +160,6 @@ def _submission_order(row: JobRow) -> tuple[int, float]:
     return (0, seq) if type(seq) is int else (1, 0.0)
 
 
-_JOB_STATES = {state.value: state for state in JobState}
 _SHARE_CLASSES = {int(c): c for c in ShareClass}
 
 
@@ -192,7 +192,7 @@ def job_of(row: JobRow) -> Job:
     if row.profiled and row.gpu_util is not None:
         profile = Profile(_percent(row.gpu_util), _percent(row.mem_util or 0.0), max(0.0, row.gpu_mem_mb or 0.0),
                           row.amp, row.profile_emulated)
-    state = _JOB_STATES.get(row.state) or JobState(row.state)  # a dict lookup; a bad value raises as JobState does
+    state = JOB_STATES_BY_VALUE.get(row.state) or JobState(row.state)  # a bad value raises as JobState does
     if type(row.submit_time) not in (float, int) or not math.isfinite(row.submit_time):
         raise ValueError(f"submit time {str(row.submit_time)[:40]!r} is not a finite number")
     return Job(job_id=row.job_id, user=row.user, vc=row.vc, gpus=row.gpus, submit_time=row.submit_time,

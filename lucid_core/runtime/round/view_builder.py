@@ -22,7 +22,7 @@ from lucid_core.domain import (
     Pool,
 )
 from lucid_core.policy.base import SchedulingPolicy
-from lucid_core.policy.view import ClusterView
+from lucid_core.policy.view import ClusterView, saved_number
 from lucid_core.runtime.round.live_models import PolicyFactory, ReplayForecaster, fallback_source, host_sharing
 from lucid_core.runtime.round.snapshot import Snapshot, job_of, profile_of_row
 from lucid_core.runtime.store.schema import RunRow
@@ -82,14 +82,6 @@ def fleet_config(config: LucidConfig, gpu_counts: Iterable[int]) -> LucidConfig:
     return config.with_overrides({"cluster.gpus_per_node": size})
 
 
-def _time_or_inf(value: object) -> float:
-    return float(value) if type(value) in (int, float) and math.isfinite(value) else math.inf
-
-
-def _finite(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
-
-
 def run_problem(run: RunRow, host_gpus: int | None) -> str | None:
     """Why an active run's stored row cannot be rebuilt as an allocation (None when it can). Another
     controller or a hand edit may have written it: a bad one makes its own job sit out, not the round fail."""
@@ -104,9 +96,9 @@ def run_problem(run: RunRow, host_gpus: int | None) -> str | None:
         return f"GPU indices {indices[:8]} are not all among the host's {host_gpus} GPUs"
     if len(set(indices)) != len(indices):
         return f"GPU indices {indices[:8]} repeat"
-    if not _finite(run.planned_at) or (run.started_at is not None and not _finite(run.started_at)):
+    if not saved_number(run.planned_at) or (run.started_at is not None and not saved_number(run.started_at)):
         return "its planned or start time is not a finite number"
-    if run.profiling_until is not None and not _finite(run.profiling_until):
+    if run.profiling_until is not None and not saved_number(run.profiling_until):
         return "its profiling deadline is not a finite number"
     if type(run.node_rank) is not int:
         return f"node rank {run.node_rank!r} is not an integer"
@@ -149,7 +141,8 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
         view.host_sharing[host.name] = host_sharing(host)
         if host.name in borrowed:
             view.borrowed_nodes.append(host.name)
-        if host.reachable and not host.draining and not (_finite(host.cooldown_until) and host.cooldown_until > now):
+        cooling = saved_number(host.cooldown_until) and host.cooldown_until > now
+        if host.reachable and not host.draining and not cooling:
             available.add(host.name)
         else:
             view.closed_nodes.add(host.name)
@@ -170,7 +163,8 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
 
     held: dict[tuple[str, str], list[int]] = {}  # (pool, host) -> GPU indices held
     # running jobs become allocations: lone runs and pair founders first, then partners
-    ordered = sorted(runs_by_job.items(), key=lambda kv: min(_time_or_inf(r.planned_at) for r in kv[1]))
+    ordered = sorted(runs_by_job.items(),
+                     key=lambda kv: min(r.planned_at if saved_number(r.planned_at) else math.inf for r in kv[1]))
     started: set[str] = set()
     pending_partners = []
     for job_id, runs in ordered:
