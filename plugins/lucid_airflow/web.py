@@ -11,6 +11,7 @@ import html
 import json
 import tempfile
 import time
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -29,6 +30,9 @@ if TYPE_CHECKING:  # the store's modules load at the first request
     from lucid_core.runtime.surfaces.queries import HistoryPage, HistoryQuery
 
 esc = html.escape
+
+# bidirectional formatting characters: they reorder the text around them, so a shown id reads as another one
+_BIDI_CONTROLS = frozenset({"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI"})
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fff}
@@ -63,10 +67,27 @@ HISTORY_PAGE_SIZE = 50
 
 
 def page(title: str, body: str, prefix: str) -> HTMLResponse:
+    """A page of the UI: navigation, `title` (plain text) as its heading, `body` (already-escaped HTML)."""
     links = "".join(f'<a href="{prefix}/{path}">{esc(label)}</a>' for path, label in NAV)
-    return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'><title>Lucid: {esc(title)}</title>"
-                        f"<style>{_STYLE}</style></head><body><nav>{links}</nav><h1>{esc(title)}</h1>{body}"
+    return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'><title>Lucid: {shown(title)}</title>"
+                        f"<style>{_STYLE}</style></head><body><nav>{links}</nav><h1>{shown(title)}</h1>{body}"
                         f"</body></html>")
+
+
+def shown(text: str) -> str:
+    """`text` as HTML that shows every character it holds: escaped, and each invisible one written as its Python
+    escape (`\\x00`, `\\x1b`, `\\u202e`). html.escape leaves a NUL or an escape raw; a browser drops a NUL and
+    shows most controls as nothing, so a page quoting a requested id would name another id than the one asked for
+    (and a bidi override would reverse the text after it)."""
+    return esc("".join(_visible(char) for char in text))
+
+
+def _visible(char: str) -> str:
+    """`char` itself, or its escape when a browser would not show it as itself: a control character (Unicode Cc,
+    NUL and newline included: the messages are one line), a lone surrogate, a bidirectional formatting one."""
+    hidden = (unicodedata.category(char) in ("Cc", "Cs")
+              or unicodedata.bidirectional(char) in _BIDI_CONTROLS)
+    return char.encode("unicode_escape").decode("ascii") if hidden else char
 
 
 def table(header: list[str], rows: list[list[str]], table_id: str = "") -> str:
@@ -98,8 +119,10 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         """Errors of the pages (an unknown job, page or file) as a page of the UI, not JSON."""
         if exc.status_code != 404:
             return error_response(exc, prefix)
-        return not_found_page(f"There is no page {request.url.path}." if exc.detail == "Not Found" else str(exc.detail),
-                              prefix)
+        if exc.detail != "Not Found":
+            return not_found_page(str(exc.detail), prefix)
+        # the path as asked for: request.url drops a newline or tab and quotes a backslash (%5C)
+        return not_found_page(f"There is no page {request.scope['path']}.", prefix)
 
     @cache
     def store():
@@ -347,7 +370,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
 def not_found_page(what: str, prefix: str) -> HTMLResponse:
     """A 404 as a page of the UI: what was not found and where to look instead."""
-    body = (f"<p class='hint' id='not-found'>{esc(what)}</p>"
+    body = (f"<p class='hint' id='not-found'>{shown(what)}</p>"
             f"<p>Waiting and running jobs are on the <a href='{prefix}/queue'>queue</a> and "
             f"<a href='{prefix}/running'>running</a> pages, finished ones in the <a href='{prefix}/jobs'>job "
             f"history</a>. On the command line: <code>lucid queue</code>, <code>lucid history</code>.</p>")
@@ -358,7 +381,8 @@ def not_found_page(what: str, prefix: str) -> HTMLResponse:
 
 def error_response(exc: StarletteHTTPException, prefix: str) -> HTMLResponse:
     """Any other HTTP error of a page, as a page of the UI with its status (and headers, e.g. Allow)."""
-    response = page(f"Error {exc.status_code}", f"<p class='hint bad' id='error'>{esc(str(exc.detail))}</p>", prefix)
+    response = page(f"Error {exc.status_code}", f"<p class='hint bad' id='error'>{shown(str(exc.detail))}</p>",
+                    prefix)
     response.status_code = exc.status_code
     response.headers.update(exc.headers or {})
     return response

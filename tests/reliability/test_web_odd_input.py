@@ -6,6 +6,7 @@ and an unknown key in a submission is refused naming the key."""
 from __future__ import annotations
 
 import sys
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,10 +36,15 @@ def _seed_finished(store: Store, count: int = FINISHED) -> None:
                          start_time=1010.0 + k, end_time=1100.0 + k))
 
 
-def _plugin(url: str, reports: Path) -> TestClient:
-    """The Airflow plugin's app without Airflow's auth (its /api mount is the runtime API)."""
+def _plugins_importable() -> None:
+    """The Airflow plugin's package on the import path (Airflow puts it there from its plugins folder)."""
     if str(REPO / "plugins") not in sys.path:
         sys.path.insert(0, str(REPO / "plugins"))
+
+
+def _plugin(url: str, reports: Path) -> TestClient:
+    """The Airflow plugin's app without Airflow's auth (its /api mount is the runtime API)."""
+    _plugins_importable()
     from lucid_airflow.web import create_lucid_app
 
     return TestClient(create_lucid_app(lambda: url, lambda: reports, protect=False), raise_server_exceptions=False)
@@ -79,6 +85,31 @@ def test_an_id_no_store_could_hold_is_an_unknown_job(seeded):
     for lookup in (queries.status, queries.job_record, queries.latest_run, cancel):
         with pytest.raises(UnknownJob):
             lookup(store, "a\x00b")
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("a%00b", "a\\x00b"), ("a%1B%5B31mb", "a\\x1b[31mb"), ("a%0Ab%0D", "a\\nb\\r"), ("a%09b", "a\\tb"),
+    ("a%7Fb", "a\\x7fb"), ("a%C2%85b", "a\\x85b"), ("a%E2%80%AEb", "a\\u202eb"),
+])
+def test_an_invisible_character_in_a_requested_id_is_shown_escaped(raw, shown, seeded):
+    """The 404 page printed a NUL (and any control character) of the id raw: html.escape leaves them, and a
+    browser drops a NUL, so the page named another id than the one asked for. Each is shown as its escape."""
+    _, pages, _ = seeded
+    reply = pages.get(f"/jobs/{raw}")
+    assert reply.status_code == 404 and "id='not-found'" in reply.text
+    assert f"There is no job {shown} in the Lucid store." in reply.text
+    body = reply.text.split("<body>", 1)[1]
+    assert [c for c in body if unicodedata.category(c) == "Cc" or unicodedata.bidirectional(c) == "RLO"] == []
+    nowhere = pages.get(f"/nowhere/{raw}")  # no route: the page names the path, escaped the same way
+    assert nowhere.status_code == 404 and f"There is no page /nowhere/{shown}." in nowhere.text
+
+
+def test_shown_text_keeps_printable_characters_and_escapes_markup():
+    _plugins_importable()
+    from lucid_airflow.web import shown
+
+    assert shown("ü名 o'neil <b>&") == "ü名 o&#x27;neil &lt;b&gt;&amp;"
+    assert shown("j\x00<\x1b") == "j\\x00&lt;\\x1b"
 
 
 def test_a_filter_no_job_could_match_is_refused_naming_it(seeded):
