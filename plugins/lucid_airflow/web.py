@@ -12,13 +12,14 @@ import json
 import tempfile
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -124,6 +125,14 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         # the path as asked for: request.url drops a newline or tab and quotes a backslash (%5C)
         return not_found_page(f"There is no page {request.scope['path']}.", prefix)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_input(request: Request, exc: RequestValidationError) -> HTMLResponse:
+        """A query or path value a page cannot take (`?page=abc`) as a page of the UI naming the parameter and
+        what it must be, not FastAPI's JSON 422 (the mounted JSON API has its own handlers and keeps JSON)."""
+        problems = [parameter_problem(error, parameter_limits(request, _parameter_name(error)))
+                    for error in exc.errors()]
+        return invalid_input_page(problems, prefix)
+
     @cache
     def store():
         from lucid_core.runtime.store.store import Store
@@ -204,12 +213,10 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     @app.get("/jobs", response_class=HTMLResponse)
     def job_history(user: str = "", vc: str = "", state: str = "", since: str = "", until: str = "",
-                    number: int = Query(1, alias="page")) -> HTMLResponse:
+                    number: int = Query(1, alias="page", ge=1)) -> HTMLResponse:
         from lucid_core.runtime.surfaces.queries import HistoryQuery
 
         try:
-            if number < 1:
-                raise ValueError(f"page must be 1 or more, got {number}")
             query = HistoryQuery(user=user.strip() or None, vc=vc.strip() or None,
                                  states=tuple(x for x in state.split(",") if x), since=_day_start(since),
                                  until=_day_start(until), limit=HISTORY_PAGE_SIZE)
@@ -370,13 +377,83 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
 def not_found_page(what: str, prefix: str) -> HTMLResponse:
     """A 404 as a page of the UI: what was not found and where to look instead."""
-    body = (f"<p class='hint' id='not-found'>{shown(what)}</p>"
-            f"<p>Waiting and running jobs are on the <a href='{prefix}/queue'>queue</a> and "
+    return refusal_page("Not found", f"<p class='hint' id='not-found'>{shown(what)}</p>", 404, prefix)
+
+
+def invalid_input_page(problems: list[str], prefix: str) -> HTMLResponse:
+    """A 422 as a page of the UI, laid out as the 404 page: each parameter refused and what it must be."""
+    lines = "<br>".join(shown(problem) for problem in problems)
+    return refusal_page("Invalid request", f"<p class='hint bad' id='invalid-input'>{lines}</p>", 422, prefix)
+
+
+def refusal_page(title: str, notice: str, status_code: int, prefix: str) -> HTMLResponse:
+    """A page answering a request no page can serve: `notice` (escaped HTML) and where to look instead."""
+    body = (f"{notice}<p>Waiting and running jobs are on the <a href='{prefix}/queue'>queue</a> and "
             f"<a href='{prefix}/running'>running</a> pages, finished ones in the <a href='{prefix}/jobs'>job "
             f"history</a>. On the command line: <code>lucid queue</code>, <code>lucid history</code>.</p>")
-    response = page("Not found", body, prefix)
-    response.status_code = 404
+    response = page(title, body, prefix)
+    response.status_code = status_code
     return response
+
+
+# what a parameter must be, by the type of pydantic's error about it (its `ctx` fills the braces)
+PARAMETER_RULES = {
+    "int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number",
+    "int_parsing_size": "a whole number of at most 4300 digits", "float_parsing": "a number",
+    "float_type": "a number", "bool_parsing": "true or false", "bool_type": "true or false",
+    "greater_than_equal": "{ge} or more", "greater_than": "more than {gt}", "less_than_equal": "at most {le}",
+    "less_than": "less than {lt}", "string_too_long": "at most {max_length} characters",
+    "string_too_short": "at least {min_length} characters", "enum": "one of {expected}",
+    "literal_error": "one of {expected}",
+}
+# errors whose rule already says the range: the declared limits are not added to them
+RANGE_ERRORS = frozenset({"greater_than_equal", "greater_than", "less_than_equal", "less_than",
+                          "int_parsing_size"})
+LIMIT_WORDS = (("ge", "{} or more"), ("gt", "more than {}"), ("le", "at most {}"), ("lt", "less than {}"))
+SHOWN_INPUT_CHARS = 80  # a refused value longer than this is quoted cut short
+
+
+def parameter_problem(error: Mapping[str, Any], limits: str = "") -> str:
+    """One of FastAPI's validation errors as a sentence: the parameter, what it must be, the value it got.
+
+    `limits` (the parameter's declared range in words) is added to a type error, so that `page=abc` learns
+    the whole rule ("a whole number, 1 or more"), not only that it must be a number."""
+    name = _parameter_name(error)
+    if error.get("type") == "missing":
+        return f"{name} must be given"
+    rule = PARAMETER_RULES.get(str(error.get("type")))
+    try:
+        wanted = rule.format(**(error.get("ctx") or {})) if rule else None
+    except (KeyError, IndexError):  # a context without the value the rule names
+        wanted = None
+    if wanted and limits and error.get("type") not in RANGE_ERRORS:
+        wanted = f"{wanted}, {limits}"
+    said = f"must be {wanted}" if wanted else f"is refused: {error.get('msg', 'invalid value')}"
+    return f"{name} {said}, got {_quoted(error.get('input'))}"
+
+
+def parameter_limits(request: Request, name: str) -> str:
+    """The range the matched route declares for its query or path parameter `name` ("1 or more"); "" when it
+    declares none or the route cannot be read."""
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    fields = [*getattr(dependant, "query_params", ()), *getattr(dependant, "path_params", ())]
+    words = [template.format(getattr(constraint, attribute))
+             for field in fields if getattr(field, "alias", None) == name
+             for constraint in getattr(getattr(field, "field_info", None), "metadata", ())
+             for attribute, template in LIMIT_WORDS if getattr(constraint, attribute, None) is not None]
+    return " and ".join(words)
+
+
+def _parameter_name(error: Mapping[str, Any]) -> str:
+    """The name of the parameter an error is about (the last part of its location)."""
+    location = error.get("loc") or ()
+    return str(location[-1]) if location else "a parameter"
+
+
+def _quoted(value: Any) -> str:
+    """A refused value, quoted and cut to SHOWN_INPUT_CHARS (a 5000-digit page number is not shown whole)."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return f"'{text[:SHOWN_INPUT_CHARS]}...'" if len(text) > SHOWN_INPUT_CHARS else f"'{text}'"
 
 
 def error_response(exc: StarletteHTTPException, prefix: str) -> HTMLResponse:

@@ -191,3 +191,62 @@ def test_a_report_file_cut_short_is_shown_unreadable_and_the_pages_still_answer(
     assert one.status_code == 200 and "partial report" in one.text
     drift = client.get("/drift")
     assert drift.status_code == 200 and "this record cannot be read" in drift.text
+
+
+def _serve_at_lucid(app) -> tuple[str, object]:
+    """`app` mounted at /lucid on a loopback port, as Airflow mounts it (uvicorn in a thread); (base, server)."""
+    import socket
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Mount("/lucid", app=app)]), host="127.0.0.1",
+                                           port=port, log_level="warning", lifespan="off"))
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.1)
+    return f"http://127.0.0.1:{port}", server
+
+
+def test_refusal_pages_read_right_in_headless_chromium(lucid_home, tmp_path):
+    """What a person sees: `?page=abc` is a page of the UI (not FastAPI's JSON) naming the parameter, and an id
+    holding a NUL or an escape is shown with them escaped (a raw NUL is dropped by the browser: another id)."""
+    import shutil
+
+    import pytest
+
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("websockets.sync.client", reason="the CDP driver needs websockets (the dev extra)")
+    from cdp_browser import Browser
+    from lucid_airflow.web import create_lucid_app
+
+    from lucid_core.runtime.store.store import Store
+
+    url = f"sqlite:///{lucid_home / 'lucid.db'}"
+    Store(url).dispose()
+    base, server = _serve_at_lucid(create_lucid_app(lambda: url, lambda: lucid_home / "reports", protect=False))
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.navigate(f"{base}/lucid/jobs?page=abc")
+        browser.wait_for("document.getElementById('invalid-input')", what="the 422 page")
+        assert browser.evaluate("document.querySelector('h1').innerText") == "Invalid request"
+        assert (browser.evaluate("document.getElementById('invalid-input').innerText")
+                == "page must be a whole number, 1 or more, got 'abc'")
+        assert browser.evaluate("document.querySelectorAll('nav a').length") >= 5, "the UI's navigation"
+        assert browser.evaluate("getComputedStyle(document.body).fontFamily").startswith("system-ui")
+
+        browser.navigate(f"{base}/lucid/jobs/a%00b%1B%5B31mc")
+        browser.wait_for("document.getElementById('not-found')", what="the 404 page")
+        assert (browser.evaluate("document.getElementById('not-found').innerText")
+                == "There is no job a\\x00b\\x1b[31mc in the Lucid store.")
+    finally:
+        browser.close()
+        server.should_exit = True

@@ -5,6 +5,8 @@ and an unknown key in a submission is refused naming the key."""
 
 from __future__ import annotations
 
+import html
+import json
 import sys
 import unicodedata
 from collections.abc import Iterator
@@ -159,7 +161,50 @@ def test_a_history_page_below_one_is_refused(seeded):
     _, pages, _ = seeded
     for number in (0, -3):
         page = pages.get("/jobs", params={"page": number})
-        assert page.status_code == 422 and f"page must be 1 or more, got {number}" in page.text
+        assert page.status_code == 422 and f"page must be 1 or more, got '{number}'" in html.unescape(page.text)
+
+
+def _refusal_text(reply) -> str:
+    """The sentence of a page of the UI refusing a request (its notice), unescaped; fails on any other answer."""
+    assert reply.headers["content-type"].startswith("text/html"), reply.text[:300]
+    assert reply.text.startswith("<!doctype html>") and "<nav>" in reply.text, "a page of the UI"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(reply.text)
+    notice = reply.text.split("id='invalid-input'>", 1)[1].split("</p>", 1)[0]
+    return html.unescape(notice)
+
+
+@pytest.mark.parametrize(("value", "rule"), [
+    ("abc", "a whole number, 1 or more"), ("1.5", "a whole number, 1 or more"), ("", "a whole number, 1 or more"),
+    ("1e3", "a whole number, 1 or more"), ("0x10", "a whole number, 1 or more"),
+    ("9" * 5000, "a whole number of at most 4300 digits"), ("0", "1 or more"), ("-3", "1 or more"),
+])
+def test_a_page_parameter_of_the_wrong_form_is_a_page_of_the_ui_naming_it(value, rule, seeded):
+    """`/jobs?page=abc` answered FastAPI's raw JSON 422; now a page in the UI's style (the 404 page's layout)
+    with status 422 that names the parameter, what it must be, and the value (cut short when long)."""
+    _, pages, _ = seeded
+    reply = pages.get("/jobs", params={"page": value})
+    assert reply.status_code == 422
+    shown = value if len(value) <= 80 else value[:80] + "..."
+    assert _refusal_text(reply) == f"page must be {rule}, got '{shown}'"
+    assert "<h1>Invalid request</h1>" in reply.text and "href='/lucid/jobs'" in reply.text
+    assert "<style>" in reply.text and "class='hint bad'" in reply.text
+
+
+def test_a_refused_parameter_is_shown_with_its_control_characters_escaped(seeded):
+    _, pages, _ = seeded
+    reply = pages.get("/jobs", params={"page": "a\x00\x1b[31m"})
+    assert reply.status_code == 422
+    assert _refusal_text(reply) == "page must be a whole number, 1 or more, got 'a\\x00\\x1b[31m'"
+
+
+def test_the_json_api_keeps_answering_json_for_a_malformed_parameter(seeded):
+    """The plugin's HTML handler is the pages' only: the runtime API, alone or mounted at /api, answers JSON."""
+    _, pages, api = seeded
+    for client, route in ((api, "/history"), (pages, "/api/history")):
+        reply = client.get(route, params={"limit": "abc"})
+        assert reply.status_code == 422 and reply.headers["content-type"] == "application/json", reply.text
+        assert [e["loc"] for e in reply.json()["detail"]] == [["query", "limit"]]
 
 
 def test_names_the_os_refuses_are_not_found(lucid_env):
