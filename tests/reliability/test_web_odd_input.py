@@ -1,7 +1,9 @@
 """Odd values in the URLs and bodies of the plugin's pages and the runtime API get a clear 4xx on SQLite and
 PostgreSQL, never a 500 or a misleading page: an id no store could hold is an unknown job (404), a filter no job
 could match or a page out of range is refused naming it (422), a file name the OS refuses is not found (404),
-and an unknown key in a submission is refused naming the key."""
+a query value of the wrong form is a 422 page of the UI naming the parameter (the JSON API keeps JSON), a control
+character of a requested id is shown escaped, and an unknown key or a value of another JSON type in a submission is
+refused naming the field."""
 
 from __future__ import annotations
 
@@ -232,3 +234,66 @@ def test_a_submission_with_an_unknown_key_is_refused_naming_it(store, lucid_env)
         with store.session() as s:
             assert s.scalar(select(func.count()).select_from(JobRow)) == 0
     assert TestClient(create_app(store.url, store=store)).post("/jobs", json=body).status_code == 201
+
+
+def _submit_clients(store: Store, reports: Path) -> list[tuple[TestClient, str]]:
+    """The runtime API alone and as the plugin mounts it, each with its submit route."""
+    return [(TestClient(create_app(store.url, store=store)), "/jobs"), (_plugin(store.url, reports), "/api/jobs")]
+
+
+def _jobs_stored(store: Store) -> int:
+    with store.session() as s:
+        return s.scalar(select(func.count()).select_from(JobRow))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("gpus", 1.0), ("gpus", "1"), ("gpus", True), ("gpus", 1.5), ("gpus", "one"), ("amp", "yes"),
+    ("preemptible", 1), ("long_cold_start", "false"),
+])
+def test_a_submission_value_of_another_json_type_is_refused_naming_the_field(field, value, store, lucid_env):
+    """`"gpus": 1.0` and `"gpus": "1"` were read as 1 (and `"amp": "yes"` as true): the body is JSON, so a value
+    of another type than the field's is refused naming the field, and no job is written."""
+    add_host(store, HostSpec("m0", executor="local", vc="default", gpus=1, workdir=str(lucid_env / "m0")))
+    body = {"command": "true", "gpus": 1, "user": "u", "vc": "default"}
+    for client, route in _submit_clients(store, lucid_env / "reports"):
+        reply = client.post(route, json={**body, field: value})
+        assert reply.status_code == 422, (route, reply.text)
+        assert [e["loc"] for e in reply.json()["detail"]] == [["body", field]], reply.text
+        assert _jobs_stored(store) == 0
+    assert TestClient(create_app(store.url, store=store)).post("/jobs", json=body).status_code == 201
+
+
+@pytest.mark.parametrize(("field", "value", "where"), [
+    ("workload", {"model": "resnet18", "batch_size": 32}, ["body", "workload"]),
+    ("env", {"A": {"nested": "x"}}, ["body", "env", "A"]),
+    ("command", ["python", {"script": "x.py"}], ["body", "command"]),
+])
+def test_a_mapping_where_the_body_takes_none_is_refused_naming_where(field, value, where, store, lucid_env):
+    """The body has no nested settings: the workload is a catalog key and env maps names to text, so a mapping
+    inside any of them (its keys unknown to everything) is refused naming where, not stored or dropped."""
+    add_host(store, HostSpec("m0", executor="local", vc="default", gpus=1, workdir=str(lucid_env / "m0")))
+    body = {"command": "true", "gpus": 1, "user": "u", "vc": "default", field: value}
+    for client, route in _submit_clients(store, lucid_env / "reports"):
+        reply = client.post(route, json=body)
+        assert reply.status_code == 422, (route, reply.text)
+        assert all(e["loc"][:len(where)] == where for e in reply.json()["detail"]), reply.text
+    assert _jobs_stored(store) == 0
+
+
+def test_every_model_of_the_submit_body_forbids_unknown_keys_and_is_strict():
+    """A settings model nested in the body later must refuse unknown keys (naming them) like the body itself."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    from lucid_core.runtime.surfaces.api import SubmitBody
+
+    def models(annotation: object) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation, *(m for f in annotation.model_fields.values() for m in models(f.annotation))]
+        return [m for arg in get_args(annotation) for m in models(arg)]
+
+    found = models(SubmitBody)
+    assert SubmitBody in found
+    assert {m.__name__: (m.model_config.get("extra"), m.model_config.get("strict")) for m in found} == {
+        m.__name__: ("forbid", True) for m in found}

@@ -26,9 +26,14 @@ from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, 
 
 
 class SubmitBody(BaseModel):
-    """A job submission; an unknown key (a misspelt "preemptable") is refused naming it, not dropped."""
+    """A job submission; an unknown key (a misspelt "preemptable") is refused naming it, not dropped.
 
-    model_config = ConfigDict(extra="forbid")
+    Strict types: a JSON body says what it means, so `"gpus": 1.0`, `"gpus": "1"` or `"gpus": true` is a 422
+    naming `gpus` (and `"amp": "yes"` one naming `amp`), not silently read as 1 or true. Any model nested here
+    must forbid unknown keys too (tests/reliability/test_web_odd_input.py checks every one). The CLI and the
+    Airflow operator build a JobRequest themselves and do not pass through this model."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     command: str | list[str] = Field(description="shell command line, or an argv list")
     gpus: int
