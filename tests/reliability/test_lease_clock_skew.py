@@ -1,13 +1,14 @@
 """Two controllers whose wall clocks disagree by more than the lease's TTL (a host whose NTP broke).
 
-The lease's expiry is written and judged with each process's own clock, so a controller running ahead
-sees a live round's lease as lapsed and takes it over: the live round is fenced (its store writes stop,
-so nothing runs twice through the store), but the two rounds' host actions overlap in the window between
-a renewal and the host call, and a skewed controller fences every round of the others. Judging expiry by
-the database's clock (one clock for all) would close it; until then this test records the hole.
+When the lease's expiry was written and judged with each process's own clock, a controller running ahead
+saw a live round's lease as lapsed and took it over: the live round was fenced, and a skewed controller
+fenced every round of the others. Expiry is now written and judged by the database's clock (`db_clock`),
+one for all, so the skewed controller finds the lease held and leaves.
 
 Real processes: the live round is a `lucid round` child stalled after its snapshot (lease TTL 30 s), the
-skewed one a `lucid round` whose clock runs 45 s ahead.
+skewed one a `lucid round` whose clock (`time.time`, all a controller's own code reads) runs 45 s ahead.
+On SQLite the database's clock is the machine's (every process on it shares that file and that clock); on
+PostgreSQL it is the server's.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ SKEWED_ROUND = ("import sys, time; real = time.time; time.time = lambda: real() 
                 "from lucid_core.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
-@pytest.mark.xfail(strict=True, reason="lease expiry is judged by each controller's own clock, not the "
-                                       "database's: a controller 45 s ahead takes a live 30 s lease over")
-def test_a_skewed_controller_does_not_take_a_live_lease(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_skewed_controller_does_not_take_a_live_lease(tmp_path, backend, request):
+    store = (Store(f"sqlite:///{tmp_path / 'lucid.db'}") if backend == "sqlite"
+             else request.getfixturevalue("fresh_pg_store"))
     add_local_hosts(store, tmp_path / "hosts")
     env = _env(tmp_path, ttl_s=30)
     go = tmp_path / "go"
@@ -46,3 +47,4 @@ def test_a_skewed_controller_does_not_take_a_live_lease(tmp_path):
     store.dispose()
     assert skewed.returncode == 3, f"the skewed controller took a live lease: rc {skewed.returncode}"
     assert live.returncode == 0, f"the live round was fenced by the skewed one: {out[-500:]}"
+    assert "another round holds the lease" in skewed.stderr

@@ -109,16 +109,38 @@ def test_a_fenced_holder_writes_nothing_and_renewal_fails(store):
 
 
 def test_admin_lease_waits_for_a_round_then_refuses(store):
-    import time as _time
-
-    round_lease = lease.acquire(store, "round", ttl_s=60, now=_time.time())
+    round_lease = lease.acquire(store, "round", ttl_s=60)
     with pytest.raises(lease.LeaseHeld, match="round"), lease.admin_lease(store, "remove h", wait_s=0.3):
         pass
     lease.release(store, round_lease)
     with lease.admin_lease(store, "remove h", wait_s=0.3) as fenced:
         fenced.set_state("admin", True)
-        assert lease.holder_of(store, _time.time()).startswith("admin:")
-    assert lease.holder_of(store, _time.time()) is None and store.get_state("admin") is True
+        assert lease.holder_of(store).startswith("admin:")
+    assert lease.holder_of(store) is None and store.get_state("admin") is True
+
+
+def test_the_lease_runs_on_the_databases_clock(store):
+    """Without a `now`, expiry is written and judged by the database's clock, which agrees with this
+    machine's here (SQLite's is the machine's; the test PostgreSQL server runs beside it)."""
+    import time as _time
+
+    import sqlalchemy as sa
+
+    from lucid_core.runtime.store.db_clock import database_now
+    from lucid_core.runtime.store.schema import LeaseRow
+
+    with store.engine.connect() as conn:
+        read = conn.execute(sa.select(database_now(store.dialect))).scalar_one()
+    assert abs(read - _time.time()) < 5.0
+    taken = lease.acquire(store, "a", ttl_s=30)
+    with store.session() as s:
+        expires = s.get(LeaseRow, lease.ROUND_LEASE).expires_at
+    assert abs(expires - (_time.time() + 30)) < 5.0
+    assert lease.holder_of(store) == "a" and lease.acquire(store, "b", ttl_s=30) is None
+    lease.renew(store, taken)
+    assert lease.holder_of(store, now=expires + 60) is None  # judged at a time past it, it has lapsed
+    with pytest.raises(ValueError, match="mysql"):
+        database_now("mysql")
 
 
 def test_inventory_add_list_drain_remove(store):

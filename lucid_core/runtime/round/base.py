@@ -114,11 +114,11 @@ class RoundBase:
     def take_lease(self) -> bool:
         """Take the store's round lease with a new fencing generation; from here on every write of this
         round is conditional on it (see `lease`). False when another round or an admin command holds it."""
-        taken = lease.acquire(self.raw_store, self.settings.holder, self.settings.lease_ttl_s, self.clock())
+        taken = lease.acquire(self.raw_store, self.settings.holder, self.settings.lease_ttl_s)
         if taken is None:
             return False
-        self.lease, self._renewed_at = taken, self.clock()
-        self.store = self.raw_store.fenced(taken, self.clock)
+        self.lease, self._renewed_at = taken, time.monotonic()
+        self.store = self.raw_store.fenced(taken)
         return True
 
     def give_back_lease(self) -> None:
@@ -138,12 +138,12 @@ class RoundBase:
         """Before acting on a host: make sure this round still holds the lease (and extend it); raises
         `lease.Fenced` when another took it over, so a stale round launches and stops nothing."""
         if self.lease is not None:
-            lease.renew(self.raw_store, self.lease, self.clock())
-            self._renewed_at = self.clock()
+            lease.renew(self.raw_store, self.lease)
+            self._renewed_at = time.monotonic()
 
     def keep_lease(self) -> None:
         """Renew the lease during a long step once a quarter of its TTL has passed since the last renewal."""
-        if self.lease is not None and self.clock() - self._renewed_at > self.lease.ttl_s / 4:
+        if self.lease is not None and time.monotonic() - self._renewed_at > self.lease.ttl_s / 4:
             self.renew_lease()
 
     def stop_fenced(self, exc: lease.Fenced) -> None:

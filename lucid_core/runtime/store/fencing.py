@@ -15,6 +15,7 @@ from sqlalchemy import update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, sessionmaker
 
+from lucid_core.runtime.store.db_clock import time_expression
 from lucid_core.runtime.store.schema import LeaseRow
 
 
@@ -43,12 +44,13 @@ class Lease:
     ttl_s: float
 
 
-def renew_in(conn: Connection, lease: Lease, now: float) -> bool:
-    """Extend the lease inside the caller's transaction if it is still this take's; False when fenced."""
+def renew_in(conn: Connection, lease: Lease, now: float | None = None) -> bool:
+    """Extend the lease to the database's now + TTL (or `now` + TTL where given) inside the caller's
+    transaction, if it is still this take's; False when fenced."""
     return conn.execute(
         update(LeaseRow)
         .where(LeaseRow.name == lease.name, LeaseRow.holder == lease.holder, LeaseRow.generation == lease.generation)
-        .values(expires_at=now + lease.ttl_s)).rowcount == 1
+        .values(expires_at=time_expression(conn.dialect.name, now) + lease.ttl_s)).rowcount == 1
 
 
 def current_in(store: Any, name: str) -> tuple[str, int] | None:
@@ -58,14 +60,15 @@ def current_in(store: Any, name: str) -> tuple[str, int] | None:
         return None if row is None else (row.holder, int(row.generation))
 
 
-def install_fence(factory: sessionmaker, lease: Any, clock: Callable[[], float], raw: Any) -> None:
-    """Hook a session factory so that each transaction's first write checks (and renews) the lease first;
-    `raw` is the unfenced store, read for who holds the lease when the check fails."""
+def install_fence(factory: sessionmaker, lease: Any, clock: Callable[[], float] | None, raw: Any) -> None:
+    """Hook a session factory so that each transaction's first write checks (and renews) the lease first,
+    by the database's clock unless a `clock` is given (tests); `raw` is the unfenced store, read for who
+    holds the lease when the check fails."""
     def check(session: Session) -> None:
         if session.info.get("fence_checked"):
             return
         session.info["fence_checked"] = True
-        if not renew_in(session.connection(), lease, clock()):
+        if not renew_in(session.connection(), lease, None if clock is None else clock()):
             session.info.pop("fence_checked", None)
             raise Fenced(lease, current_in(raw, lease.name))
 

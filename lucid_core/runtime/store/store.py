@@ -9,7 +9,6 @@ import copy
 import functools
 import os
 import re
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -168,9 +167,10 @@ class Store:
             else:
                 row.value = value
 
-    def fenced(self, lease: Any, clock: Callable[[], float] = time.time) -> Store:
+    def fenced(self, lease: Any, clock: Callable[[], float] | None = None) -> Store:
         """This store seen by a lease holder: the first write of every transaction renews `lease` inside
-        that transaction, and raises `lease.Fenced` (writing nothing) when another take replaced it."""
+        that transaction (by the database's clock; `clock` steps time by hand in tests), and raises
+        `lease.Fenced` (writing nothing) when another take replaced it."""
         view = copy.copy(self)
         view._sessions = sessionmaker(self.engine, expire_on_commit=False)
         view.fence = lease
