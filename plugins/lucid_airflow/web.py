@@ -570,9 +570,9 @@ def _log_html(tail: Any) -> str:
         return f"<p class='hint bad' id='log-problem'>Logs{where} not shown: {esc(tail.problem)}</p>"
     blocks = []
     for stream, text in (("stdout", tail.stdout), ("stderr", tail.stderr)):
-        shown = (f"<pre class='log' id='{stream}'>{esc(text)}</pre>" if text
+        block = (f"<pre class='log' id='{stream}'>{esc(text)}</pre>" if text
                  else f"<p class='muted' id='{stream}'>{stream} is empty</p>")
-        blocks.append(f"<h3>Last lines of {stream}{where}</h3>{shown}")
+        blocks.append(f"<h3>Last lines of {stream}{where}</h3>{block}")
     return "".join(blocks) + "<p class='muted'>All of it: <code>lucid logs JOB</code> (<code>--stderr</code>).</p>"
 
 
