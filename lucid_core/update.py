@@ -31,6 +31,8 @@ JOB_COLUMNS = ["job_id", "user", "vc", "name", "gpus", "submit_time", "start_tim
 SLOT_S = 600.0
 REFERENCE_SAMPLE = 512  # input values kept per feature to compute PSI later
 DURATION_INPUTS = ("gpus", "submit_hour", "gpu_util")
+#: end states a job reaches without ever starting (cancelled in the queue, refused at every launch)
+NEVER_STARTED_STATES = ("CANCELLED", "FAILED")
 THROUGHPUT_INPUTS = ("submit_gpu_job",)
 
 
@@ -58,6 +60,7 @@ class Batch:
     until: float
     job_rows: int
     slot_rows: int
+    unstarted_rows: int = 0  # jobs that ended without starting: counted as submissions, not in jobs.csv
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +92,13 @@ def submissions_per_slot(jobs: pd.DataFrame, slot_s: float = SLOT_S) -> pd.DataF
                          "submit_gpu_num": grouped["submit_gpu_num"].to_numpy()})
 
 
+def started(jobs: pd.DataFrame) -> pd.Series:
+    """Which jobs of the log ran: one cancelled while it queued (or refused at every launch) has no start and no
+    run time to learn from, and is normal (users cancel queued jobs), so it must not count as a bad row; a job
+    without a start in any other end state stays, for validation to quarantine."""
+    return jobs["start_time"].notna() | ~jobs["state"].isin(NEVER_STARTED_STATES)
+
+
 def training_mode(requested: str, when: float) -> str:
     """'full' on Sundays (or when asked), else 'finetune'."""
     if requested in {"finetune", "full"}:
@@ -98,17 +108,21 @@ def training_mode(requested: str, when: float) -> str:
 
 def extract_batch(store_url: str, directory: str | Path, requested_mode: str, now: float | None,
                   finetune_days: int = 7, full_days: int = 90) -> Batch:
-    """Extract the window of the mode into `directory` (jobs.csv, slots.csv)."""
+    """Extract the window of the mode into `directory`: jobs.csv (the finished jobs that started) and slots.csv
+    (submissions per slot, every finished job's)."""
     until = time.time() if now is None else now
     mode = training_mode(requested_mode, until)
     since = until - 86400.0 * (full_days if mode == "full" else finetune_days)
     jobs = extract_job_log(store_url, since=since, until=until)
-    slots = submissions_per_slot(jobs)
+    slots = submissions_per_slot(jobs)  # every submission, started or not: the load the forecaster learns
+    ran = started(jobs)
+    jobs = jobs[ran]
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     jobs.to_csv(out / "jobs.csv", index=False)
     slots.to_csv(out / "slots.csv", index=False)
-    return Batch(str(out / "jobs.csv"), str(out / "slots.csv"), mode, since, until, len(jobs), len(slots))
+    return Batch(str(out / "jobs.csv"), str(out / "slots.csv"), mode, since, until, len(jobs), len(slots),
+                 int((~ran).sum()))
 
 
 def validate_batch(batch: Batch, max_quarantine_share: float = 0.05) -> dict[str, Any]:

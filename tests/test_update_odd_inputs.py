@@ -1,0 +1,60 @@
+"""The Update Engine on what jobs, users and a second controller can leave in the store and the registry:
+each odd row or file fails alone (or is said), and no run leaves the next one failing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from lucid_core.update import extract_batch, validate_batch
+
+
+def seed_jobs(url: str, count: int = 40, *, now: float | None = None, edit=None) -> float:
+    """`count` finished jobs of four users, one every 10 minutes over the last hours, then `edit(index, row)`
+    on each row before it is written; returns the time the window ends."""
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import Store
+
+    now = time.time() if now is None else now
+    store = Store(url)
+    with store.session() as session:
+        for k in range(count):
+            submit = now - (count + 1) * 600.0 + k * 600.0
+            row = JobRow(job_id=f"job{k}", seq=k + 1, name=f"train-{k % 5}", user=f"user{k % 4}", vc="vc1",
+                         gpus=1 + k % 4, command="true", env={}, state="COMPLETED", submit_time=submit,
+                         start_time=submit + 10.0, end_time=submit + 10.0 + 600.0 + 97.0 * (k % 13), profiled=True,
+                         gpu_util=50.0, mem_util=30.0, gpu_mem_mb=1000.0, profile_emulated=True, amp=False)
+            if edit is not None:
+                edit(k, row)
+            session.add(row)
+    store.dispose()
+    return now
+
+
+def test_jobs_cancelled_while_queued_count_as_submissions_not_as_bad_rows(tmp_path: Path):
+    """A job cancelled before it started has no start time: 10% of such jobs (users cancel queued jobs) were
+    quarantined as bad rows, above the 5% allowed, and training was refused."""
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+
+    def cancel_some(k, row) -> None:
+        if k % 10 == 3:
+            row.state, row.start_time, row.end_time = "CANCELLED", None, row.submit_time + 60.0
+
+    now = seed_jobs(url, edit=cancel_some)
+    batch = extract_batch(url, tmp_path / "batch", "full", now, full_days=30)
+    assert (batch.job_rows, batch.unstarted_rows, batch.slot_rows) == (36, 4, 40)
+    checked = validate_batch(batch)
+    assert checked["refused"] == ""
+    assert checked["job_log"]["quarantined_rows"] == 0
+
+
+def test_a_completed_job_without_a_start_is_still_quarantined(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+
+    def break_one(k, row) -> None:
+        if k == 7:
+            row.start_time = None
+
+    now = seed_jobs(url, edit=break_one)
+    checked = validate_batch(extract_batch(url, tmp_path / "batch", "full", now, full_days=30))
+    assert checked["job_log"]["quarantined_rows"] == 1
