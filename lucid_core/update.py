@@ -9,6 +9,7 @@ input sample that later drift checks compare against.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import time
@@ -31,6 +32,8 @@ JOB_COLUMNS = ["job_id", "user", "vc", "name", "gpus", "submit_time", "start_tim
 SLOT_S = 600.0
 REFERENCE_SAMPLE = 512  # input values kept per feature to compute PSI later
 DURATION_INPUTS = ("gpus", "submit_hour", "gpu_util")
+#: the batch files' text columns: read as text whatever they hold ("NA", "None" and "nan" can be user names)
+TEXT_COLUMNS = ("job_id", "user", "vc", "name", "state")
 #: end states a job reaches without ever starting (cancelled in the queue, refused at every launch)
 NEVER_STARTED_STATES = ("CANCELLED", "FAILED")
 THROUGHPUT_INPUTS = ("submit_gpu_job",)
@@ -79,6 +82,19 @@ def extract_job_log(store_url: str, since: float | None = None, until: float | N
     return frame[JOB_COLUMNS]
 
 
+def write_batch_frame(frame: pd.DataFrame, path: str | Path) -> None:
+    """Write a batch file with every field quoted: a carriage return in a job's name or user (a value another
+    writer can store) was written bare, read back as a line break, and broke the whole batch."""
+    frame.to_csv(path, index=False, quoting=csv.QUOTE_ALL)
+
+
+def read_batch_frame(path: str | Path) -> pd.DataFrame:
+    """Read a batch file as `write_batch_frame` wrote it: text columns as text and only an empty field missing
+    (pandas' default reads a user called "NA", "None" or "null" as missing: each of their jobs was quarantined,
+    and a busy such user had training refused)."""
+    return pd.read_csv(path, dtype=dict.fromkeys(TEXT_COLUMNS, str), keep_default_na=False, na_values=[""])
+
+
 def submissions_per_slot(jobs: pd.DataFrame, slot_s: float = SLOT_S) -> pd.DataFrame:
     """GPU jobs and GPUs requested per slot, empty slots included (the throughput model's series)."""
     if jobs.empty:
@@ -119,8 +135,8 @@ def extract_batch(store_url: str, directory: str | Path, requested_mode: str, no
     jobs = jobs[ran]
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    jobs.to_csv(out / "jobs.csv", index=False)
-    slots.to_csv(out / "slots.csv", index=False)
+    write_batch_frame(jobs, out / "jobs.csv")
+    write_batch_frame(slots, out / "slots.csv")
     return Batch(str(out / "jobs.csv"), str(out / "slots.csv"), mode, since, until, len(jobs), len(slots),
                  int((~ran).sum()))
 
@@ -133,11 +149,11 @@ def validate_batch(batch: Batch, max_quarantine_share: float = 0.05) -> dict[str
     report: dict[str, Any] = {"batch": batch.to_dict(), "refused": ""}
     reasons = []
     for name, path in (("job_log", batch.jobs_path), ("throughput", batch.slots_path)):
-        frame = pd.read_csv(path, dtype={"job_id": str, "user": str, "vc": str, "name": str})
+        frame = read_batch_frame(path)
         outcome = validate_frame(frame, name, max_quarantine_share=max_quarantine_share)
         clean_path = out / f"{name}.clean.csv"
-        outcome.clean.to_csv(clean_path, index=False)
-        outcome.quarantined.to_csv(out / f"{name}.quarantined.csv", index=False)
+        write_batch_frame(outcome.clean, clean_path)
+        write_batch_frame(outcome.quarantined, out / f"{name}.quarantined.csv")
         report[name] = outcome.summary() | {"clean_path": str(clean_path)}
         if not outcome.passed:
             advice = _advice(name, outcome, batch)
@@ -330,7 +346,7 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
     registry = ModelRegistry(registry_root())
     evaluation: dict[str, Any] = {"run_id": run_id, "models": {}}
     for kind, (suite, order, candidate_class, inputs) in MODEL_PLANS.items():
-        frame = pd.read_csv(checked[suite]["clean_path"], dtype={"job_id": str, "user": str, "vc": str, "name": str})
+        frame = read_batch_frame(checked[suite]["clean_path"])
         if len(frame) < 8:
             evaluation["models"][kind] = {"skipped": f"only {len(frame)} clean rows"}
             continue
@@ -490,8 +506,8 @@ def training_status(update_dir: str | Path) -> str:
         batch = report["batch"]
         window = f" ({batch['mode']} window, {(batch['until'] - batch['since']) / 86400:.0f} days)"
     except (OSError, ValueError, KeyError, TypeError):
-        jobs = len(pd.read_csv(directory / "jobs.csv"))
-        slots = len(pd.read_csv(directory / "slots.csv")) if (directory / "slots.csv").is_file() else 0
+        jobs = len(read_batch_frame(directory / "jobs.csv"))
+        slots = len(read_batch_frame(directory / "slots.csv")) if (directory / "slots.csv").is_file() else 0
     need_jobs, need_slots = minimum_rows("job_log"), minimum_rows("throughput")
     enough = jobs >= need_jobs and slots >= need_slots
     return (f"the last Update Engine run found {jobs} of {need_jobs} finished jobs and {slots} of {need_slots} "

@@ -58,3 +58,31 @@ def test_a_completed_job_without_a_start_is_still_quarantined(tmp_path: Path):
     now = seed_jobs(url, edit=break_one)
     checked = validate_batch(extract_batch(url, tmp_path / "batch", "full", now, full_days=30))
     assert checked["job_log"]["quarantined_rows"] == 1
+
+
+def test_users_and_names_that_read_like_missing_values_or_line_breaks_stay_in_their_rows(tmp_path: Path):
+    """A user called "NA" (pandas' default reads "NA", "None", "null" as missing: every job of theirs was
+    quarantined, and training refused) and a name holding a carriage return (written bare: the batch file's
+    rows came apart and the whole batch failed)."""
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+
+    def odd_text(k, row) -> None:
+        if k % 4 == 0:
+            row.user = "NA"
+        if k % 8 == 1:
+            row.user = "None"
+        if k == 5:
+            row.name = 'sweep\rlr=0.1, "b"\nrun'
+        if k == 6:
+            row.job_id = "null"
+
+    now = seed_jobs(url, edit=odd_text)
+    checked = validate_batch(extract_batch(url, tmp_path / "batch", "full", now, full_days=30))
+    assert checked["refused"] == ""
+    assert (checked["job_log"]["rows"], checked["job_log"]["quarantined_rows"]) == (40, 0)
+    from lucid_core.update import read_batch_frame
+
+    clean = read_batch_frame(checked["job_log"]["clean_path"])
+    assert (clean["user"] == "NA").sum() == 10 and (clean["user"] == "None").sum() == 5
+    assert clean.loc[clean["job_id"] == "job5", "name"].item() == 'sweep\rlr=0.1, "b"\nrun'
+    assert "null" in set(clean["job_id"])
