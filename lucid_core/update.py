@@ -338,6 +338,23 @@ def _reference(store_url: str, kind: str, version: int) -> dict[str, Any]:
         return model_version_metrics(store, kind, str(version))
 
 
+def served_version(store_url: str, registry: Any, name: str) -> int | None:
+    """The promoted version of registry model `name`: the one the store's active `model_versions` row names (what
+    the live round loads) when the registry holds it, else the registry's PROMOTED pointer. The store is written
+    first at a promotion, so a run that died before the pointer moved left the store right; the pointer is set
+    to match here, so the model pages show the model that serves."""
+    from lucid_core.runtime.surfaces.queries import active_model_version
+
+    with _opened(store_url) as store:
+        stored = active_model_version(store, STORE_KINDS[name])
+    pointer = registry.promoted_version(name)
+    if stored is None or not (stored.isascii() and stored.isdigit()) or int(stored) not in registry.versions(name):
+        return pointer
+    if pointer != int(stored):
+        registry.promote(name, int(stored))
+    return int(stored)
+
+
 def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: float, run_id: str | None) -> dict:
     """Fit each candidate on the older part of its clean frame; score it and the promoted one on the rest."""
     from lucid_core.models.datasets import frame_sha256
@@ -371,7 +388,7 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
         }
         if kind == "duration" and int(recent.sum()) >= 8:
             entry["sim_check"] = simulated_duration_check(frame, recent, candidate.model)
-        promoted = registry.promoted_version(kind)
+        promoted = served_version(store_url, registry, kind)
         if promoted is not None:
             previous = candidate_class(model=registry.load(kind, promoted))
             previous_errors = previous.errors(frame, recent)
@@ -387,13 +404,16 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
 def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float = 1.0) -> dict[str, Any]:
     """Promote each candidate whose recent error is at most `tolerance` x the promoted model's; else keep.
 
-    The registry's PROMOTED pointer moves; the store's model_versions gets the version with its drift
-    reference (the candidate's recent errors and training inputs) and becomes the active row."""
+    The store's model_versions gets the version with its drift reference (the candidate's recent errors and
+    training inputs) and becomes the active row; then the registry's PROMOTED pointer moves. Pointers moved
+    before the store's commit, and a commit that failed left them naming versions nothing served or recorded:
+    the next run compared its candidates with those, and had no drift reference for them."""
     from lucid_core.models.registry import ModelRegistry
     from lucid_core.runtime.store.store import record_promotion
 
     registry = ModelRegistry(registry_root())
     decisions: dict[str, Any] = {}
+    promoted: list[tuple[str, int]] = []
     with _opened(store_url) as store, store.session() as session:
         for kind, entry in evaluation["models"].items():
             if "skipped" in entry:
@@ -410,7 +430,7 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
                     f"{check['fallback_avg_jct_s'] / 3600:.3f} h: kept")}
                 continue
             if better:
-                registry.promote(kind, version)
+                promoted.append((kind, version))
                 metrics = {"reference_mae": entry["candidate_mae"], "reference_errors": entry["candidate_errors"],
                            "reference_inputs": entry["reference_inputs"], "train_rows": entry["train_rows"],
                            "recent_rows": entry["recent_rows"], "fit_seconds": entry["fit_seconds"],
@@ -423,6 +443,8 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
             else:
                 why = f"candidate MAE {entry['candidate_mae']:.4g} > promoted {promoted_mae:.4g}: kept"
             decisions[kind] = {"action": "promote" if better else "keep", "version": version, "why": why}
+    for kind, version in promoted:  # after the store's rows committed: a failed commit moves no pointer
+        registry.promote(kind, version)
     return {"decisions": decisions, "evaluation": evaluation}
 
 

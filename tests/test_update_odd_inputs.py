@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from lucid_core.update import extract_batch, validate_batch
 
 
@@ -86,3 +88,79 @@ def test_users_and_names_that_read_like_missing_values_or_line_breaks_stay_in_th
     assert (clean["user"] == "NA").sum() == 10 and (clean["user"] == "None").sum() == 5
     assert clean.loc[clean["job_id"] == "job5", "name"].item() == 'sweep\rlr=0.1, "b"\nrun'
     assert "null" in set(clean["job_id"])
+
+
+def _entry(version: int) -> dict:
+    """An evaluation entry as train_and_evaluate writes it, for a candidate at `version`."""
+    return {"candidate_version": version, "candidate_mae": 0.5, "candidate_errors": [0.4, 0.6], "fit_seconds": 1.0,
+            "train_rows": 30, "recent_rows": 8, "training_window": ["0", "1"],
+            "reference_inputs": {"gpus": [1.0, 2.0]}}
+
+
+def _register_both(registry) -> int:
+    """A new version of each Update Engine model (a plain object stands for the model); its number."""
+    for name in ("duration", "throughput"):
+        version = registry.register(name, {"stands for": name}, kind=name, training_window=("0", "1"),
+                                    data_hash="", metrics={}).version
+    return version
+
+
+def _active(url: str) -> dict[str, str]:
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.queries import model_versions
+
+    store = Store(url)
+    try:
+        return {v.kind: v.version for v in model_versions(store) if v.active}
+    finally:
+        store.dispose()
+
+
+def test_a_promotion_whose_store_commit_fails_moves_no_registry_pointer(store_url: str, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    """The pointers moved before the store's rows committed: a commit that failed (the task killed, the database
+    gone) left them naming versions the live round never served and the store never recorded, and the next run
+    compared its candidates with those, without a drift reference (no drift check at all)."""
+    import lucid_core.runtime.store.store as store_module
+    from lucid_core.models.registry import ModelRegistry
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.update import promote_or_keep, registry_root, served_version
+
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    Store(store_url).dispose()
+    registry = ModelRegistry(registry_root())
+    first = _register_both(registry)
+    promote_or_keep(store_url, {"run_id": "r1", "models": {k: _entry(first) for k in ("duration", "throughput")}})
+    second = _register_both(registry)
+    recorded = store_module.record_promotion
+
+    def dies_at_the_second(session, kind, *args, **kwargs) -> None:
+        if kind == "throughput_forecaster":
+            raise ConnectionError("the database went away")
+        recorded(session, kind, *args, **kwargs)
+
+    monkeypatch.setattr(store_module, "record_promotion", dies_at_the_second)
+    with pytest.raises(ConnectionError):
+        promote_or_keep(store_url, {"run_id": "r2", "models": {k: _entry(second) for k in ("duration", "throughput")}})
+    assert _active(store_url) == {"duration": str(first), "throughput_forecaster": str(first)}
+    assert registry.promoted_version("duration") == first and registry.promoted_version("throughput") == first
+    assert served_version(store_url, registry, "duration") == first
+
+
+def test_the_next_run_compares_with_the_version_the_store_serves(store_url: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    """A pointer left ahead of the store (by a run that died between the two, before the order was fixed) is
+    set back to the version the live round serves, and that version is the one candidates are compared with."""
+    from lucid_core.models.registry import ModelRegistry
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.update import promote_or_keep, registry_root, served_version
+
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    Store(store_url).dispose()
+    registry = ModelRegistry(registry_root())
+    first = _register_both(registry)
+    promote_or_keep(store_url, {"run_id": "r1", "models": {"duration": _entry(first)}})
+    registry.promote("duration", _register_both(registry))
+    assert served_version(store_url, registry, "duration") == first
+    assert registry.promoted_version("duration") == first
+    assert served_version(store_url, registry, "throughput") is None  # nothing promoted, nothing served

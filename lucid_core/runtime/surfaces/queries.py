@@ -5,7 +5,6 @@ log, a promoted version's drift reference), is a query here; the round and the s
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,12 +99,13 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
     """A job's row and runs, its pending reason in words, and its measured speed while it shares GPUs."""
     from lucid_core.runtime.round.pending import pending_text
 
+    now = store.now()
     with store.session() as s:
         r = _job_row(s, job_id)
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
         pairs = any(x.state == RunState.RUNNING and x.partner is not None for x in runs)
         shared = shared_speeds(s, [job_id]).get(job_id) if pairs else None
-        spans = shared_spans(s, time.time(), [job_id]).get(job_id, [])
+        spans = shared_spans(s, now, [job_id]).get(job_id, [])
         planned = next((x.partner for x in reversed(runs) if x.partner), None)
     return {"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
             "command": r.command, "submit_time": r.submit_time, "start_time": r.start_time, "end_time": r.end_time,
@@ -288,6 +288,15 @@ def model_versions(store: Store) -> list[ModelVersionRow]:
     with store.session() as s:
         return list(s.scalars(select(ModelVersionRow).order_by(ModelVersionRow.kind,
                                                                ModelVersionRow.created_at.desc())))
+
+
+def active_model_version(store: Store, kind: str) -> str | None:
+    """The version of the active `model_versions` row of `kind` (the newest, as the live round reads them), or
+    None: the promoted model the live round serves."""
+    with store.session() as s:
+        return s.scalars(select(ModelVersionRow.version)
+                         .where(ModelVersionRow.kind == kind, ModelVersionRow.active.is_(True))
+                         .order_by(ModelVersionRow.created_at.desc()).limit(1)).first()
 
 
 #: The columns of the finished-job log, in the order `finished_job_log` returns them.
