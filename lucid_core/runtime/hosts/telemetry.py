@@ -114,32 +114,48 @@ def estimate_shared_speed(samples: Iterable[Sample], exclusive_util: float, *, s
                          emulated=any(bool(r.get("emulated", False)) for r in rows))
 
 
-def _number(value: Any) -> bool:
-    """A finite int or float (not a bool): what every numeric field of a sample must be."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+# what NVML can report: utilizations are percentages, memory and counts are never negative, and a host's GPU
+# index is below this (as `discover_gpus` reads it); a value outside these was written by something else
+MAX_GPU_INDEX = 1023
+MAX_COUNT = 1 << 20  # other jobs' process groups on one GPU
+
+
+def _number(value: Any, low: float = -math.inf, high: float = math.inf) -> bool:
+    """A finite int or float (not a bool) in [low, high]: what every numeric field of a sample must be."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and low <= value <= high)
+
+
+def _count(value: Any, high: int) -> bool:
+    """An int (not a bool) in [0, high]: a GPU index or a number of jobs."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high
 
 
 def is_sample(record: Any) -> bool:
-    """True for a record shaped as the agent writes it; anything else in a telemetry file is not believed."""
+    """True for a record shaped as the agent writes it, every figure in the range NVML reports it in; anything
+    else in a telemetry file is not believed. A job can append to its own run's file: a negative utilization
+    would make its profile look light enough to share (and a GPU index past the store's integer column would
+    fail the round's write), so out-of-range figures are malformed, not merely odd."""
     if not isinstance(record, dict):
         return False
-    if not all(_number(record.get(key)) for key in ("t", "gpu_util", "mem_util")):
+    if not _number(record.get("t")) or not all(_number(record.get(key), 0.0, 100.0)
+                                               for key in ("gpu_util", "mem_util")):
         return False
-    gpu = record.get("gpu", 0)
-    if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+    if not _count(record.get("gpu", 0), MAX_GPU_INDEX):
         return False
-    if any(key in record and not _number(record[key]) for key in ("mem_used_mb", "job_mem_mb")):
+    if any(key in record and not _number(record[key], 0.0) for key in ("mem_used_mb", "job_mem_mb")):
         return False
-    if record.get("job_sm_util") is not None and not _number(record["job_sm_util"]):
+    if record.get("job_sm_util") is not None and not _number(record["job_sm_util"], 0.0, 100.0):
         return False
     others = record.get("others", 0)
-    if others is not None and (not isinstance(others, int) or isinstance(others, bool)):
+    if others is not None and not _count(others, MAX_COUNT):
         return False
     return isinstance(record.get("emulated", False), bool)
 
 
 def parse_samples(text: str) -> list[Sample]:
-    """JSON lines back into samples, skipping a torn last line and every line not shaped as a sample."""
+    """JSON lines back into samples, skipping a torn last line and every line not shaped as a sample (an integer
+    of more digits than Python converts is a ValueError of json.loads, not a JSONDecodeError: skipped too)."""
     out = []
     for line in text.splitlines():
         line = line.strip()
@@ -147,7 +163,7 @@ def parse_samples(text: str) -> list[Sample]:
             continue
         try:
             record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):
             continue
         if is_sample(record):
             out.append(record)
