@@ -172,6 +172,9 @@ def mps_client_command(command: str, workdir: str, gpu_indices: Sequence[int], r
         command,
         ")",
         "_lm_rc=$?",
+        # the job's own status 97, and whatever it printed, must never read as a daemon that did not start (the
+        # round would requeue a job that ran and cool the host down): a second stderr line says it was the job's
+        f'[ "$_lm_rc" != {START_FAILED} ] || echo "lucid: the job itself exited with status {START_FAILED}" >&2',
         '( flock -x -w 60 9 || exit 1; rm -f "$_lm_dir/clients/$_lm_client"; _lm_tidy "" ) 9> "$_lm_root/lock"',
         'exit "$_lm_rc"',
     ]
