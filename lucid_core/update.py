@@ -355,6 +355,19 @@ def served_version(store_url: str, registry: Any, name: str) -> int | None:
     return int(stored)
 
 
+def _promoted_errors(registry: Any, name: str, version: int | None, candidate_class: type, frame: pd.DataFrame,
+                     recent: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """The promoted version's errors on the recent rows, or None and why it could not be scored: an artifact cut
+    short, missing or replaced by something else failed every later run (and the live round serves the history
+    fallback in its place, so the candidate is judged as if nothing were promoted)."""
+    if version is None:
+        return None, ""
+    try:
+        return candidate_class(model=registry.load(name, version)).errors(frame, recent), ""
+    except Exception as exc:  # unpickling runs whatever the file holds: any error means "unreadable"
+        return None, f"promoted version {version} is unreadable ({type(exc).__name__}: {str(exc)[:200]})"
+
+
 def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: float, run_id: str | None) -> dict:
     """Fit each candidate on the older part of its clean frame; score it and the promoted one on the rest."""
     from lucid_core.models.datasets import frame_sha256
@@ -389,9 +402,10 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
         if kind == "duration" and int(recent.sum()) >= 8:
             entry["sim_check"] = simulated_duration_check(frame, recent, candidate.model)
         promoted = served_version(store_url, registry, kind)
-        if promoted is not None:
-            previous = candidate_class(model=registry.load(kind, promoted))
-            previous_errors = previous.errors(frame, recent)
+        previous_errors, unreadable = _promoted_errors(registry, kind, promoted, candidate_class, frame, recent)
+        if unreadable:
+            entry.update(promoted_version=promoted, promoted_unreadable=unreadable)
+        elif promoted is not None:
             reference = _reference(store_url, STORE_KINDS[kind], promoted)
             entry.update(promoted_version=promoted, promoted_mae=float(previous_errors.mean()),
                          promoted_recent_errors=_sample(previous_errors),
@@ -438,7 +452,8 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
                 record_promotion(session, STORE_KINDS[kind], str(version), str(_artifact(kind, version)), metrics,
                                  f"promoted by the Update Engine ({evaluation.get('run_id') or 'manual'})",
                                  time.time())
-                why = ("no promoted model yet" if promoted_mae is None else
+                why = (f"{entry['promoted_unreadable']}: replaced" if "promoted_unreadable" in entry else
+                       "no promoted model yet" if promoted_mae is None else
                        f"candidate MAE {entry['candidate_mae']:.4g} <= promoted {promoted_mae:.4g}")
             else:
                 why = f"candidate MAE {entry['candidate_mae']:.4g} > promoted {promoted_mae:.4g}: kept"

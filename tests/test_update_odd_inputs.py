@@ -164,3 +164,63 @@ def test_the_next_run_compares_with_the_version_the_store_serves(store_url: str,
     assert served_version(store_url, registry, "duration") == first
     assert registry.promoted_version("duration") == first
     assert served_version(store_url, registry, "throughput") is None  # nothing promoted, nothing served
+
+
+def _trained_run(url: str, directory: Path, now: float, run_id: str) -> dict:
+    """extract, validate, train_and_evaluate and promote_or_keep over the last 30 days."""
+    from lucid_core.update import promote_or_keep, train_and_evaluate
+
+    checked = validate_batch(extract_batch(url, directory, "full", now, full_days=30))
+    assert checked["refused"] == "", checked["refused"]
+    return promote_or_keep(url, train_and_evaluate(url, checked, 0.2, run_id))
+
+
+@pytest.fixture(scope="module")
+def promoted_once(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """A store of 40 finished jobs and a registry after one Update Engine run promoted both models."""
+    root = tmp_path_factory.mktemp("promoted")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LUCID_HOME", str(root / "home"))
+        url = f"sqlite:///{root / 'lucid.db'}"
+        now = seed_jobs(url)
+        decisions = _trained_run(url, root / "b1", now, "r1")["decisions"]
+    assert decisions["duration"]["action"] == "promote"
+    return root, now
+
+
+@pytest.mark.parametrize("damage", ["cut short", "missing", "another object", "pointer text", "odd folder"])
+def test_a_promoted_artifact_or_pointer_gone_bad_fails_no_later_run(promoted_once: tuple[Path, float],
+                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    damage: str):
+    """Every later run failed at loading the promoted model (EOFError, FileNotFoundError), reading its pointer
+    ("v1": ValueError) or listing the versions (a folder "v²"); the live round serves the history fallback in
+    place of an unreadable artifact, so the candidate is judged as if nothing were promoted, and says so."""
+    import shutil
+
+    import joblib
+
+    from lucid_core.update import drift_reports, registry_root
+
+    shutil.copytree(promoted_once[0], tmp_path / "copy")
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "copy" / "home"))
+    url = f"sqlite:///{tmp_path / 'copy' / 'lucid.db'}"
+    folder = registry_root() / "duration"
+    artifact = folder / "v0001" / "model.joblib"
+    if damage == "cut short":
+        artifact.write_bytes(artifact.read_bytes()[:200])
+    elif damage == "missing":
+        artifact.unlink()
+    elif damage == "another object":
+        joblib.dump({"not": "a model"}, artifact)
+    elif damage == "pointer text":
+        (folder / "PROMOTED").write_text("v1\n")
+    else:
+        (folder / "v²").mkdir()
+    second = _trained_run(url, tmp_path / "b2", promoted_once[1], "r2")
+    entry, decision = second["evaluation"]["models"]["duration"], second["decisions"]["duration"]
+    if damage in ("pointer text", "odd folder"):  # the store still names v1: compared with it as before
+        assert entry["promoted_version"] == 1 and "promoted_mae" in entry
+    else:
+        assert entry["promoted_unreadable"].startswith("promoted version 1 is unreadable")
+        assert decision["action"] == "keep" or "is unreadable" in decision["why"]
+    drift_reports(second, 1.25, 0.2)

@@ -44,6 +44,12 @@ class ModelVersion:
     promoted: bool = False
 
 
+def _version_folder(name: str) -> bool:
+    """Whether a folder name is a version's ("v" and ASCII digits: "v²" passes `isdigit` and fails `int`)."""
+    digits = name[1:]
+    return name.startswith("v") and digits.isascii() and digits.isdigit()
+
+
 class ModelRegistry:
     """Save, list, compare, promote and load model versions under one directory."""
 
@@ -61,7 +67,7 @@ class ModelRegistry:
         folder = self.root / name
         if not folder.is_dir():
             return []
-        return sorted(int(p.name[1:]) for p in folder.iterdir() if p.is_dir() and p.name[1:].isdigit())
+        return sorted(int(p.name[1:]) for p in folder.iterdir() if p.is_dir() and _version_folder(p.name))
 
     def register(self, name: str, model: Any, *, kind: str, training_window: tuple[str, str], data_hash: str,
                  metrics: dict[str, float], params: dict[str, Any] | None = None) -> ModelVersion:
@@ -92,8 +98,14 @@ class ModelRegistry:
         tmp.replace(self.root / name / "PROMOTED")  # atomic: a reader never sees a half-written pointer
 
     def promoted_version(self, name: str) -> int | None:
+        """The version PROMOTED names; None when there is none or it names no version number (a hand edit, a
+        file another writer replaced): one unreadable pointer failed every later Update Engine run."""
         pointer = self.root / name / "PROMOTED"
-        return int(pointer.read_text().strip()) if pointer.exists() else None
+        try:
+            text = pointer.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:  # absent, or not a file
+            return None
+        return int(text) if text.isascii() and text.isdigit() else None
 
     def load(self, name: str, version: int | None = None) -> Any:
         """The given version, else the promoted one."""
