@@ -338,6 +338,23 @@ def _reference(store_url: str, kind: str, version: int) -> dict[str, Any]:
         return model_version_metrics(store, kind, str(version))
 
 
+def finite_numbers(values: Any) -> list[float]:
+    """A stored drift reference's values as floats, the non-finite left out; [] unless it is a list of numbers
+    (the reference is JSON in the store, which another writer can fill with text, nulls or nested lists: each
+    failed the drift check of every later run, and the other model's alert with it)."""
+    if not isinstance(values, list) or not all(type(v) in (int, float) for v in values):
+        return []
+    return [float(v) for v in values if math.isfinite(v)]
+
+
+def reference_inputs(inputs: Any) -> dict[str, list[float]]:
+    """A stored drift reference's inputs, feature -> finite values; a feature without any is left out."""
+    if not isinstance(inputs, dict):
+        return {}
+    kept = {str(feature): finite_numbers(values) for feature, values in inputs.items()}
+    return {feature: values for feature, values in kept.items() if values}
+
+
 def served_version(store_url: str, registry: Any, name: str) -> int | None:
     """The promoted version of registry model `name`: the one the store's active `model_versions` row names (what
     the live round loads) when the registry holds it, else the registry's PROMOTED pointer. The store is written
@@ -409,8 +426,8 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
             reference = _reference(store_url, STORE_KINDS[kind], promoted)
             entry.update(promoted_version=promoted, promoted_mae=float(previous_errors.mean()),
                          promoted_recent_errors=_sample(previous_errors),
-                         promoted_reference_errors=reference.get("reference_errors", []),
-                         promoted_reference_inputs=reference.get("reference_inputs", {}))
+                         promoted_reference_errors=finite_numbers(reference.get("reference_errors")),
+                         promoted_reference_inputs=reference_inputs(reference.get("reference_inputs")))
         evaluation["models"][kind] = entry
     return evaluation
 

@@ -224,3 +224,42 @@ def test_a_promoted_artifact_or_pointer_gone_bad_fails_no_later_run(promoted_onc
         assert entry["promoted_unreadable"].startswith("promoted version 1 is unreadable")
         assert decision["action"] == "keep" or "is unreadable" in decision["why"]
     drift_reports(second, 1.25, 0.2)
+
+
+def test_a_drift_reference_of_odd_types_in_the_store_fails_no_drift_check(promoted_once: tuple[Path, float],
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    """The drift reference is JSON in the store's model_versions: text, nulls or nested lists in it (another
+    writer's) raised in drift_reports at every later run, and the other model's drift went unchecked with it."""
+    import shutil
+
+    import sqlalchemy as sa
+
+    from lucid_core.runtime.store.schema import ModelVersionRow
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.update import drift_reports, train_and_evaluate
+
+    shutil.copytree(promoted_once[0], tmp_path / "copy")
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "copy" / "home"))
+    url = f"sqlite:///{tmp_path / 'copy' / 'lucid.db'}"
+    odd = {"duration": {"reference_errors": [0.1, "x", None], "reference_inputs": [1, 2]},
+           "throughput_forecaster": {"reference_inputs": {"submit_gpu_job": [None, "NaN"]}}}
+    store = Store(url)
+    with store.session() as session:
+        for row in session.scalars(sa.select(ModelVersionRow).where(ModelVersionRow.active.is_(True))):
+            row.metrics = dict(row.metrics) | odd[row.kind]
+    store.dispose()
+    checked = validate_batch(extract_batch(url, tmp_path / "b2", "full", promoted_once[1], full_days=30))
+    evaluation = train_and_evaluate(url, checked, 0.2, "r2")
+    reports = drift_reports({"evaluation": evaluation, "decisions": {}}, 1.25, 0.2)
+    assert [r["model"] for r in reports] == ["throughput"]  # duration's errors unreadable: no reference to judge
+    assert not reports[0]["shifts"]  # its inputs unreadable: none compared
+
+
+def test_stored_reference_values_are_taken_only_as_finite_numbers():
+    from lucid_core.update import finite_numbers, reference_inputs
+
+    assert finite_numbers([1, 2.5, float("nan"), float("inf")]) == [1.0, 2.5]
+    assert finite_numbers("abc") == [] and finite_numbers([1, True]) == [] and finite_numbers([[1], [2]]) == []
+    assert reference_inputs({"gpus": [1, 2], "hour": [None], "util": "x"}) == {"gpus": [1.0, 2.0]}
+    assert reference_inputs([1, 2]) == {}
