@@ -60,16 +60,19 @@ def mps_root(workdir: str, as_submitter: bool = False) -> str:
 
 
 def memory_limit_mb(gpu_mem_mb: float | None, headroom_mb: float) -> float | None:
-    """A client's pinned device memory: its profiled footprint plus the binder's headroom (None: no profile)."""
-    if not gpu_mem_mb or gpu_mem_mb <= 0:
+    """A client's pinned device memory: its profiled footprint plus the binder's headroom (None: no profile, or a
+    footprint that is no finite positive number, as a stored Infinity or NaN: no limit is made of it, where
+    math.ceil of it would raise out of the launch and fail the round)."""
+    if not isinstance(gpu_mem_mb, int | float) or not math.isfinite(gpu_mem_mb) or gpu_mem_mb <= 0:
         return None
-    return gpu_mem_mb + max(0.0, headroom_mb)
+    headroom = headroom_mb if math.isfinite(headroom_mb) else 0.0
+    return gpu_mem_mb + max(0.0, headroom)
 
 
 def pinned_limit(gpu_count: int, limit_mb: float | None) -> str | None:
     """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for a client seeing `gpu_count` devices: "0=2048M,1=2048M", device
     ordinals as the client enumerates them (relative to its CUDA_VISIBLE_DEVICES)."""
-    if limit_mb is None or limit_mb <= 0:
+    if limit_mb is None or not math.isfinite(limit_mb) or limit_mb <= 0:
         return None  # not profiled yet: its footprint is unknown, so no limit is guessed
     return ",".join(f"{i}={math.ceil(limit_mb)}M" for i in range(max(1, gpu_count)))
 
