@@ -263,3 +263,67 @@ def test_stored_reference_values_are_taken_only_as_finite_numbers():
     assert finite_numbers("abc") == [] and finite_numbers([1, True]) == [] and finite_numbers([[1], [2]]) == []
     assert reference_inputs({"gpus": [1, 2], "hour": [None], "util": "x"}) == {"gpus": [1.0, 2.0]}
     assert reference_inputs([1, 2]) == {}
+
+
+def _within(seconds: float, call) -> tuple[bool, object]:
+    """(finished, result) of `call()` run on a daemon thread given `seconds` (a hang leaves the thread behind)."""
+    import threading
+
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return (not thread.is_alive(), out[0] if out else None)
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_a_promoted_model_path_that_is_a_fifo_leaves_the_round_on_the_fallback(store_url: str, tmp_path: Path,
+                                                                                link: bool):
+    """A model_versions row (or the registry's model file) naming a FIFO, or a link to one: joblib.load blocked
+    on it for ever, and every live round with it."""
+    import os
+
+    from lucid_core.config import LucidConfig
+    from lucid_core.runtime.round.live_models import policy_models
+    from lucid_core.runtime.round.snapshot import load_snapshot
+    from lucid_core.runtime.store.store import Store, record_promotion
+
+    fifo = tmp_path / "model.fifo"
+    os.mkfifo(fifo)
+    path = tmp_path / "model.joblib"
+    if link:
+        path.symlink_to(fifo)
+    store = Store(store_url)
+    try:
+        with store.session() as session:
+            record_promotion(session, "duration", "1", str(path if link else fifo), {}, "by hand", time.time())
+        snapshot = load_snapshot(store, time.time())
+        finished, models = _within(20.0, lambda: policy_models(LucidConfig(), snapshot))
+    finally:
+        store.dispose()
+    assert finished, "the round hung loading the promoted model"
+    assert models[3]["duration"].startswith("history of"), models[3]
+
+
+def test_a_registry_model_file_replaced_by_a_fifo_is_unreadable_not_a_hang(tmp_path: Path):
+    import os
+
+    from lucid_core.models.registry import ModelRegistry
+
+    registry = ModelRegistry(tmp_path / "registry")
+    registry.register("duration", {"a": 1}, kind="duration", training_window=("0", "1"), data_hash="", metrics={})
+    artifact = tmp_path / "registry" / "duration" / "v0001" / "model.joblib"
+    assert registry.load("duration", 1) == {"a": 1}
+    artifact.unlink()
+    os.mkfifo(artifact)
+
+    def refused() -> str:
+        try:
+            registry.load("duration", 1)
+        except ValueError as exc:
+            return str(exc)
+        return "loaded"
+
+    finished, said = _within(20.0, refused)
+    assert finished, "loading the registry's model file hung"
+    assert "is not a regular file" in str(said)

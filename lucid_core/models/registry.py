@@ -6,6 +6,8 @@ Layout: <root>/<name>/v0001/{model.joblib, meta.json}; <root>/<name>/PROMOTED ho
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -42,6 +44,16 @@ class ModelVersion:
     code_version: str
     params: dict[str, Any] = field(default_factory=dict)
     promoted: bool = False
+
+
+def load_artifact(path: str | Path) -> Any:
+    """joblib.load of `path` if it is a regular file (through links): one replaced by a FIFO, or by a link to
+    one, blocked its reader for ever (every live round hung loading the promoted model); ValueError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, with no writer, instead of waiting
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise ValueError(f"model artifact {path} is not a regular file")
+        return joblib.load(file)
 
 
 def _version_folder(name: str) -> bool:
@@ -113,7 +125,7 @@ class ModelRegistry:
             version = self.promoted_version(name)
             if version is None:
                 raise LookupError(f"no promoted version of {name!r} in {self.root}")
-        return joblib.load(self._dir(name, version) / "model.joblib")
+        return load_artifact(self._dir(name, version) / "model.joblib")
 
     def list(self, name: str | None = None) -> list[ModelVersion]:
         if name:

@@ -39,11 +39,11 @@ class ReplayForecaster:
 
 def load_model(path: str, *, needs: tuple[str, ...]) -> Any | None:
     """A promoted model artifact (joblib), or the predictor it wraps, if it offers `needs`; else None."""
-    import joblib
+    from lucid_core.models.registry import load_artifact
 
     try:
-        obj = joblib.load(path)
-    except Exception:  # a missing or unreadable artifact must not stop scheduling
+        obj = load_artifact(path)
+    except Exception:  # a missing, unreadable or not regular artifact must not stop scheduling
         return None
     for candidate in (obj, getattr(obj, "predictor_", None), getattr(obj, "model_", None)):
         if candidate is not None and all(callable(getattr(candidate, n, None)) for n in needs):
