@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from lucid_core.calibration.catalog import SHARING_MECHANISMS, CatalogFiles, write_catalog, write_environment
 from lucid_core.calibration.configs import WorkloadConfig, all_pairs
@@ -32,6 +32,7 @@ from lucid_core.calibration.journal import (
     RefusedPair,
     SoloRecord,
     pair_key,
+    record_problem,
     trial_id,
 )
 from lucid_core.calibration.mps import MpsDaemon, MpsUnavailable
@@ -49,6 +50,7 @@ from lucid_core.runtime.hosts.executor import (
 from lucid_core.runtime.hosts.launch import TelemetryLaunch
 
 TAGS = ("A", "B")
+Measured = TypeVar("Measured", SoloRecord, PairRecord)
 
 
 class TrialFailed(RuntimeError):
@@ -165,6 +167,22 @@ def window_samples(samples: Sequence[dict[str, Any]], start: float, end: float,
     return [s for s in samples if start - slack_s <= float(s.get("t", -math.inf)) <= end + slack_s]
 
 
+def result_problem(result: WorkloadResult) -> str | None:
+    """What makes a process's result line no measurement (None: it is one): its speeds must be finite positive
+    numbers over a window that ends after it starts. A speed of 0 divided every pair of it by zero (the whole
+    calibration stopped with a traceback); a stalled one made every pair of it look many times faster."""
+    numbers = {"iters_per_s": result.iters_per_s, "samples_per_s": result.samples_per_s,
+               "measure_start": result.measure_start, "measure_end": result.measure_end}
+    for name, value in numbers.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            return f"process {result.tag or '?'} reported {name} {value!r}: not a finite number"
+    if result.iters_per_s <= 0 or result.samples_per_s <= 0:
+        return f"process {result.tag or '?'} ran at {result.iters_per_s!r} iterations/s: no positive speed"
+    if result.measure_end <= result.measure_start:
+        return f"process {result.tag or '?'} measured no window ({result.measure_start!r} to {result.measure_end!r})"
+    return None
+
+
 def overlap_fraction(results: Sequence[WorkloadResult]) -> float:
     """Share of the longest measured window during which every process was measuring."""
     start = max(r.measure_start for r in results)
@@ -189,6 +207,8 @@ class Calibrator:
         self.clock = clock
         self.sleep = sleep
         self.journal = Journal.open(self.out_dir)
+        for line in self.journal.rejected:  # measured again: say why the journal's record was not believed
+            self._warn(f"warning: not believed, measured again: {line}")
         ident = f"{self.out_dir.resolve()}|{target.host.name}|{target.gpu}|{self.settings.seconds:g}"
         self.catalog_id = hashlib.sha256(ident.encode()).hexdigest()[:8]
         self._gpu_info: GpuInfo | None = None
@@ -287,7 +307,19 @@ class Calibrator:
         missing = [t for t in TAGS[: len(trial.configs)] if t not in results]
         if missing:
             raise TrialFailed(f"{run_id}: no result from process(es) {missing}; output: {stdout.strip()[-400:]}")
-        return [results[t] for t in TAGS[: len(trial.configs)]]
+        ordered = [results[t] for t in TAGS[: len(trial.configs)]]
+        problem = next((p for p in map(result_problem, ordered) if p is not None), None)
+        if problem is not None:
+            raise TrialFailed(f"{run_id}: {problem}")
+        return ordered
+
+    @staticmethod
+    def _believed(record: Measured) -> Measured:
+        """`record` if it is a measurement the catalog may hold; TrialFailed naming its run and why if not."""
+        problem = record_problem(record)
+        if problem is not None:
+            raise TrialFailed(f"{record.run_id}: {problem}")
+        return record
 
     def _profile(self, run_id: str, results: Sequence[WorkloadResult]) -> dict[str, Any]:
         samples = telemetry.parse_samples(self.executor.read(self.target.host, run_id, "telemetry.jsonl", 8 << 20))
@@ -306,12 +338,12 @@ class Calibrator:
         (result,) = self.run_trial(trial, attempt)
         run_id = self.run_id(trial, attempt)
         profile = self._profile(run_id, [result])
-        return SoloRecord(config=config, iters_per_s=result.iters_per_s, samples_per_s=result.samples_per_s,
-                          gpu_util=profile["gpu_util"], mem_util=profile["mem_util"],
-                          gpu_mem_mb=profile["gpu_mem_mb"], telemetry_samples=profile["samples"],
-                          emulated=bool(profile["emulated"]), run_id=run_id, host=self.target.host.name,
-                          gpu=self.target.gpu, device=result.device, gpu_name=result.gpu_name,
-                          torch_version=result.torch_version, measured_at=self.clock())
+        return self._believed(SoloRecord(
+            config=config, iters_per_s=result.iters_per_s, samples_per_s=result.samples_per_s,
+            gpu_util=profile["gpu_util"], mem_util=profile["mem_util"], gpu_mem_mb=profile["gpu_mem_mb"],
+            telemetry_samples=profile["samples"], emulated=bool(profile["emulated"]), run_id=run_id,
+            host=self.target.host.name, gpu=self.target.gpu, device=result.device, gpu_name=result.gpu_name,
+            torch_version=result.torch_version, measured_at=self.clock()))
 
     def measure_pair(self, a: WorkloadConfig, b: WorkloadConfig, attempt: int) -> PairRecord:
         trial = Trial((a, b))
@@ -323,13 +355,13 @@ class Calibrator:
                               f"(need {self.settings.min_overlap:.0%}); lengthen the window or the hold")
         profile = self._profile(run_id, [ra, rb])
         solo_a, solo_b = self.journal.solos[a.key], self.journal.solos[b.key]
-        return PairRecord(first=a, second=b, speed_first=ra.iters_per_s / solo_a.iters_per_s,
-                          speed_second=rb.iters_per_s / solo_b.iters_per_s, iters_per_s_first=ra.iters_per_s,
-                          iters_per_s_second=rb.iters_per_s, gpu_util=profile["gpu_util"],
-                          mem_util=profile["mem_util"], gpu_mem_mb=profile["gpu_mem_mb"], overlap=overlap,
-                          telemetry_samples=profile["samples"], emulated=bool(profile["emulated"]),
-                          run_id=run_id, host=self.target.host.name, gpu=self.target.gpu,
-                          measured_at=self.clock())
+        return self._believed(PairRecord(
+            first=a, second=b, speed_first=ra.iters_per_s / solo_a.iters_per_s,
+            speed_second=rb.iters_per_s / solo_b.iters_per_s, iters_per_s_first=ra.iters_per_s,
+            iters_per_s_second=rb.iters_per_s, gpu_util=profile["gpu_util"], mem_util=profile["mem_util"],
+            gpu_mem_mb=profile["gpu_mem_mb"], overlap=overlap, telemetry_samples=profile["samples"],
+            emulated=bool(profile["emulated"]), run_id=run_id, host=self.target.host.name, gpu=self.target.gpu,
+            measured_at=self.clock()))
 
     # ---- the whole calibration ----------------------------------------------------------
     def probe_environment(self) -> dict[str, Any]:

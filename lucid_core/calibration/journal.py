@@ -7,6 +7,7 @@ already measured (that is what makes calibration resumable).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,44 @@ class FailedTrial:
 
 
 Record = SoloRecord | PairRecord | RefusedPair | FailedTrial
+
+# a job beside a partner at more than this times its speed alone: one of the two measurements is wrong (a solo
+# that stalled makes every pair of it look fast, and fast pairs label a configuration Tiny)
+MAX_PAIR_SPEED = 1.5
+
+
+def _finite(value: object, low: float = -math.inf, high: float = math.inf) -> bool:
+    """A finite int or float (not a bool) in [low, high]."""
+    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            and low <= value <= high)
+
+
+def _profile_problem(gpu_util: object, mem_util: object, gpu_mem_mb: object) -> str | None:
+    """What is wrong with an NVML profile (utilizations are percentages, memory is not negative), or None."""
+    if not (_finite(gpu_util, 0.0, 100.0) and _finite(mem_util, 0.0, 100.0) and _finite(gpu_mem_mb, 0.0)):
+        return f"profile UG {gpu_util!r} %, UM {mem_util!r} %, MG {gpu_mem_mb!r} MB is out of range"
+    return None
+
+
+def record_problem(record: Record) -> str | None:
+    """Why a measurement cannot be believed (None: it can). Speeds must be finite and positive, a pair's
+    normalized speeds at most MAX_PAIR_SPEED: a NaN, negative or huge speed would otherwise reach the
+    catalog, where one huge speed lifts a configuration's mean to Tiny and an unsafe pair looks safe."""
+    if isinstance(record, SoloRecord):
+        if not (_finite(record.iters_per_s) and record.iters_per_s > 0
+                and _finite(record.samples_per_s) and record.samples_per_s > 0):
+            return (f"{record.config.key} alone ran at {record.iters_per_s!r} iterations/s "
+                    f"({record.samples_per_s!r} samples/s): not a positive speed")
+        return _profile_problem(record.gpu_util, record.mem_util, record.gpu_mem_mb)
+    if isinstance(record, PairRecord):
+        for config, speed in ((record.first, record.speed_first), (record.second, record.speed_second)):
+            if not (_finite(speed, 0.0, MAX_PAIR_SPEED) and speed > 0):
+                return (f"{config.key} beside its partner ran at {speed!r} of its speed alone (a pair's normalized "
+                        f"speed must be above 0 and at most {MAX_PAIR_SPEED}; one of the two runs is wrong)")
+        return _profile_problem(record.gpu_util, record.mem_util, record.gpu_mem_mb)
+    return None
+
+
 _KINDS: dict[str, type] = {"solo": SoloRecord, "pair": PairRecord, "refused": RefusedPair, "failed": FailedTrial}
 _CONFIG_FIELDS = {"config", "first", "second"}
 
@@ -116,22 +155,28 @@ class Journal:
     pairs: dict[tuple[str, str], PairRecord] = field(default_factory=dict)
     refused: dict[tuple[str, str], RefusedPair] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)  # trial id -> failed attempts
+    rejected: list[str] = field(default_factory=list)  # lines holding a measurement not believed, and why
 
     @classmethod
     def open(cls, directory: str | Path) -> Journal:
-        """Load the journal in `directory` (empty when new); a torn last line is ignored."""
+        """Load the journal in `directory` (empty when new); a torn last line is ignored, and a measurement
+        `record_problem` refuses is noted in `rejected` and left out (its trial is measured again)."""
         journal = cls(Path(directory) / JOURNAL_NAME)
         if journal.path.exists():
             text = journal.path.read_text(encoding="utf-8")
             if text and not text.endswith("\n"):  # end a torn line so the next record starts on its own
                 with journal.path.open("a", encoding="utf-8") as handle:
                     handle.write("\n")
-            for line in text.splitlines():
+            for number, line in enumerate(text.splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
                     record = _decode(line)
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
+                    continue
+                problem = record_problem(record)
+                if problem is not None:
+                    journal.rejected.append(f"{journal.path} line {number}: {problem}")
                     continue
                 journal._index(record)
         return journal

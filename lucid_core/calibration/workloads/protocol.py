@@ -38,26 +38,33 @@ def progress_line(elapsed_s: float, iterations: int, iters_per_s: float) -> str:
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:
-    """All protocol records in a workload's output, in order; other lines are ignored."""
+    """All protocol records (JSON objects) in a workload's output, in order; other lines are ignored."""
     events = []
     for line in text.splitlines():
         start = line.find(PREFIX)
         if start < 0:
             continue
         try:
-            events.append(json.loads(line[start + len(PREFIX):]))
-        except json.JSONDecodeError:
+            event = json.loads(line[start + len(PREFIX):])
+        except (ValueError, RecursionError):  # not JSON, or an integer past Python's digit limit
             continue
+        if isinstance(event, dict):  # a record is an object; anything else is no record
+            events.append(event)
     return events
 
 
 def parse_results(text: str) -> dict[str, WorkloadResult]:
-    """Result records of a run's output by tag (the last one per tag wins)."""
+    """Result records of a run's output by tag (the last one per tag wins); a record whose fields are not
+    WorkloadResult's (missing, unknown, not an object) is no result: skipped, where it raised TypeError."""
     out = {}
     for event in parse_events(text):
         if event.get("event") == "result":
-            result = WorkloadResult(**{k: v for k, v in event.items() if k != "event"})
-            out[result.tag] = result
+            try:
+                result = WorkloadResult(**{k: v for k, v in event.items() if k != "event"})
+            except TypeError:
+                continue
+            if isinstance(result.tag, str):
+                out[result.tag] = result
     return out
 
 
