@@ -170,10 +170,11 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         from lucid_core.runtime.surfaces.host_reads import gpu_utilization
         from lucid_core.runtime.surfaces.queries import gpu_map
 
-        found = gpu_map(store())
+        db = store()
+        found = gpu_map(db)
         with host_executor(host_read_deadline_s) as executor:
             util = gpu_utilization(found, executor, host_read_deadline_s)
-        now = time.time()
+        now = db.now()
         runs, shared, hosts, gpus, names = found.runs, found.shared, found.hosts, found.gpus, found.names
         on_gpu: dict[tuple[str, int], list[Any]] = {}
         for r in runs:
@@ -182,8 +183,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         rows = [[f'<a href="{prefix}/jobs/{esc(r.job_id)}">{esc(r.job_id)}</a>',
                  esc(names.get(r.job_id, "")), esc(r.kind), esc(r.host),
                  esc(",".join(str(i) for i in r.gpu_indices or [])), esc(r.partner or ""),
-                 _shared_speed_cell(shared.get(r.job_id) if r.kind == "main" else None), esc(r.state),
-                 hours(time.time() - r.started_at) if r.started_at else "starting"] for r in runs]
+                 _shared_speed_cell(shared.get(r.job_id) if r.kind == "main" else None, now), esc(r.state),
+                 hours(now - r.started_at) if r.started_at else "starting"] for r in runs]
         cards = []
         for host in hosts:
             cells = []
@@ -268,15 +269,16 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         from lucid_core.runtime.surfaces.queries import job_record, status
         from lucid_core.runtime.surfaces.submission import UnknownJob
 
+        db = store()
         try:
-            data = status(store(), job_id)
-            record = job_record(store(), job_id)
+            data = status(db, job_id)
+            record = job_record(db, job_id)
         except UnknownJob:
             raise HTTPException(404, f"There is no job {job_id} in the Lucid store.") from None
         with host_executor(host_read_deadline_s) as executor:
-            tail = log_tail(store(), executor, job_id, deadline_s=host_read_deadline_s)
-        now = time.time()
-        facts = _job_facts(data, record.job, _eta_cell(store(), job_id, record.job, now), prefix)
+            tail = log_tail(db, executor, job_id, deadline_s=host_read_deadline_s)
+        now = db.now()
+        facts = _job_facts(data, record.job, _eta_cell(db, job_id, record.job, now), prefix)
         explanation = _explanation(store_url(), job_id)
         dec = table(["round", "decision", "reason", "status"], [[str(d.round_id), esc(d.kind), esc(d.reason),
                                                                  esc(d.status)] for d in record.decisions],
@@ -601,13 +603,13 @@ def _training_hint(root: Path, ident: str) -> str:
     return f"<p class='hint' id='{ident}'>{esc(said[:1].upper() + said[1:])}.</p>" if said else ""
 
 
-def _shared_speed_cell(shared: Any) -> str:
+def _shared_speed_cell(shared: Any, now: float) -> str:
     """The running page's "speed while shared" cell: the measured speed, its age and sample count."""
     if shared is None:
         return ""
     if shared.speed is None:
         return "<span class='muted'>not measured yet</span>"
-    age = hours(max(0.0, time.time() - (shared.measured_at or 0.0)))
+    age = hours(max(0.0, now - (shared.measured_at or 0.0)))
     tag = ", emulated" if shared.emulated else ""
     return f"{shared.speed:.2f} <span class='muted'>({age} ago, {shared.samples} samples{tag})</span>"
 
@@ -684,7 +686,7 @@ def _explanation(url: str, job_id: str) -> str:
 
         store = Store(url, migrate=False)
         try:
-            data = explain(store, job_id, load_live_config(), time.time())
+            data = explain(store, job_id, load_live_config(), store.now())
         finally:
             store.dispose()
     except Exception as exc:  # an explanation failing must not take the page down

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -82,7 +81,7 @@ def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None,
                   vc=spec.vc, pool=spec.pool, executor=spec.executor, telemetry=spec.telemetry,
                   workdir=spec.workdir, python=spec.python, gpu_memory_mb=spec.gpu_memory_mb,
                   run_as=spec.run_as, sharing=spec.sharing,
-                  gpu_model=spec.gpu_model.strip() if spec.gpu_model else None, added_at=time.time())
+                  gpu_model=spec.gpu_model.strip() if spec.gpu_model else None, added_at=store.now())
     if spec.gpus is not None:
         gpus = [GpuInfo(i, row.gpu_model or "declared", spec.gpu_memory_mb) for i in range(spec.gpus)]
         declared = True

@@ -71,7 +71,7 @@ class RoundBase:
     def __init__(self, store: Store, executor: HostExecutor, config: LucidConfig,
                  settings: RoundSettings | None = None, *, policy_factory: PolicyFactory | None = None,
                  emulated_profile: EmulatedProfileFn | None = None,
-                 clock: Callable[[], float] = time.time, crash_at: str | None = None,
+                 clock: Callable[[], float] | None = None, crash_at: str | None = None,
                  close_executor: bool = True) -> None:
         self.raw_store = store
         self.store = store  # fenced on the round's lease once taken (take_lease)
@@ -84,13 +84,14 @@ class RoundBase:
         self.calls = HostCallPool(self.settings.host_parallelism, give_up=getattr(executor, "forget", None))
         self.policy_factory = policy_factory or default_policy
         self._emulated_profile = emulated_profile
-        self.clock = clock
+        # the database's time (one clock for every controller and submitter) unless a test steps time by hand
+        self.clock = clock if clock is not None else store.clock()
         self.crash_at = crash_at
         self.report = RoundReport()
         self._hosts: dict[str, HostRow] = {}
         self._speeds: dict[str, SpeedEstimate] = {}  # this round's pair speed estimates, per job
         self._recorded_states: dict[str, str] = {}  # job states this round's decisions just set
-        self.now = clock()
+        self.now = self.clock()
 
     def close(self) -> None:
         """Release the host call pool, and the executor's connections unless a round loop keeps them."""

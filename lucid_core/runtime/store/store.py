@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from lucid_core.config import lucid_home
+from lucid_core.runtime.store.db_clock import database_clock, database_time
 from lucid_core.runtime.store.fencing import install_fence
 from lucid_core.runtime.store.schema import ModelVersionRow, SchedulerStateRow
 
@@ -166,6 +167,14 @@ class Store:
                 s.add(SchedulerStateRow(key=key, value=value))
             else:
                 row.value = value
+
+    def now(self) -> float:
+        """The database's current time: what every submitter, controller and page of this store goes by."""
+        return database_time(self.engine)
+
+    def clock(self) -> Callable[[], float]:
+        """A clock on the database's time, its offset from this machine's measured now (`db_clock`)."""
+        return database_clock(self.engine)
 
     def fenced(self, lease: Any, clock: Callable[[], float] | None = None) -> Store:
         """This store seen by a lease holder: the first write of every transaction renews `lease` inside

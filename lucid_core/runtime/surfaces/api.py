@@ -7,7 +7,6 @@ user and only that user's jobs may be cancelled, unless `request.state.lucid_ope
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -48,9 +47,11 @@ class SubmitBody(BaseModel):
 
 
 def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Callable[..., Any] | None = None,
-               store: Store | None = None, clock: Callable[[], float] = time.time) -> FastAPI:
-    """The app; `auth` (a FastAPI dependency) runs before every endpoint when given."""
+               store: Store | None = None, clock: Callable[[], float] | None = None) -> FastAPI:
+    """The app; `auth` (a FastAPI dependency) runs before every endpoint when given. Times are the
+    database's (`Store.now`) unless a test gives a `clock`."""
     store = store or Store(store_url)
+    clock = clock or store.now
     config = config or LucidConfig()
     # no CDN-hosted Swagger UI: the reference page below is rendered here and works offline
     app = FastAPI(title="Lucid scheduler", version="1", docs_url=None, redoc_url=None)

@@ -10,7 +10,6 @@ worst-hit sharing job of a VC is slowed.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from functools import partial
 from typing import Any
@@ -31,7 +30,7 @@ _WAITING = (JobState.SUBMITTED.value, JobState.PROFILING.value, JobState.QUEUED.
 
 def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
     """One registry holding the store's current figures."""
-    now = time.time() if now is None else now
+    now = store.now() if now is None else now
     registry = CollectorRegistry()
     gauge = partial(Gauge, registry=registry)
 

@@ -5,7 +5,6 @@ log, a promoted version's drift reference), is a query here; the round and the s
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,12 +99,13 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
     """A job's row and runs, its pending reason in words, and its measured speed while it shares GPUs."""
     from lucid_core.runtime.round.pending import pending_text
 
+    now = store.now()
     with store.session() as s:
         r = _job_row(s, job_id)
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
         pairs = any(x.state == RunState.RUNNING and x.partner is not None for x in runs)
         shared = shared_speeds(s, [job_id]).get(job_id) if pairs else None
-        spans = shared_spans(s, time.time(), [job_id]).get(job_id, [])
+        spans = shared_spans(s, now, [job_id]).get(job_id, [])
         planned = next((x.partner for x in reversed(runs) if x.partner), None)
     return {"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
             "command": r.command, "submit_time": r.submit_time, "start_time": r.start_time, "end_time": r.end_time,

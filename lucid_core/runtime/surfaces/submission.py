@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import time
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -214,7 +213,7 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
             errors["gpus"] = problem
     if errors:
         raise SubmissionError(errors)
-    now = time.time() if now is None else now
+    now = store.now() if now is None else now
     key = request.idempotency_key
     for _ in range(20):
         existing = _job_with_key(store, request.user, key)
@@ -243,7 +242,7 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
 
 def cancel(store: Store, job_id: str, *, now: float | None = None) -> str:
     """Ask for a job to be cancelled; the next round stops it. Returns its state after the request."""
-    now = time.time() if now is None else now
+    now = store.now() if now is None else now
     with store.session() as s:
         job = s.get(JobRow, job_id) if storable(job_id) else None
         if job is None:

@@ -122,7 +122,8 @@ def _duration(seconds: float | None) -> str:
 def cmd_history(args: argparse.Namespace) -> int:
     from lucid_core.runtime.surfaces.queries import HistoryQuery, history
 
-    now = time.time()
+    store = store_of(args)
+    now = store.now()
     states = tuple(STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
                    for s in (args.state or "").split(",") if s.strip())
     query = HistoryQuery(user=args.user, vc=args.vc, states=states,
@@ -130,7 +131,6 @@ def cmd_history(args: argparse.Namespace) -> int:
                          until=parse_since(args.until, now) if args.until else None,
                          limit=args.limit, offset=args.offset)
     fields = history_columns(args.format)
-    store = store_of(args)
     with store.session() as session:
         page = history(session, query)
     if args.as_json:
@@ -280,6 +280,7 @@ def _about_job(args: argparse.Namespace, answer: Callable[[Any, str, Any, float]
     from lucid_core.runtime.surfaces.submission import UnknownJob
 
     try:
-        return answer(store_of(args), args.job, config_of(args), time.time())
+        store = store_of(args)
+        return answer(store, args.job, config_of(args), store.now())
     except KeyError:
         raise UnknownJob(args.job) from None
