@@ -10,7 +10,7 @@ evaluate against the promoted model on the most recent data -> promote or keep -
 from __future__ import annotations
 
 import os
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, Param, dag, task
 
@@ -112,22 +112,21 @@ def lucid_update_engine():
         """Error ratio and input PSI of the promoted models; kept as drift history."""
         from lucid_airflow.tuning import reports_root
 
-        from lucid_core.alerts import alert_recipients
         from lucid_core.update import drift_reports, save_drift_history
 
         reports = drift_reports(decision, params["drift_mae_ratio"], params["drift_psi"])
-        save_drift_history(reports_root() / "drift", run_id, reports,  # who the alert task sends to, as it will
-                           ", ".join(alert_recipients(params["alert_to"])) if any(r["drifted"] for r in reports)
-                           else "")
-        return {"reports": reports}
+        history = save_drift_history(reports_root() / "drift", run_id, reports)  # the alert task says who it reached
+        return {"reports": reports, "history": str(history)}
 
-    @task
+    @task(retries=3, retry_delay=timedelta(minutes=5))  # a mail server out for a while does not lose the alert
     def alert(drift: dict, params=None) -> list[str]:
-        """Send the drift alert through the SMTP notifier, numbers in the subject and body."""
+        """Send the drift alert through the SMTP notifier, numbers in the subject and body, once per check (a
+        retry after it went sends nothing), and record in the drift history who it went to once it went."""
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
         from airflow.sdk import get_current_context
 
         from lucid_core.alerts import alert_message, alert_recipients
+        from lucid_core.update import send_alert_once
 
         message = alert_message(drift["reports"])
         if message is None:
@@ -135,7 +134,7 @@ def lucid_update_engine():
         recipients = alert_recipients(params["alert_to"])
         notifier = SmtpNotifier(to=recipients, subject=message[0], html_content=message[1],
                                 smtp_conn_id=params["smtp_conn_id"])
-        notifier.notify(get_current_context())
+        send_alert_once(drift["history"], recipients, lambda: notifier.notify(get_current_context()))
         return recipients
 
     decision = promote_or_keep(train_and_evaluate(validate(extract())))

@@ -13,7 +13,7 @@ import csv
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -524,7 +524,8 @@ def drift_reports(decision: dict[str, Any], mae_ratio: float, psi: float) -> lis
 
 def save_drift_history(directory: str | Path, run_id: str | None, reports: list[dict[str, Any]],
                        alert_to: str = "") -> Path:
-    """Append this run's drift reports to the history the plugin shows."""
+    """Append this run's drift reports to the history the plugin shows; `alert_to`: who the alert already went
+    to (the alert task records it with `send_alert_once` once the mail went)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -532,6 +533,34 @@ def save_drift_history(directory: str | Path, run_id: str | None, reports: list[
     path.write_text(json.dumps({"run_id": run_id, "time": time.time(), "reports": reports,
                                 "alert_sent_to": alert_to}, indent=2, default=str), encoding="utf-8")
     return path
+
+
+def alert_sent_to(history: str | Path) -> str:
+    """Who the alert of a drift history file went to ("" while it has not gone)."""
+    return str(json.loads(Path(history).read_text(encoding="utf-8")).get("alert_sent_to") or "")
+
+
+def record_alert_sent(history: str | Path, recipients: str) -> None:
+    """Write into a drift history file who its alert went to (replaced whole: a reader never sees half)."""
+    path = Path(history)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["alert_sent_to"] = recipients
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    partial.replace(path)
+
+
+def send_alert_once(history: str | Path, recipients: list[str], send: Callable[[], None]) -> bool:
+    """Send a drift check's alert unless its history file says it went (a retry of the alert task, or the task
+    cleared by hand, after the mail went), then record who it went to; False when it had gone already.
+
+    The history said "sent" before the alert task ran, so a mail server that refused the alert left the drift
+    page saying it had gone. At least once: a task killed between the send and the record sends it again."""
+    if alert_sent_to(history):
+        return False
+    send()
+    record_alert_sent(history, ", ".join(recipients))
+    return True
 
 
 def minimum_rows(suite: str) -> int:
