@@ -6,6 +6,7 @@ Nothing here knows a job's true duration: the simulator keeps that to itself.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -66,6 +67,23 @@ class SharingMode(StrEnum):
 
 _GSS = {SharingMode.OFF: -1, SharingMode.APATHETIC: 1, SharingMode.DEFAULT: 2}  # asked on every partner search
 
+
+#: the co-located speed (a share of the job's speed alone) a measurement of sharing can give: below the lower
+#: bound a pair would never finish; above the upper one it ran faster shared than alone by more than noise (the
+#: Lucid artifact's highest is 1.498), which is a wrong solo run (a stalled one makes its pairs look fast, and
+#: fast pairs label a configuration Tiny: an unsafe pair would look safe)
+MIN_PAIR_SPEED, MAX_PAIR_SPEED = 0.01, 1.5
+
+
+def pair_speed_problem(*speeds: float) -> str | None:
+    """Why a pair's measured co-located speeds are no measurement of sharing (None: they can be, or one is not
+    a number, which readers skip as not measured)."""
+    finite = [s for s in speeds if math.isfinite(s)]
+    if len(finite) == len(speeds) and not all(MIN_PAIR_SPEED <= s <= MAX_PAIR_SPEED for s in finite):
+        shown = " and ".join(f"{s:g}" for s in speeds)
+        return (f"co-located speeds {shown} must each be a share of the speed alone between {MIN_PAIR_SPEED:g} "
+                f"and {MAX_PAIR_SPEED:g} (0 never finishes, above {MAX_PAIR_SPEED:g} a solo run was wrong)")
+    return None
 
 SHARING_MECHANISMS = ("none", "time-slice", "mps")  # how a host's GPUs are shared: never, time slicing, MPS
 

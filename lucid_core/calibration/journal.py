@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lucid_core.calibration.configs import WorkloadConfig
+from lucid_core.domain import MAX_PAIR_SPEED
 
 JOURNAL_NAME = "measurements.jsonl"
 
@@ -86,9 +87,6 @@ class FailedTrial:
 
 Record = SoloRecord | PairRecord | RefusedPair | FailedTrial
 
-# a job beside a partner at more than this times its speed alone: one of the two measurements is wrong (a solo
-# that stalled makes every pair of it look fast, and fast pairs label a configuration Tiny)
-MAX_PAIR_SPEED = 1.5
 
 
 def _finite(value: object, low: float = -math.inf, high: float = math.inf) -> bool:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # scikit-learn is imported where a tree is fitted: a saved tr
     from sklearn.model_selection import GridSearchCV, StratifiedKFold
     from sklearn.tree import DecisionTreeClassifier
 
-from lucid_core.domain import SHARING_MECHANISMS, Profile, ShareClass, SharingKey
+from lucid_core.domain import SHARING_MECHANISMS, Profile, ShareClass, SharingKey, pair_speed_problem
 
 FEATURES = ("gpu_util", "mem_util", "gpu_mem_mb", "amp")
 FEATURE_LABELS = {"gpu_util": "UG", "mem_util": "UM", "gpu_mem_mb": "MG", "amp": "AMP"}
@@ -44,7 +44,10 @@ def _config_keys(frame: pd.DataFrame, suffix: str = "") -> pd.Series:
 
 
 def load_packing_catalog(directory: str | Path) -> PackingCatalog:
-    """Read single_data.csv + colocate_info.csv (the Lucid artifact's measured catalog format)."""
+    """Read single_data.csv + colocate_info.csv (the Lucid artifact's measured catalog format). A pair whose
+    speeds are no measurement of sharing is refused (`domain.pair_speed_problem`): averaged in, one huge speed
+    would label its configuration Tiny and make an unsafe pair look safe. A speed that is not a number is left
+    out, as not measured."""
     directory = Path(directory)
     single = pd.read_csv(directory / "single_data.csv")
     pairs_raw = pd.read_csv(directory / "colocate_info.csv", index_col=0)
@@ -52,6 +55,8 @@ def load_packing_catalog(directory: str | Path) -> PackingCatalog:
         "key1": _config_keys(pairs_raw, "1"), "key2": _config_keys(pairs_raw, "2"),
         "speed1": pairs_raw["speed1"].astype(float), "speed2": pairs_raw["speed2"].astype(float),
     })
+    _check_pair_speeds(pairs, directory / "colocate_info.csv")
+    pairs = pairs[np.isfinite(pairs["speed1"]) & np.isfinite(pairs["speed2"])].reset_index(drop=True)
     speeds = pd.concat([pairs[["key1", "speed1"]].set_axis(["key", "speed"], axis=1),
                         pairs[["key2", "speed2"]].set_axis(["key", "speed"], axis=1)])
     mean_speed = speeds.groupby("key")["speed"].mean()
@@ -71,6 +76,14 @@ def load_packing_catalog(directory: str | Path) -> PackingCatalog:
     return PackingCatalog(profiles=profiles, pairs=pairs)
 
 
+def _check_pair_speeds(pairs: pd.DataFrame, path: Path) -> None:
+    """Refuse the first pair row whose speeds cannot be a measurement of sharing, naming it (counted from 1)."""
+    for row, (s1, s2) in enumerate(zip(pairs["speed1"], pairs["speed2"], strict=True), start=1):
+        problem = pair_speed_problem(float(s1), float(s2))
+        if problem is not None:
+            raise ValueError(f"{path}: pair row {row}: {problem}")
+
+
 #: the Lucid artifact's catalog (no environment.json): measured on RTX 3090s sharing by the GPU's time slicing
 ARTIFACT_KEY = SharingKey("NVIDIA GeForce RTX 3090", "time-slice")
 #: the artifact's single_data.csv, recognized by what it holds (its 66 measured rows, in any order and with any
@@ -80,16 +93,23 @@ ARTIFACT_SINGLE_SHA256 = "8b84f27e7ba338d4ca12b83425eab11d0bf499640213aade1a56e7
 
 def catalog_key(directory: str | Path, gpu_model: str | None = None, sharing: str | None = None) -> SharingKey:
     """The (GPU model, sharing mechanism) a catalog was measured on: its environment.json (`gpu_model`, else
-    the first of `gpus`; `sharing`), overridden by what the caller declares. A catalog that names neither
-    needs both declared: labels without a key would be applied to GPUs they say nothing of."""
+    the first of `gpus`; `sharing`), or what the caller declares where it says nothing. A catalog that names
+    neither needs both declared: labels without a key would be applied to GPUs they say nothing of. A
+    declaration that contradicts what the catalog recorded is refused: MPS measurements applied to
+    time-sliced GPUs, or one model's to another's, would call pairs safe that were never measured so."""
     from lucid_core.calibration.catalog import catalog_sharing_key
 
     found_model, found_sharing = catalog_sharing_key(directory)
-    model = gpu_model or found_model
-    mechanism = sharing or (found_sharing if found_sharing in SHARING_MECHANISMS else None)
-    recorded = found_model or found_sharing
-    if not recorded and is_artifact_catalog(Path(directory)):
-        model, mechanism = model or ARTIFACT_KEY.gpu_model, mechanism or ARTIFACT_KEY.mechanism
+    found_sharing = found_sharing if found_sharing in SHARING_MECHANISMS else None
+    source = "its environment.json"
+    if not (found_model or found_sharing) and is_artifact_catalog(Path(directory)):
+        found_model, found_sharing, source = ARTIFACT_KEY.gpu_model, ARTIFACT_KEY.mechanism, "the Lucid artifact's"
+    for flag, declared, recorded in (("--gpu-model", gpu_model, found_model), ("--sharing", sharing, found_sharing)):
+        if declared and recorded and declared.strip() != recorded.strip():
+            raise ValueError(f"{directory}: measured with {flag.removeprefix('--')} {recorded!r} ({source}), not "
+                             f"{declared!r}: its labels hold only for what it was measured on; leave {flag} out, "
+                             f"or calibrate on {declared!r}")
+    model, mechanism = gpu_model or found_model, sharing or found_sharing
     missing = [(flag, what) for flag, what, value in (("--gpu-model", "the GPU model", model),
                                                      ("--sharing", "the sharing mechanism", mechanism)) if not value]
     if missing:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lucid_core.domain import pair_speed_problem
 from lucid_core.sim.records import TraceRecord, Workload
 
 if TYPE_CHECKING:
@@ -390,9 +391,6 @@ def _check_single(entry: CatalogEntry) -> None:
         raise ValueError(f"batchsize {entry.batchsize} is not >= 1")
 
 
-MIN_COLOCATED_SPEED = 0.01
-
-
 def _read_colocate(path: Path, index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
     n = len(index)
     sums, counts = np.zeros((n, n)), np.zeros((n, n))
@@ -408,11 +406,9 @@ def _read_colocate(path: Path, index: dict[str, int]) -> tuple[np.ndarray, np.nd
                 s1, s2 = float(row["speed1"]), float(row["speed2"])
             except (KeyError, TypeError, ValueError) as error:
                 raise ValueError(f"{path}: line {line}: {error}") from None
-            if math.isfinite(s1) and math.isfinite(s2) and min(s1, s2) < MIN_COLOCATED_SPEED:
-                # 0 would never finish a job, a negative speed would finish it before it began, and a pair at a
-                # millionth of its speed runs for ages of simulated time: no measurement of sharing looks so
-                raise ValueError(f"{path}: line {line}: co-located speeds {s1:g} and {s2:g} must both be at least "
-                                 f"{MIN_COLOCATED_SPEED:g} (a share of the exclusive speed)")
+            problem = pair_speed_problem(s1, s2)
+            if problem is not None:
+                raise ValueError(f"{path}: line {line}: {problem}")
             if i is None or j is None or not (math.isfinite(s1) and math.isfinite(s2)):
                 continue  # a pair of workloads the profile file does not list: unusable
             sums[i, j] += s1  # averaged over duplicates first, capped at 1.0 after (in the catalog)

@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lucid_core.domain import Profile, ShareClass
+from lucid_core.domain import Profile, ShareClass, SharingKey
 from lucid_core.models.datasets import shared_data_dir
 from lucid_core.models.packing import (
     FEATURES,
     PackingTree,
+    catalog_key,
     default_tree_path,
     load_packing_catalog,
     pair_quality,
@@ -134,3 +135,55 @@ def test_the_artifact_catalog_is_recognized_by_its_content_not_its_folder_name(t
     (edited / "single_data.csv").write_text("\n".join([header, *rows[1:]]) + "\n")  # one measured row missing
     with pytest.raises(ValueError, match="declare"):
         catalog_key(edited)
+
+
+def _artifact_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "catalog"
+    folder.mkdir()
+    for name in ("single_data.csv", "colocate_info.csv"):
+        (folder / name).write_bytes((shared_data_dir() / "lucid_artifact" / name).read_bytes())
+    return folder
+
+
+@pytest.mark.parametrize("speed", [1e9, -5.0, 1.6, 0.0])
+def test_a_pair_speed_no_measurement_can_give_is_refused_naming_its_row(tmp_path, speed):
+    """Averaged in, one pair at 1e9 lifted its configuration's mean speed past the Tiny threshold: a
+    hand-made or damaged catalog made an unsafe pair look safe to the packing tree."""
+    import pandas as pd
+
+    folder = _artifact_copy(tmp_path)
+    pairs = pd.read_csv(folder / "colocate_info.csv", index_col=0)
+    pairs.iloc[2, pairs.columns.get_loc("speed1")] = speed
+    pairs.to_csv(folder / "colocate_info.csv")
+    with pytest.raises(ValueError, match=r"colocate_info.csv: pair row 3: co-located speeds .* between 0.01 and 1.5"):
+        load_packing_catalog(folder)
+
+
+def test_a_pair_speed_that_is_no_number_is_left_out_as_not_measured(tmp_path):
+    import pandas as pd
+
+    folder = _artifact_copy(tmp_path)
+    pairs = pd.read_csv(folder / "colocate_info.csv", index_col=0)
+    whole = load_packing_catalog(folder)
+    pairs.iloc[0, pairs.columns.get_loc("speed2")] = float("nan")
+    pairs.to_csv(folder / "colocate_info.csv")
+    loaded = load_packing_catalog(folder)
+    assert len(loaded.pairs) == len(whole.pairs) - 1 == len(pairs) - 1
+    assert loaded.pairs["speed1"].notna().all() and loaded.pairs["speed2"].notna().all()
+
+
+def test_a_declared_key_that_contradicts_the_recorded_one_is_refused(tmp_path):
+    """MPS measurements declared as time-sliced (or one GPU model's as another's) would label pairs safe on
+    GPUs shared in a way nobody measured; a declaration that only fills in what the catalog left out stands."""
+    folder = _artifact_copy(tmp_path)
+    (folder / "environment.json").write_text(json.dumps({"gpu_model": "NVIDIA H200", "sharing": "mps"}))
+    assert catalog_key(folder) == catalog_key(folder, "NVIDIA H200", "mps") == SharingKey("NVIDIA H200", "mps")
+    with pytest.raises(ValueError, match=r"measured with sharing 'mps' .*not 'time-slice'"):
+        catalog_key(folder, sharing="time-slice")
+    with pytest.raises(ValueError, match=r"measured with gpu-model 'NVIDIA H200' .*not 'NVIDIA A100'"):
+        catalog_key(folder, gpu_model="NVIDIA A100")
+    (folder / "environment.json").write_text(json.dumps({"gpus": ["NVIDIA H200"]}))
+    assert catalog_key(folder, sharing="time-slice") == SharingKey("NVIDIA H200", "time-slice")
+    (folder / "environment.json").unlink()  # the artifact itself, known by its content: RTX 3090, time slicing
+    with pytest.raises(ValueError, match="measured with sharing 'time-slice' \\(the Lucid artifact's\\)"):
+        catalog_key(folder, "NVIDIA GeForce RTX 3090", "mps")

@@ -136,8 +136,9 @@ def test_synthetic_catalog_is_labelled_and_round_trips_through_the_artifact_form
 
 @pytest.mark.parametrize(("file", "edit", "message"), [
     ("colocate_info.csv", lambda df: df.assign(speed1=0.0), "co-located speeds 0 and"),
-    ("colocate_info.csv", lambda df: df.assign(speed2=-1.0), "must both be at least 0.01"),
-    ("colocate_info.csv", lambda df: df.assign(speed1=1e-9), "must both be at least 0.01"),
+    ("colocate_info.csv", lambda df: df.assign(speed2=-1.0), "between 0.01 and 1.5"),
+    ("colocate_info.csv", lambda df: df.assign(speed1=1e-9), "between 0.01 and 1.5"),
+    ("colocate_info.csv", lambda df: df.assign(speed1=1e9), "co-located speeds 1e\\+09 and .* between 0.01 and 1.5"),
     ("single_data.csv", lambda df: df.assign(gpu_util=150.0), "gpu_util 150.0 is not a percentage"),
     ("single_data.csv", lambda df: df.assign(gmem_util=float("nan")), "gmem_util nan is not a percentage"),
     ("single_data.csv", lambda df: df.assign(speed=0.0), "speed 0.0 is not a positive number"),
