@@ -76,10 +76,9 @@ MIN_PAIR_SPEED, MAX_PAIR_SPEED = 0.01, 1.5
 
 
 def pair_speed_problem(*speeds: float) -> str | None:
-    """Why a pair's measured co-located speeds are no measurement of sharing (None: they can be, or one is not
-    a number, which readers skip as not measured)."""
-    finite = [s for s in speeds if math.isfinite(s)]
-    if len(finite) == len(speeds) and not all(MIN_PAIR_SPEED <= s <= MAX_PAIR_SPEED for s in finite):
+    """Why a pair's measured co-located speeds are no measurement of sharing (None: they can be, or one is NaN,
+    not measured, which readers skip)."""
+    if not any(math.isnan(s) for s in speeds) and not all(MIN_PAIR_SPEED <= s <= MAX_PAIR_SPEED for s in speeds):
         shown = " and ".join(f"{s:g}" for s in speeds)
         return (f"co-located speeds {shown} must each be a share of the speed alone between {MIN_PAIR_SPEED:g} "
                 f"and {MAX_PAIR_SPEED:g} (0 never finishes, above {MAX_PAIR_SPEED:g} a solo run was wrong)")

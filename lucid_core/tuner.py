@@ -842,19 +842,16 @@ def add_parser(subparsers) -> Any:
 
 
 def fleet_catalogs(items: Sequence[str], default: Any) -> FleetCatalogs:
-    """`[GPU MODEL:MECHANISM=]DIR` items as a catalog per key (the key from the catalog's own record if not given)."""
-    from lucid_core.domain import SharingKey
+    """`[GPU MODEL:MECHANISM=]DIR` items as a catalog per key: the key from the catalog's own record, which a
+    given one may fill in but not contradict (`catalog_key`)."""
     from lucid_core.models.packing import catalog_key
     from lucid_core.sim.catalog import WorkloadCatalog
 
     by_key = {}
     for item in items:
         named, _, folder = item.rpartition("=")
-        if named:
-            model, _, mechanism = named.rpartition(":")
-            key = SharingKey(model, mechanism)
-        else:
-            key = catalog_key(folder)
+        model, _, mechanism = named.rpartition(":")
+        key = catalog_key(folder, model or None, mechanism or None)
         by_key[key] = WorkloadCatalog.from_artifact(folder)
     return FleetCatalogs(by_key, default)
 

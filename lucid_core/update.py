@@ -467,8 +467,7 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
                            "recent_rows": entry["recent_rows"], "fit_seconds": entry["fit_seconds"],
                            "training_window": entry["training_window"]}
                 record_promotion(session, STORE_KINDS[kind], str(version), str(_artifact(kind, version)), metrics,
-                                 f"promoted by the Update Engine ({evaluation.get('run_id') or 'manual'})",
-                                 time.time())
+                                 f"promoted by the Update Engine ({evaluation.get('run_id') or 'manual'})")
                 why = (f"{entry['promoted_unreadable']}: replaced" if "promoted_unreadable" in entry else
                        "no promoted model yet" if promoted_mae is None else
                        f"candidate MAE {entry['candidate_mae']:.4g} <= promoted {promoted_mae:.4g}")

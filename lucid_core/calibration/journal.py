@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lucid_core.calibration.configs import WorkloadConfig
-from lucid_core.domain import MAX_PAIR_SPEED
+from lucid_core.domain import MAX_PAIR_SPEED, MIN_PAIR_SPEED
 
 JOURNAL_NAME = "measurements.jsonl"
 
@@ -104,7 +104,8 @@ def _profile_problem(gpu_util: object, mem_util: object, gpu_mem_mb: object) -> 
 
 def record_problem(record: Record) -> str | None:
     """Why a measurement cannot be believed (None: it can). Speeds must be finite and positive, a pair's
-    normalized speeds at most MAX_PAIR_SPEED: a NaN, negative or huge speed would otherwise reach the
+    normalized speeds in [MIN_PAIR_SPEED, MAX_PAIR_SPEED] (the range the catalog readers take): a NaN, negative or
+    huge speed would otherwise reach the
     catalog, where one huge speed lifts a configuration's mean to Tiny and an unsafe pair looks safe."""
     if isinstance(record, SoloRecord):
         if not (_finite(record.iters_per_s) and record.iters_per_s > 0
@@ -114,9 +115,9 @@ def record_problem(record: Record) -> str | None:
         return _profile_problem(record.gpu_util, record.mem_util, record.gpu_mem_mb)
     if isinstance(record, PairRecord):
         for config, speed in ((record.first, record.speed_first), (record.second, record.speed_second)):
-            if not (_finite(speed, 0.0, MAX_PAIR_SPEED) and speed > 0):
+            if not (_finite(speed, MIN_PAIR_SPEED, MAX_PAIR_SPEED)):
                 return (f"{config.key} beside its partner ran at {speed!r} of its speed alone (a pair's normalized "
-                        f"speed must be above 0 and at most {MAX_PAIR_SPEED}; one of the two runs is wrong)")
+                        f"speed must be between {MIN_PAIR_SPEED} and {MAX_PAIR_SPEED}; one of the two runs is wrong)")
         return _profile_problem(record.gpu_util, record.mem_util, record.gpu_mem_mb)
     return None
 

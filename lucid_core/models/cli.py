@@ -107,8 +107,6 @@ def _register(args: argparse.Namespace, name: str, model: object, **meta: object
         registry.promote(name, version.version)
     print(f"registered {name} v{version.version} in {args.registry}{' (promoted)' if args.promote else ''}")
     if args.promote and name.startswith("packing:"):  # the live round reads packing models from the store
-        import time
-
         from lucid_core.runtime.store.store import open_store, record_promotion
 
         store = open_store(getattr(args, "store", None))
@@ -116,7 +114,7 @@ def _register(args: argparse.Namespace, name: str, model: object, **meta: object
             with store.session() as session:
                 record_promotion(session, name, str(version.version),
                                  str(registry.artifact_path(name, version.version)), dict(version.metrics),
-                                 "promoted by lucid models train-packing", time.time())
+                                 "promoted by lucid models train-packing")
         finally:
             store.dispose()
         print(f"hosts with {name.split(':', 1)[1]} in {store.url} now pair by this tree")

@@ -76,6 +76,11 @@ def load_packing_catalog(directory: str | Path) -> PackingCatalog:
     return PackingCatalog(profiles=profiles, pairs=pairs)
 
 
+def _same_name(text: str) -> str:
+    """A GPU model or mechanism as keys compare it (`SharingKey`'s slug: case and spacing aside)."""
+    return SharingKey(text, "none").slug
+
+
 def _check_pair_speeds(pairs: pd.DataFrame, path: Path) -> None:
     """Refuse the first pair row whose speeds cannot be a measurement of sharing, naming it (counted from 1)."""
     for row, (s1, s2) in enumerate(zip(pairs["speed1"], pairs["speed2"], strict=True), start=1):
@@ -105,7 +110,7 @@ def catalog_key(directory: str | Path, gpu_model: str | None = None, sharing: st
     if not (found_model or found_sharing) and is_artifact_catalog(Path(directory)):
         found_model, found_sharing, source = ARTIFACT_KEY.gpu_model, ARTIFACT_KEY.mechanism, "the Lucid artifact's"
     for flag, declared, recorded in (("--gpu-model", gpu_model, found_model), ("--sharing", sharing, found_sharing)):
-        if declared and recorded and declared.strip() != recorded.strip():
+        if declared and recorded and _same_name(declared) != _same_name(recorded):
             raise ValueError(f"{directory}: measured with {flag.removeprefix('--')} {recorded!r} ({source}), not "
                              f"{declared!r}: its labels hold only for what it was measured on; leave {flag} out, "
                              f"or calibrate on {declared!r}")

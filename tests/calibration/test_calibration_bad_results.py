@@ -118,7 +118,8 @@ def _pair(speed_first: float, speed_second: float) -> PairRecord:
                       "calib-x-pair-a1", "h", 0)
 
 
-@pytest.mark.parametrize("speeds", [(float("nan"), 0.5), (1e9, 0.5), (-5.0, 0.5), (0.5, MAX_PAIR_SPEED + 0.01)])
+@pytest.mark.parametrize("speeds", [(float("nan"), 0.5), (1e9, 0.5), (-5.0, 0.5), (0.5, MAX_PAIR_SPEED + 0.01),
+                                    (0.005, 0.5)])  # below the catalog readers' 0.01: the catalog could not be read
 def test_a_journal_holding_an_impossible_speed_is_measured_again_and_never_labels_tiny(tmp_path, speeds,
                                                                                         capsys):
     journal = Journal.open(tmp_path)

@@ -145,7 +145,7 @@ def _artifact_copy(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("speed", [1e9, -5.0, 1.6, 0.0])
+@pytest.mark.parametrize("speed", [1e9, -5.0, 1.6, 0.0, float("inf")])
 def test_a_pair_speed_no_measurement_can_give_is_refused_naming_its_row(tmp_path, speed):
     """Averaged in, one pair at 1e9 lifted its configuration's mean speed past the Tiny threshold: a
     hand-made or damaged catalog made an unsafe pair look safe to the packing tree."""
@@ -182,6 +182,7 @@ def test_a_declared_key_that_contradicts_the_recorded_one_is_refused(tmp_path):
         catalog_key(folder, sharing="time-slice")
     with pytest.raises(ValueError, match=r"measured with gpu-model 'NVIDIA H200' .*not 'NVIDIA A100'"):
         catalog_key(folder, gpu_model="NVIDIA A100")
+    assert catalog_key(folder, " nvidia  h200", "mps") == SharingKey("NVIDIA H200", "mps")  # the same key
     (folder / "environment.json").write_text(json.dumps({"gpus": ["NVIDIA H200"]}))
     assert catalog_key(folder, sharing="time-slice") == SharingKey("NVIDIA H200", "time-slice")
     (folder / "environment.json").unlink()  # the artifact itself, known by its content: RTX 3090, time slicing

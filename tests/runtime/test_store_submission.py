@@ -259,3 +259,20 @@ def test_submit_cli_refuses_an_escape_in_user_in_one_line_and_queue_stays_clean(
     assert "name: must not contain control characters" in err and "user: must not contain control" in err
     assert main(["queue", "--store", store_url]) == 0
     assert "\x1b" not in capsys.readouterr().out
+
+
+def test_a_promotion_is_dated_by_the_databases_clock(store, monkeypatch):
+    """The round learns the jobs that ended after a promotion by comparing their end times (the database's
+    clock) with the promotion's: a worker whose clock runs an hour ahead must not date it an hour late."""
+    import time as _time
+
+    from lucid_core.runtime.store.schema import ModelVersionRow
+    from lucid_core.runtime.store.store import record_promotion
+
+    real = _time.time()
+    monkeypatch.setattr(_time, "time", lambda: real + 3600.0)
+    with store.session() as s:
+        record_promotion(s, "duration", "1", "/nonexistent/model.joblib", {}, "by a skewed worker")
+    with store.session() as s:
+        dated = s.scalar(sa.select(ModelVersionRow.created_at))
+    assert abs(dated - real) < 60.0

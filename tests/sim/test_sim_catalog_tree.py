@@ -124,6 +124,9 @@ def test_catalog_for_items_name_their_key_or_take_it_from_the_catalog(tmp_path):
     assert list(named.by_key) == [SharingKey("NVIDIA H200", "mps")]
     with pytest.raises(ValueError, match="declare --sharing"):  # the kit's older record names no mechanism
         fleet_catalogs([str(folder)], None)
+    artifact = H200.parent / "lucid_artifact"  # measured on RTX 3090s by time slicing: no evidence for an H200
+    with pytest.raises(ValueError, match=r"measured with gpu-model 'NVIDIA GeForce RTX 3090' \(the Lucid artifact's\)"):
+        fleet_catalogs([f"NVIDIA H200:mps={artifact}"], None)
 
 
 def test_the_fitted_tree_is_kept_between_runs_and_read_back_identical(tmp_path, monkeypatch):

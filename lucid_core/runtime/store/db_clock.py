@@ -5,8 +5,8 @@ disagree by more than the TTL (a host whose NTP broke takes a live lease over at
 worker's time and judged vanished at another's, a submit time from the API server's clock and a wait
 measured with a round's, go wrong the same way. The lease reads the time inside the statement that writes
 or compares its expiry; everything else reads it through `database_time` / `database_clock`. One clock for
-all: the PostgreSQL server's, or, for SQLite, the clock of the machine that holds the file (every process
-using it shares that one).
+all: the PostgreSQL server's; for SQLite, `julianday('now')` is the clock of the machine each process runs on,
+which is one clock because SQLite's processes all run where the file is (it is no network database).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from lucid_core.config import lucid_home
-from lucid_core.runtime.store.db_clock import database_clock, database_time
+from lucid_core.runtime.store.db_clock import database_clock, database_now, database_time
 from lucid_core.runtime.store.fencing import install_fence
 from lucid_core.runtime.store.schema import ModelVersionRow, SchedulerStateRow
 
@@ -192,10 +192,13 @@ class Store:
 
 
 def record_promotion(session: Session, kind: str, version: str, path: str, metrics: dict[str, Any], note: str,
-                     created_at: float) -> None:
+                     created_at: float | None = None) -> None:
     """Make a promoted model version the one active `model_versions` row of its kind (what the live round
     loads; the kind's older rows stay, inactive, as its history). Written in the caller's session, so the
-    Update Engine's promotions of one run commit together or not at all."""
+    Update Engine's promotions of one run commit together or not at all. Dated by the database's clock unless
+    given: the round compares it with job end times (which jobs the model has not learned yet)."""
+    if created_at is None:
+        created_at = float(session.scalar(sa.select(database_now(session.get_bind().dialect.name))))
     session.execute(sa.update(ModelVersionRow).where(ModelVersionRow.kind == kind).values(active=False))
     session.add(ModelVersionRow(kind=kind, version=version, path=path, created_at=created_at, metrics=metrics,
                                 active=True, note=note))
