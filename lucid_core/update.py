@@ -69,6 +69,12 @@ class Batch:
         return asdict(self)
 
 
+def store_time(store_url: str) -> float:
+    """The store's clock (`Store.now`), the one job times are written with: windows count back from it."""
+    with _opened(store_url) as store:
+        return store.now()
+
+
 def extract_job_log(store_url: str, since: float | None = None, until: float | None = None) -> pd.DataFrame:
     """Finished jobs submitted in [since, until) with their profile, one row per job (duration = end - start)."""
     from lucid_core.runtime.surfaces.queries import JOB_LOG_FIELDS, finished_job_log
@@ -126,7 +132,7 @@ def extract_batch(store_url: str, directory: str | Path, requested_mode: str, no
                   finetune_days: int = 7, full_days: int = 90) -> Batch:
     """Extract the window of the mode into `directory`: jobs.csv (the finished jobs that started) and slots.csv
     (submissions per slot, every finished job's)."""
-    until = time.time() if now is None else now
+    until = store_time(store_url) if now is None else now
     mode = training_mode(requested_mode, until)
     since = until - 86400.0 * (full_days if mode == "full" else finetune_days)
     jobs = extract_job_log(store_url, since=since, until=until)

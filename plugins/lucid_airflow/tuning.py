@@ -39,9 +39,9 @@ def load_tuner_trace(params: Mapping[str, Any]):
         return trace.records
     from lucid_airflow.connections import store_url
     from lucid_core.tuner import records_from_jobs
-    from lucid_core.update import extract_job_log
+    from lucid_core.update import extract_job_log, store_time
 
-    since = time.time() - float(params.get("window_days", 7)) * 86400.0
+    since = store_time(store_url()) - float(params.get("window_days", 7)) * 86400.0
     frame = extract_job_log(store_url(), since=since)
     records = records_from_jobs(frame.to_dict("records"))
     if not records:
