@@ -82,11 +82,20 @@ def _same_name(text: str) -> str:
 
 
 def _check_pair_speeds(pairs: pd.DataFrame, path: Path) -> None:
-    """Refuse the first pair row whose speeds cannot be a measurement of sharing, naming it (counted from 1)."""
-    for row, (s1, s2) in enumerate(zip(pairs["speed1"], pairs["speed2"], strict=True), start=1):
+    """Refuse the first pair row whose speeds cannot be a measurement of sharing, naming its line in the file (as
+    the simulator's reader does)."""
+    for row, (s1, s2) in enumerate(zip(pairs["speed1"], pairs["speed2"], strict=True)):
         problem = pair_speed_problem(float(s1), float(s2))
         if problem is not None:
-            raise ValueError(f"{path}: pair row {row}: {problem}")
+            raise ValueError(f"{path}: line {_data_lines(path)[row]}: {problem}")
+
+
+def _data_lines(path: Path) -> list[int]:
+    """The file line of each data row of a CSV, as pandas counts rows (empty lines skipped)."""
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.reader(handle)
+        next(reader, None)
+        return [reader.line_num for row in reader if row]
 
 
 #: the Lucid artifact's catalog (no environment.json): measured on RTX 3090s sharing by the GPU's time slicing

@@ -155,7 +155,9 @@ def test_a_pair_speed_no_measurement_can_give_is_refused_naming_its_row(tmp_path
     pairs = pd.read_csv(folder / "colocate_info.csv", index_col=0)
     pairs.iloc[2, pairs.columns.get_loc("speed1")] = speed
     pairs.to_csv(folder / "colocate_info.csv")
-    with pytest.raises(ValueError, match=r"colocate_info.csv: pair row 3: co-located speeds .* between 0.01 and 1.5"):
+    text = (folder / "colocate_info.csv").read_text().splitlines()
+    (folder / "colocate_info.csv").write_text("\n".join([text[0], "", *text[1:]]) + "\n")  # a blank line, skipped
+    with pytest.raises(ValueError, match=r"colocate_info.csv: line 5: co-located speeds .* between 0.01 and 1.5"):
         load_packing_catalog(folder)
 
 
