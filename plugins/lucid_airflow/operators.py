@@ -21,13 +21,16 @@ from lucid_core.domain import JobState
 XCOM_JOB_ID = "job_id"
 
 
-def task_idempotency_key(dag_id: str, task_id: str, run_id: str, map_index: int, try_number: int) -> str:
+def task_idempotency_key(dag_id: str, task_id: str, run_id: str, map_index: int, try_number: int,
+                         ti_id: str = "") -> str:
     """A submission key unique to one try of one task instance (at most 128 characters, as the store allows).
 
     Executing the same try again (a worker lost after submitting) finds the job it submitted; a retry
-    (the next try) submits a new one.
+    (the next try) submits a new one. `ti_id` is Airflow's id of the try (a new UUID at each try, and for
+    each task instance of a DAG run made again): a run deleted and made again keeps its run_id (a re-run
+    scheduled date), and without the id its first try would take over the old run's job and its outcome.
     """
-    identity = json.dumps([dag_id, task_id, run_id, map_index, try_number])
+    identity = json.dumps([dag_id, task_id, run_id, map_index, try_number, str(ti_id)])
     return f"airflow:{hashlib.sha256(identity.encode()).hexdigest()}"
 
 
@@ -87,7 +90,8 @@ class LucidSubmitJobOperator(BaseOperator):
         from lucid_core.runtime.surfaces.submission import JobRequest
 
         ti = context["ti"]
-        key = task_idempotency_key(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
+        key = task_idempotency_key(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number,
+                                   str(ti.id))
         return JobRequest(command=self.command, gpus=self.gpus, user=self.user or self.owner, vc=self.vc,
                           name=self.name or f"{ti.dag_id}.{ti.task_id}", amp=self.amp,
                           long_cold_start=self.long_cold_start, env=self.env, idempotency_key=key)

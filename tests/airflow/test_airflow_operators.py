@@ -217,6 +217,8 @@ def test_idempotency_key_is_per_try_and_fits_the_store():
     assert key != task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 8, 1)
     # the parts are JSON-quoted: ids with separators in them cannot collide
     assert task_idempotency_key("a:b", "c", "r", -1, 1) != task_idempotency_key("a", "b:c", "r", -1, 1)
+    # a DAG run made again keeps its run_id, not its task instances' ids
+    assert task_idempotency_key("d", "t", "r", -1, 1, "ti-1") != task_idempotency_key("d", "t", "r", -1, 1, "ti-2")
 
 
 def test_trigger_serializes_reports_unknown_jobs_cancels_on_kill_and_fires_on_the_end(lucid_store):
@@ -317,3 +319,24 @@ def test_killing_the_waiting_task_cancels_its_job(lucid_store):
     operator.job_id = job  # as execute() records it once the job is submitted
     operator.on_kill()
     assert _jobs(lucid_store)[job].cancel_requested
+
+
+def test_a_dag_run_made_again_with_the_same_run_id_submits_its_own_job(lucid_store, tmp_path):
+    """A DAG run deleted and made again (same logical date, hence the same run_id: a re-run of a scheduled
+    date, dag.test) is a new run: its first try submits a job of its own, it does not take over the old
+    run's job and its outcome."""
+    from datetime import UTC, datetime
+
+    dag = _example_dag()
+    dag.task_dict["train"].poll_interval = 1
+    when = datetime(2026, 2, 1, tzinfo=UTC)
+    with RoundLoop(lucid_store.url) as rounds:
+        first = dag.test(run_after=when, logical_date=when, run_conf=_conf(tmp_path, "sleep 1; exit 3;"))
+        second = dag.test(run_after=when, logical_date=when, run_conf=_conf(tmp_path, TRAIN_OK))
+    assert not rounds.errors, rounds.errors
+    assert first.run_id == second.run_id
+    assert _state(first.state) == "failed"
+    jobs = _jobs(lucid_store)
+    assert len(jobs) == 2, "the new run reattached to the deleted run's job"
+    assert sorted(j.state for j in jobs.values()) == ["COMPLETED", "FAILED"]
+    assert _state(second.state) == "success"
