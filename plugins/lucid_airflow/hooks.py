@@ -19,8 +19,41 @@ if TYPE_CHECKING:
     from lucid_core.runtime.surfaces.submission import JobRequest
 
 
+# how long a wait rides out a store it cannot reach (a restart, a fail-over) before it gives up: ending the
+# wait at the first failed read fails the task while its job runs on, and the retry submits a second job
+STORE_OUTAGE_S = 600.0
+
+
 class LucidJobTimeout(TimeoutError):
     """A job was still not finished when its wait ran out."""
+
+
+def is_transient_store_error(exc: BaseException) -> bool:
+    """True for a store that could not be reached or answered (the connection refused, dropped or timed
+    out, SQLite locked): worth reading again. An unknown job or a bad connection stays wrong."""
+    from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    return isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, PoolTimeout, ConnectionError))
+
+
+class StoreOutage:
+    """Tracks how long the store has been unreachable; `give_up` once it has been for `limit_s` seconds."""
+
+    def __init__(self, limit_s: float = STORE_OUTAGE_S) -> None:
+        self.limit_s = float(limit_s)
+        self.since: float | None = None
+
+    def failed(self, exc: BaseException, now: float) -> bool:
+        """Record a failed read; True when the wait should end (not transient, or unreachable too long)."""
+        if not is_transient_store_error(exc):
+            return True
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.limit_s
+
+    def recovered(self) -> None:
+        self.since = None
 
 
 class LucidHook(BaseHook):
@@ -86,11 +119,28 @@ class LucidHook(BaseHook):
 
         return cancel(self.get_conn(), job_id)
 
-    def wait_for_job(self, job_id: str, *, poll_interval: float = 30.0, timeout: float | None = None) -> dict[str, Any]:
-        """Poll until the job reaches a terminal state and return its status; LucidJobTimeout past `timeout` s."""
+    def wait_for_job(self, job_id: str, *, poll_interval: float = 30.0, timeout: float | None = None,
+                     store_outage_s: float = STORE_OUTAGE_S) -> dict[str, Any]:
+        """Poll until the job reaches a terminal state and return its status; LucidJobTimeout past `timeout` s.
+
+        A store that cannot be reached is read again for up to `store_outage_s` seconds before the error
+        is raised."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = StoreOutage(store_outage_s)
         while True:
-            info = self.get_job(job_id)
+            try:
+                info = self.get_job(job_id)
+            except Exception as exc:
+                if outage.failed(exc, time.monotonic()):
+                    raise
+                self.log.warning("Cannot read Lucid job %s (%s); reading again in %s s", job_id,
+                                 type(exc).__name__, poll_interval)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LucidJobTimeout(f"job {job_id} not known to have ended after {timeout} s "
+                                          "(the store could not be read)") from exc
+                time.sleep(poll_interval)
+                continue
+            outage.recovered()
             if is_terminal(info["state"]):
                 return info
             if deadline is not None and time.monotonic() >= deadline:

@@ -10,7 +10,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from lucid_airflow.connections import STORE_CONN_ID
-from lucid_airflow.hooks import LucidHook, is_terminal
+from lucid_airflow.hooks import STORE_OUTAGE_S, LucidHook, StoreOutage, is_terminal
 from lucid_core.domain import JobState
 
 
@@ -22,7 +22,8 @@ class LucidJobTrigger(BaseTrigger):
     """
 
     def __init__(self, job_id: str, lucid_conn_id: str = STORE_CONN_ID, poll_interval: float = 30.0,
-                 cancel_on_kill: bool = True, deadline: float | None = None) -> None:
+                 cancel_on_kill: bool = True, deadline: float | None = None,
+                 store_outage_s: float = STORE_OUTAGE_S) -> None:
         super().__init__()
         self.job_id = job_id
         self.lucid_conn_id = lucid_conn_id
@@ -31,22 +32,33 @@ class LucidJobTrigger(BaseTrigger):
         # epoch seconds: past it, the wait ends with status "timeout" (the task's execution_timeout, which
         # Airflow does not enforce on a deferred task by killing anything)
         self.deadline = deadline
+        # an unreachable store is read again for this long before the wait ends with the error
+        self.store_outage_s = float(store_outage_s)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"job_id": self.job_id, "lucid_conn_id": self.lucid_conn_id, "poll_interval": self.poll_interval,
-                 "cancel_on_kill": self.cancel_on_kill, "deadline": self.deadline})
+                 "cancel_on_kill": self.cancel_on_kill, "deadline": self.deadline,
+                 "store_outage_s": self.store_outage_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = LucidHook(lucid_conn_id=self.lucid_conn_id)
+        outage = StoreOutage(self.store_outage_s)
         try:
             while True:
                 try:
                     info = await hook.aget_job(self.job_id)
-                except Exception as exc:  # an unknown job or an unreachable store ends the wait with the cause
-                    yield TriggerEvent({"status": "error", "job_id": self.job_id, "state": None, "exit_code": None,
-                                        "end_reason": None, "message": f"cannot read job {self.job_id}: {exc}"})
-                    return
+                except Exception as exc:  # an unknown job, or a store unreachable too long, ends the wait
+                    if outage.failed(exc, time.time()):
+                        yield TriggerEvent({"status": "error", "job_id": self.job_id, "state": None,
+                                            "exit_code": None, "end_reason": None,
+                                            "message": f"cannot read job {self.job_id}: {exc}"})
+                        return
+                    self.log.warning("Cannot read Lucid job %s (%s); reading again", self.job_id,
+                                     type(exc).__name__)
+                    info = {"state": "unknown (store unreachable)"}
+                else:
+                    outage.recovered()
                 if is_terminal(info["state"]):
                     yield TriggerEvent(job_event(info))
                     return

@@ -340,3 +340,57 @@ def test_a_dag_run_made_again_with_the_same_run_id_submits_its_own_job(lucid_sto
     assert len(jobs) == 2, "the new run reattached to the deleted run's job"
     assert sorted(j.state for j in jobs.values()) == ["COMPLETED", "FAILED"]
     assert _state(second.state) == "success"
+
+
+def _flaky_status(monkeypatch, failing_calls: set[int], completed_from: int):
+    """lucid_core's status query, failing as an unreachable store does on `failing_calls` (1-based) and
+    reporting the job COMPLETED from call `completed_from` on."""
+    from sqlalchemy.exc import OperationalError
+
+    import lucid_core.runtime.surfaces.queries as queries
+
+    real, calls = getattr(queries.status, "__wrapped__", queries.status), []
+
+    def status(store, job_id):
+        calls.append(job_id)
+        if len(calls) in failing_calls:
+            raise OperationalError("SELECT", {}, ConnectionRefusedError("connection refused"))
+        info = real(store, job_id)
+        return {**info, "state": "COMPLETED", "exit_code": 0} if len(calls) >= completed_from else info
+
+    status.__wrapped__ = real  # patched again, the next one wraps the real query, not this one
+    monkeypatch.setattr(queries, "status", status)
+    return calls
+
+
+def test_a_store_blip_does_not_end_the_wait_while_the_job_runs_on(lucid_store, monkeypatch):
+    """A store restart during the wait (a failed read or two) must not fail the task: its job runs on, and
+    the retry would submit a second one. Only a store unreachable past `store_outage_s` ends the wait."""
+    from lucid_airflow.hooks import LucidHook
+    from lucid_airflow.triggers import LucidJobTrigger
+
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+    job = submit(lucid_store, JobRequest("sleep 30", gpus=1, user="ann", vc="default", name="train"))
+
+    async def first_event(t: LucidJobTrigger) -> dict:
+        async for event in t.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    calls = _flaky_status(monkeypatch, {2, 3}, completed_from=5)
+    event = asyncio.run(asyncio.wait_for(first_event(LucidJobTrigger(job_id=job, poll_interval=0.05)), 30))
+    assert event["status"] == "success" and event["state"] == "COMPLETED" and len(calls) == 5
+    assert LucidJobTrigger(job_id=job, store_outage_s=5).serialize()[1]["store_outage_s"] == 5
+
+    _flaky_status(monkeypatch, set(range(2, 1000)), completed_from=1000)
+    gone = LucidJobTrigger(job_id=job, poll_interval=0.05, store_outage_s=0.3)
+    event = asyncio.run(asyncio.wait_for(first_event(gone), 30))
+    assert event["status"] == "error" and event["state"] is None and "connection refused" in event["message"]
+
+    calls = _flaky_status(monkeypatch, {1, 2}, completed_from=3)
+    hook = LucidHook()
+    try:
+        assert hook.wait_for_job(job, poll_interval=0.05)["state"] == "COMPLETED" and len(calls) == 3
+    finally:
+        hook.close()
