@@ -38,7 +38,8 @@ class LucidSubmitJobOperator(BaseOperator):
     """Submit a job to the Lucid GPU scheduler and, by default, wait for it to end.
 
     The job id is pushed to XCom (key `job_id`, and as the return value). The task succeeds when the
-    job is COMPLETED and fails with the job's exit code and end reason when it is FAILED or CANCELLED.
+    job is COMPLETED and fails with the job's exit code and end reason when it is FAILED (retried as usual)
+    or CANCELLED (by a person, outside the task: not retried, which would submit the job again).
     Waiting defers to the triggerer (`deferrable=True`) or polls in the worker. Killing the task
     cancels the job.
 
@@ -146,6 +147,12 @@ class LucidSubmitJobOperator(BaseOperator):
         self.log.info("Timed out: asked Lucid to cancel job %s (was %s)", self.job_id, state)
 
     def _finish(self, job_id: str, state: str | None, message: str) -> str:
+        """Succeed on COMPLETED. A CANCELLED job was cancelled on someone's request (Lucid cancels nothing by
+        itself; this task's own cancels at its timeout or kill never get here): fail for good, since a retry
+        would submit the job again and take back the GPUs a person just freed. FAILED may be transient: the
+        task's retries apply."""
+        if state == JobState.CANCELLED.value:
+            raise AirflowFailException(f"{message} (cancelled outside this task: not retried)")
         if state != JobState.COMPLETED.value:
             raise AirflowException(message)
         self.log.info("%s", message)

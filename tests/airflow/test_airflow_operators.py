@@ -394,3 +394,34 @@ def test_a_store_blip_does_not_end_the_wait_while_the_job_runs_on(lucid_store, m
         assert hook.wait_for_job(job, poll_interval=0.05)["state"] == "COMPLETED" and len(calls) == 3
     finally:
         hook.close()
+
+
+@pytest.mark.parametrize("deferrable", [True, False], ids=["deferred", "polling-in-worker"])
+def test_a_job_cancelled_outside_airflow_fails_the_task_without_a_retry(lucid_store, tmp_path, deferrable):
+    """Someone cancelled the job in Lucid (the CLI, the web page) to free its GPUs: the task fails for good,
+    its retries do not submit the job again."""
+    from datetime import timedelta
+
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    dag = _example_dag()
+    train = dag.task_dict["train"]
+    train.poll_interval, train.deferrable, train.retries, train.retry_delay = 1, deferrable, 2, timedelta(0)
+
+    def cancel_the_first_job() -> None:
+        deadline = time.monotonic() + 60
+        while not _jobs(lucid_store) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for job_id in _jobs(lucid_store):
+            cancel(lucid_store, job_id)
+
+    canceller = threading.Thread(target=cancel_the_first_job, daemon=True)
+    with RoundLoop(lucid_store.url) as rounds:
+        canceller.start()
+        run = dag.test(run_conf=_conf(tmp_path, "sleep 60;"))
+        canceller.join(timeout=60)
+    assert not rounds.errors, rounds.errors
+    assert _state(_tis(run)["train"].state) == "failed"
+    jobs = _jobs(lucid_store)
+    assert [j.state for j in jobs.values()] == ["CANCELLED"], "a retry submitted the cancelled job again"
+    assert _tis(run)["train"].try_number == 1
