@@ -131,7 +131,8 @@ class RuntimeConfig:
     """The live driver's knobs (the scheduling round), read by `RoundSettings.from_config`."""
 
     lease_ttl_s: float = _knob(
-        0.0, lo=0, doc="a round's lease on the store; a dead round's lapses after this. 0 (default): derived from "
+        0.0, lo=0, hi=86400, doc="a round's lease on the store; a dead round's lapses after this (at most a day: "
+        "the lease's MAX_LEASE_TTL_S). 0 (default): derived from "
         "host_call_deadline_s and stop_grace_s, so the lease outlasts any fan-out of host calls (92 s at the defaults)")
     stop_grace_s: float = _knob(10.0, lo=0, doc="seconds between TERM and KILL when a job is stopped")
     launch_grace_s: float = _knob(60.0, lo=1, doc="a launched run whose wrapper has not started by then failed")

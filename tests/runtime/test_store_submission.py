@@ -276,3 +276,16 @@ def test_a_promotion_is_dated_by_the_databases_clock(store, monkeypatch):
     with store.session() as s:
         dated = s.scalar(sa.select(ModelVersionRow.created_at))
     assert abs(dated - real) < 60.0
+
+
+def test_an_expiry_no_take_could_write_does_not_hold_the_lease(store):
+    """Another controller's bad write (an expiry 10^18 s ahead) held the lease for ever: every round did nothing."""
+    from lucid_core.runtime.store.schema import LeaseRow
+
+    assert lease.acquire(store, "rogue", ttl_s=30)
+    with store.session() as s:
+        s.execute(sa.update(LeaseRow).values(expires_at=1e18))
+    assert lease.holder_of(store) is None
+    assert lease.acquire(store, "round", ttl_s=30) is not None and lease.holder_of(store) == "round"
+    with pytest.raises(ValueError, match="TTL"):
+        lease.acquire(store, "round", ttl_s=1e9)

@@ -28,6 +28,9 @@ from lucid_core.runtime.store.schema import LeaseRow
 from lucid_core.runtime.store.store import Store
 
 ROUND_LEASE = "scheduling-round"
+#: no take asks for longer: an expiry further ahead than this was not written by a take or renewal (another
+#: controller's bad write), and holding it would stop every round for ever, so it counts as lapsed
+MAX_LEASE_TTL_S = 86400.0
 
 
 class LeaseHeld(RuntimeError):
@@ -42,11 +45,14 @@ def acquire(store: Store, holder: str, ttl_s: float, now: float | None = None,
     Expiry is written and judged by the database's clock, one for every controller (`db_clock`); `now`
     replaces it where a test steps time by hand.
     """
+    if not 0 < ttl_s <= MAX_LEASE_TTL_S:
+        raise ValueError(f"a lease TTL of {ttl_s:g} s is not in (0, {MAX_LEASE_TTL_S:g}]")
     at = time_expression(store.dialect, now)
     with store.session() as s:
         taken = s.execute(
             update(LeaseRow)
-            .where(LeaseRow.name == name, or_(LeaseRow.expires_at < at, LeaseRow.holder == holder))
+            .where(LeaseRow.name == name, or_(LeaseRow.expires_at < at, LeaseRow.expires_at > at + MAX_LEASE_TTL_S,
+                                              LeaseRow.holder == holder))
             .values(holder=holder, expires_at=at + ttl_s, generation=LeaseRow.generation + 1)
             .execution_options(synchronize_session=False)).rowcount
         if taken == 1:
@@ -90,8 +96,9 @@ def release(store: Store, lease: Lease | str, name: str = ROUND_LEASE) -> None:
 def holder_of(store: Store, now: float | None = None, name: str = ROUND_LEASE) -> str | None:
     """Who holds the lease now, by the database's clock unless `now` is given (None when free or expired)."""
     with store.session() as s:
+        at = time_expression(store.dialect, now)
         return s.scalar(select(LeaseRow.holder).where(
-            LeaseRow.name == name, LeaseRow.expires_at >= time_expression(store.dialect, now)))
+            LeaseRow.name == name, LeaseRow.expires_at >= at, LeaseRow.expires_at <= at + MAX_LEASE_TTL_S))
 
 
 def admin_holder(what: str) -> str:
