@@ -326,9 +326,9 @@ def _sample(values: np.ndarray) -> list[float]:
 
 def registry_root() -> Path:
     """LUCID_HOME/models/registry: the model registry the Update Engine promotes into."""
-    from lucid_core.runtime.store.store import lucid_home
+    from lucid_core.models.registry import models_root
 
-    return lucid_home() / "models" / "registry"
+    return models_root() / "registry"
 
 
 def _artifact(name: str, version: int) -> Path:

@@ -111,7 +111,7 @@ check calibrate "$rc" "lucid calibrate --sharing mps exited $rc ($(($(date +%s) 
 THRESHOLDS=()
 # dry: the pair ran on CPU cores, whose shared speeds say nothing of a GPU; lower thresholds let it pair
 [ "$DRY" = 1 ] && THRESHOLDS=(--tiny 0.5 --medium 0.3)
-lucid models train-packing --catalog "$OUT_DIR/catalog" --registry "$WORK/registry" --promote --store "$URL" \
+lucid models train-packing --catalog "$OUT_DIR/catalog" --registry "$LUCID_HOME/models/registry" --promote --store "$URL" \
   "${THRESHOLDS[@]}"
 check train-packing "$?" "tree trained on the catalog and promoted for '$GPU_MODEL' shared by mps"
 

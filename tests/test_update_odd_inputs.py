@@ -278,7 +278,7 @@ def _within(seconds: float, call) -> tuple[bool, object]:
 
 @pytest.mark.parametrize("link", [False, True])
 def test_a_promoted_model_path_that_is_a_fifo_leaves_the_round_on_the_fallback(store_url: str, tmp_path: Path,
-                                                                                link: bool):
+                                                                                link: bool, monkeypatch):
     """A model_versions row (or the registry's model file) naming a FIFO, or a link to one: joblib.load blocked
     on it for ever, and every live round with it."""
     import os
@@ -288,9 +288,11 @@ def test_a_promoted_model_path_that_is_a_fifo_leaves_the_round_on_the_fallback(s
     from lucid_core.runtime.round.snapshot import load_snapshot
     from lucid_core.runtime.store.store import Store, record_promotion
 
-    fifo = tmp_path / "model.fifo"
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path))  # a round loads artifacts from LUCID_HOME/models only
+    (tmp_path / "models").mkdir()
+    fifo = tmp_path / "models" / "model.fifo"
     os.mkfifo(fifo)
-    path = tmp_path / "model.joblib"
+    path = tmp_path / "models" / "model.joblib"
     if link:
         path.symlink_to(fifo)
     store = Store(store_url)
@@ -303,6 +305,7 @@ def test_a_promoted_model_path_that_is_a_fifo_leaves_the_round_on_the_fallback(s
         store.dispose()
     assert finished, "the round hung loading the promoted model"
     assert models[3]["duration"].startswith("history of"), models[3]
+    assert "not a regular file" in models[3]["refused"], models[3]  # refused by the FIFO check, not the root
 
 
 def test_a_registry_model_file_replaced_by_a_fifo_is_unreadable_not_a_hang(tmp_path: Path):

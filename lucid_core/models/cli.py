@@ -91,9 +91,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _registry_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--registry", default=DEFAULT_REGISTRY, help="model registry directory")
+    p.add_argument("--registry", default=None, help=f"model registry directory (default: {DEFAULT_REGISTRY}; "
+                   "train-packing --promote: LUCID_HOME/models/registry, the only place a round loads a tree from)")
     p.add_argument("--no-register", action="store_true", help="only print the evaluation")
     p.add_argument("--promote", action="store_true", help="promote the new version")
+
+
+def _promotion_registry(args: argparse.Namespace) -> str | None:
+    """Settle train-packing's registry before training: with --promote, the tree goes to the store, and a round
+    loads only artifacts under LUCID_HOME/models, so the registry defaults to (and must lie) there. Returns why
+    not, or None."""
+    from lucid_core.models.registry import artifact_within, models_root
+
+    if not args.promote or args.no_register:
+        return None
+    args.registry = args.registry or str(models_root() / "registry")
+    try:
+        artifact_within(args.registry, models_root())
+    except ValueError:
+        return (f"--promote puts the tree in the store, and a round loads only artifacts under LUCID_HOME/models "
+                f"({models_root()}); --registry {args.registry} lies outside it (leave --registry out, or set "
+                "LUCID_HOME)")
+    return None
 
 
 def _register(args: argparse.Namespace, name: str, model: object, **meta: object) -> None:
@@ -101,6 +120,7 @@ def _register(args: argparse.Namespace, name: str, model: object, **meta: object
         return
     from lucid_core.models.registry import ModelRegistry
 
+    args.registry = args.registry or DEFAULT_REGISTRY
     registry = ModelRegistry(args.registry)
     version = registry.register(name, model, **meta)
     if args.promote:
@@ -128,6 +148,10 @@ def _train_packing(args: argparse.Namespace) -> int:
         key = catalog_key(args.catalog, args.gpu_model, args.sharing)
     except ValueError as exc:
         print(f"lucid models train-packing: error: {exc}", file=sys.stderr)
+        return 2
+    problem = _promotion_registry(args)
+    if problem:
+        print(f"lucid models train-packing: error: {problem}", file=sys.stderr)
         return 2
     catalog = load_packing_catalog(args.catalog)
     tree = PackingTree(args.tiny, args.medium, args.label_source).fit_catalog(catalog)

@@ -46,6 +46,28 @@ class ModelVersion:
     promoted: bool = False
 
 
+def models_root() -> Path:
+    """LUCID_HOME/models: the one directory a live round loads promoted artifacts from. The Update Engine's
+    registry and `lucid models train-packing --promote`'s default registry lie in it."""
+    from lucid_core.config import lucid_home
+
+    return lucid_home() / "models"
+
+
+def artifact_within(path: str | Path, root: str | Path) -> Path:
+    """`path` resolved (through links), if it lies under `root` (resolved too); ValueError otherwise. A store's
+    model_versions row is written by whoever can write the store, and loading a joblib file runs its code: only
+    files under the models root, which the file system guards, may be loaded from a row."""
+    text = str(path)
+    if not text or "\x00" in text:
+        raise ValueError(f"model artifact path {text!r} is not a path")
+    resolved, base = Path(text).resolve(), Path(root).resolve()
+    if not resolved.is_relative_to(base):
+        raise ValueError(f"model artifact {text} lies outside the models root {base}; a round loads only "
+                         f"artifacts under it (LUCID_HOME/models)")
+    return resolved
+
+
 def load_artifact(path: str | Path) -> Any:
     """joblib.load of `path` if it is a regular file (through links): one replaced by a FIFO, or by a link to
     one, blocked its reader for ever (every live round hung loading the promoted model); ValueError otherwise."""

@@ -75,7 +75,7 @@ H200 = shared_data_dir() / "gpu_calibration_h200"
 @pytest.mark.parametrize(("folder", "sharing", "labels"), [("mps", "mps", {"Tiny", "Medium"}),
                                                            ("time_sliced", "time-slice", {"Jumbo"})])
 def test_train_packing_on_the_small_h200_catalogs_promotes_per_key_into_the_store(
-        tmp_path, capsys, folder, sharing, labels):
+        tmp_path, capsys, monkeypatch, folder, sharing, labels):
     catalog = H200 / folder / "catalog"
     if not (catalog / "single_data.csv").exists():
         pytest.skip(f"H200 calibration catalog not found at {catalog}")
@@ -86,9 +86,15 @@ def test_train_packing_on_the_small_h200_catalogs_promotes_per_key_into_the_stor
     assert run(["models", "train-packing", "--catalog", str(catalog), "--no-register"]) == 2
     assert "declare --sharing" in capsys.readouterr().err
     url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    # a round loads only artifacts under LUCID_HOME/models: promoting from a registry elsewhere is refused early
     assert run(["models", "train-packing", "--catalog", str(catalog), "--sharing", sharing, "--registry",
-                str(tmp_path / "reg"), "--promote", "--store", url]) == 0
+                str(tmp_path / "reg"), "--promote", "--store", url]) == 2
+    assert "lies outside it" in capsys.readouterr().err and not (tmp_path / "reg").exists()
+    assert run(["models", "train-packing", "--catalog", str(catalog), "--sharing", sharing, "--promote",
+                "--store", url]) == 0
     out = capsys.readouterr().out
+    assert f"in {tmp_path / 'home' / 'models' / 'registry'} (promoted)" in out
     kind = f"packing:nvidia-h200:{sharing}"
     assert f"key: NVIDIA H200 shared by {sharing} (model kind {kind})" in out
     assert {word for word in labels if f"class: {word}" in out} == labels
@@ -102,5 +108,5 @@ def test_train_packing_on_the_small_h200_catalogs_promotes_per_key_into_the_stor
     assert list(models) == [kind]
     from lucid_core.runtime.round.live_models import load_model
 
-    tree = load_model(models[kind][1], needs=("classify",))
+    tree = load_model(models[kind][1], needs=("classify",), root=tmp_path / "home" / "models")
     assert tree is not None and tree.nodes_

@@ -52,7 +52,7 @@ class Light:
         return [ShareClass.TINY for _ in profiles]
 
 
-def test_the_round_applies_each_hosts_own_keys_model_and_nothing_to_a_key_without_one(tmp_path):
+def test_the_round_applies_each_hosts_own_keys_model_and_nothing_to_a_key_without_one(tmp_path, monkeypatch):
     import joblib
 
     from lucid_core.models.packing import ARTIFACT_KEY
@@ -65,9 +65,12 @@ def test_the_round_applies_each_hosts_own_keys_model_and_nothing_to_a_key_withou
     add_host(store, HostSpec("off", executor="local", gpus=1, gpu_model="NVIDIA H200", sharing="none",
                              workdir=str(tmp_path / "c")))
     add_host(store, HostSpec("emu", executor="local", gpus=1, telemetry="emulated", workdir=str(tmp_path / "d")))
-    joblib.dump(Light(), tmp_path / "light.joblib")
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path))  # a round loads artifacts from LUCID_HOME/models only
+    (tmp_path / "models").mkdir()
+    joblib.dump(Light(), tmp_path / "models" / "light.joblib")
     with store.session() as s:
-        record_promotion(s, SharingKey("NVIDIA H200", "mps").model_kind, "1", str(tmp_path / "light.joblib"), {},
+        record_promotion(s, SharingKey("NVIDIA H200", "mps").model_kind, "1", str(tmp_path / "models" / "light.joblib"),
+                         {},
                          "test", time.time())
     policy = default_policy(LucidConfig(), load_snapshot(store, time.time()))
     models = policy.binder.packing_models

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import joblib
+import pytest
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import Job
@@ -13,6 +14,13 @@ from lucid_core.runtime.round.live_models import default_policy
 from lucid_core.runtime.round.snapshot import load_snapshot
 from lucid_core.runtime.store.schema import ModelVersionRow
 from lucid_core.runtime.store.store import Store
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    """LUCID_HOME in the test's folder: a round loads artifacts only from its models/ folder."""
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
 
 
 class Wrapped:
@@ -30,12 +38,12 @@ def test_promoted_duration_model_is_used_and_fallback_otherwise(tmp_path):
     assert fallback.duration_model.predict_duration([probe]) == [3600.0]
     history = [Job(job_id=f"h{i}", user="ann", vc="a", gpus=1, submit_time=0.0) for i in range(5)]
     trained = HistoryDurationPredictor().fit(history, [120.0] * 5)
-    path = tmp_path / "duration.joblib"
+    path = tmp_path / "models" / "duration.joblib"
     joblib.dump(Wrapped(trained), path)
     with store.session() as s:
         s.add(ModelVersionRow(kind="duration", version="v7", path=str(path), created_at=time.time(), active=True))
-        s.add(ModelVersionRow(kind="packing:nvidia-h200:mps", version="broken", path=str(tmp_path / "missing.joblib"),
-                              created_at=time.time(), active=True))
+        s.add(ModelVersionRow(kind="packing:nvidia-h200:mps", version="broken",
+                              path=str(tmp_path / "models" / "missing.joblib"), created_at=time.time(), active=True))
     policy = default_policy(LucidConfig(), load_snapshot(store, time.time()))
     assert policy.model_sources["duration"] == "promoted version v7"
     # an unreadable artifact is left out (that key shares nothing); it does not crash the round
@@ -58,7 +66,7 @@ def test_a_promoted_model_learns_what_ended_after_it_and_a_lost_one_falls_back_t
                          state="COMPLETED", submit_time=end - 400, start_time=end - 300, end_time=end))
         s.add(JobRow(job_id="x", seq=9, name="x", user="ann", vc="a", gpus=1, command="true", env={},
                      state="FAILED", submit_time=promoted, start_time=promoted + 1, end_time=promoted + 300))
-        path = tmp_path / "duration.joblib"
+        path = tmp_path / "models" / "duration.joblib"
         joblib.dump(HistoryDurationPredictor(), path)
         s.add(ModelVersionRow(kind="duration", version="v1", path=str(path), created_at=promoted, active=True))
     snapshot = load_snapshot(store, time.time())
@@ -94,7 +102,7 @@ def test_a_finished_job_whose_stored_times_or_width_went_bad_is_left_out_of_the_
         s.execute(text("UPDATE jobs SET end_time = 'later' WHERE job_id = 'h3'"))
     fallback = default_policy(LucidConfig(), load_snapshot(store, time.time()))
     assert fallback.model_sources["duration"] == "history of 3 finished job(s)"
-    path = tmp_path / "duration.joblib"
+    path = tmp_path / "models" / "duration.joblib"
     joblib.dump(HistoryDurationPredictor(), path)
     with store.session() as s:
         s.add(ModelVersionRow(kind="duration", version="v1", path=str(path), created_at=now - 2000, active=True))
@@ -126,3 +134,56 @@ def test_explain_decomposes_a_ga2m_duration_into_term_contributions():
     assert math.isclose(math.expm1(total), out["estimate_s"], rel_tol=1e-6)
     assert math.isclose(out["estimate_s"], model.predict_duration([job])[0], rel_tol=1e-6)
     assert {"gpus", "vc"} <= {name for name, _ in out["terms"]}
+
+
+class RunsOnLoad:
+    """An artifact whose loading runs code: it leaves a file behind."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_row_naming_an_artifact_outside_the_models_root_is_not_opened(tmp_path, capsys):
+    """model_versions is written by whoever can write the store, and loading a joblib file runs its code: a
+    round opens only files under LUCID_HOME/models (through links), falls back, and says why."""
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    marker = tmp_path / "ran"
+    joblib.dump(RunsOnLoad(marker), elsewhere / "evil.joblib")
+    (tmp_path / "models" / "link.joblib").symlink_to(elsewhere / "evil.joblib")
+    rows = {"duration": str(elsewhere / "evil.joblib"),
+            "throughput_forecaster": str(tmp_path / "models" / ".." / "elsewhere" / "evil.joblib"),
+            "packing:nvidia-h200:mps": str(tmp_path / "models" / "link.joblib")}
+    with store.session() as s:
+        for kind, path in rows.items():
+            s.add(ModelVersionRow(kind=kind, version="v1", path=path, created_at=time.time(), active=True))
+    policy = default_policy(LucidConfig(), load_snapshot(store, time.time()))
+    assert not marker.exists()
+    assert policy.model_sources["duration"] == "history of 0 finished job(s)"
+    assert policy.model_sources["throughput"] == "mean of recent slots"
+    assert "nvidia-h200:mps" not in policy.model_sources["packing"]
+    assert policy.model_sources["refused"].count("lies outside the models root") == 3
+    # and `lucid explain` says so
+    from lucid_core.cli import main
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+    add_host(store, HostSpec("m0", executor="local", gpus=1, workdir=str(tmp_path / "m0")))
+    job_id = submit(store, JobRequest(command="true", gpus=1, user="ann", vc="default"))
+    capsys.readouterr()
+    assert main(["explain", job_id, "--store", store.url]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("promoted model not used: ")]
+    assert len(said) == 1 and said[0].count("lies outside the models root") == 3, said
+    assert not marker.exists()
+    # the same file under the root is loaded (and runs): the check, not the file, kept it out above
+    joblib.dump(RunsOnLoad(marker), tmp_path / "models" / "inside.joblib")
+    with store.session() as s:
+        s.add(ModelVersionRow(kind="duration", version="v2", path=str(tmp_path / "models" / "inside.joblib"),
+                              created_at=time.time() + 1, active=True))
+    default_policy(LucidConfig(), load_snapshot(store, time.time() + 2))
+    assert marker.exists()
+    store.dispose()

@@ -6,6 +6,7 @@ A promoted duration model also learns the jobs that ended after it was made; not
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lucid_core.config import LucidConfig
@@ -37,17 +38,25 @@ class ReplayForecaster:
         return self.inner.forecast(now)
 
 
-def load_model(path: str, *, needs: tuple[str, ...]) -> Any | None:
-    """A promoted model artifact (joblib), or the predictor it wraps, if it offers `needs`; else None."""
-    from lucid_core.models.registry import load_artifact
+def load_model(path: str, *, needs: tuple[str, ...], root: str | Path | None = None,
+               refused: list[str] | None = None) -> Any | None:
+    """A promoted model artifact (joblib), or the predictor it wraps, if it offers `needs`; else None.
+
+    With `root`, a path that lies outside it (through links) is not opened at all: the path comes from the
+    store, and loading a joblib file runs its code. Why a path was not used is appended to `refused`."""
+    from lucid_core.models.registry import artifact_within, load_artifact
 
     try:
-        obj = load_artifact(path)
-    except Exception:  # a missing, unreadable or not regular artifact must not stop scheduling
+        obj = load_artifact(artifact_within(path, root) if root is not None else path)
+    except Exception as exc:  # a missing, unreadable, untrusted or not regular artifact must not stop scheduling
+        if refused is not None:
+            refused.append(str(exc)[:300])
         return None
     for candidate in (obj, getattr(obj, "predictor_", None), getattr(obj, "model_", None)):
         if candidate is not None and all(callable(getattr(candidate, n, None)) for n in needs):
             return candidate
+    if refused is not None:
+        refused.append(f"model artifact {path} offers no {', '.join(needs)}")
     return None
 
 
@@ -56,13 +65,17 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Packing
 
     Promoted versions in `model_versions` (written by the Update Engine) win; the duration model
     then also learns the jobs that ended after it was trained. Without one, the fallbacks are
-    refitted from the store's history.
+    refitted from the store's history. Only artifacts under the models root (LUCID_HOME/models) are loaded; why
+    a promoted version was not used is listed under "refused".
     """
+    from lucid_core.models.registry import models_root
+
     sources: dict[str, str] = {}
+    root, refused = models_root(), []
     duration = None
     if "duration" in snapshot.models:
         version, path, _ = snapshot.models["duration"]
-        duration = load_model(path, needs=("predict_duration", "observe"))
+        duration = load_model(path, needs=("predict_duration", "observe"), root=root, refused=refused)
         if duration is not None:
             sources["duration"] = f"promoted version {version}"
             for row, seconds in snapshot.unlearned:  # read as the jobs that ended after the promotion
@@ -77,11 +90,11 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Packing
         if history:  # grouped by the rows' own user and GPU demand: no Job built per finished job
             duration.fit([j for j, _ in history], [d for _, d in history])
         sources["duration"] = fallback_source(len(history))
-    packing = packing_models(snapshot, sources)
+    packing = packing_models(snapshot, sources, root=root, refused=refused)
     forecaster = None
     if "throughput_forecaster" in snapshot.models:
         version, path, _ = snapshot.models["throughput_forecaster"]
-        forecaster = load_model(path, needs=("observe_submission", "forecast"))
+        forecaster = load_model(path, needs=("observe_submission", "forecast"), root=root, refused=refused)
         if forecaster is not None:
             sources["throughput"] = f"promoted version {version}"
     if forecaster is None:
@@ -89,10 +102,13 @@ def policy_models(config: LucidConfig, snapshot: Snapshot) -> tuple[Any, Packing
         sources["throughput"] = "mean of recent slots"
     for t, gpus in snapshot.submissions:
         forecaster.observe_submission(t, gpus)
+    if refused:
+        sources["refused"] = "; ".join(refused)[:1000]
     return duration, packing, ReplayForecaster(forecaster), sources
 
 
-def packing_models(snapshot: Snapshot, sources: dict[str, str]) -> PackingModels:
+def packing_models(snapshot: Snapshot, sources: dict[str, str], *, root: str | Path,
+                   refused: list[str] | None = None) -> PackingModels:
     """One packing model per (GPU model, sharing mechanism): the promoted `packing:<key>` versions, the shipped
     tree for the key it was measured on (the artifact's RTX 3090s, time-sliced), and the utilization rule for
     hosts whose telemetry is emulated (no GPU, so nothing measured applies). Any other key shares nothing."""
@@ -102,7 +118,7 @@ def packing_models(snapshot: Snapshot, sources: dict[str, str]) -> PackingModels
     words = []
     for kind, (version, path, _) in sorted(snapshot.models.items()):
         key = SharingKey.from_kind(kind)
-        model = load_model(path, needs=("classify",)) if key is not None else None
+        model = load_model(path, needs=("classify",), root=root, refused=refused) if key is not None else None
         if key is not None and model is not None:
             models[key] = model
             words.append(f"{key.slug} promoted version {version}")

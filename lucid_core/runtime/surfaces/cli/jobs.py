@@ -260,6 +260,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             lines.append(f"  {sharing['measured']}")
     if data["pending"]:
         lines.append(f"waiting (position {data['pending']['position']}): {data['pending']['reason']}")
+    if (data.get("models") or {}).get("refused"):
+        lines.append(f"promoted model not used: {data['models']['refused']}")
     for d in data["decisions"]:
         lines.append(f"  {local_time(d['time'])} {d['kind']} [{d['status']}]: {d['reason']}")
     emit(args, data, "\n".join(lines))
