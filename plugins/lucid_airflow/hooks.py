@@ -107,6 +107,12 @@ class LucidHook(BaseHook):
 
         return submit(self.get_conn(), request)
 
+    def latest_job_with_key_prefix(self, user: str, prefix: str) -> Any:
+        """The last job (`KeyedJob`) `user` submitted under an idempotency key starting with `prefix`, or None."""
+        from lucid_core.runtime.surfaces.submission import latest_job_with_key_prefix
+
+        return latest_job_with_key_prefix(self.get_conn(), user, prefix)
+
     def get_job(self, job_id: str) -> dict[str, Any]:
         """The job's status record: state, exit code, end reason, runs (lucid_core.runtime.surfaces.queries.status)."""
         from lucid_core.runtime.surfaces.queries import status

@@ -21,17 +21,38 @@ from lucid_core.domain import JobState
 XCOM_JOB_ID = "job_id"
 
 
-def task_idempotency_key(dag_id: str, task_id: str, run_id: str, map_index: int, try_number: int,
-                         ti_id: str = "") -> str:
-    """A submission key unique to one try of one task instance (at most 128 characters, as the store allows).
+def _digest(parts: list[Any]) -> str:
+    """32 hex digits of the JSON of `parts` (JSON-quoted: ids with separators in them cannot collide)."""
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
-    Executing the same try again (a worker lost after submitting) finds the job it submitted; a retry
-    (the next try) submits a new one. `ti_id` is Airflow's id of the try (a new UUID at each try, and for
-    each task instance of a DAG run made again): a run deleted and made again keeps its run_id (a re-run
-    scheduled date), and without the id its first try would take over the old run's job and its outcome.
-    """
-    identity = json.dumps([dag_id, task_id, run_id, map_index, try_number, str(ti_id)])
-    return f"airflow:{hashlib.sha256(identity.encode()).hexdigest()}"
+
+def task_lineage(dag_id: str, task_id: str, run_id: str, map_index: int, run_started: str,
+                 clear_number: int) -> str:
+    """The key prefix every try of one task instance in one DAG run shares (what a retry looks for).
+
+    A run deleted and made again keeps its run_id (a re-run of a scheduled date) but starts anew, and a
+    cleared task's run counts one more clear: both are a new lineage, whose first try submits its own job."""
+    return f"airflow:{_digest([dag_id, task_id, run_id, map_index, run_started, clear_number])}:"
+
+
+def task_idempotency_key(lineage: str, try_number: int, ti_id: str) -> str:
+    """A submission key unique to one try (at most 128 characters, as the store allows): executing the same try
+    again (a worker lost after submitting) finds the job it submitted. `ti_id` is Airflow's id of the try."""
+    return f"{lineage}{_digest([try_number, str(ti_id)])}"
+
+
+def context_lineage(context: Mapping[str, Any]) -> str:
+    """The task instance's lineage; one of its own when the DAG run has no start date to tell incarnations by."""
+    ti, run = context["ti"], context.get("dag_run")
+    started = getattr(run, "start_date", None)
+    if started is None:
+        return task_lineage(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, f"try {ti.id}", 0)
+    clears = getattr(run, "clear_number", 0)
+    return task_lineage(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, started.isoformat(),
+                        clears if isinstance(clears, int) else 0)
+
+
+ADOPTED_STATES = frozenset(s.value for s in JobState) - {JobState.FAILED.value}
 
 
 class LucidSubmitJobOperator(BaseOperator):
@@ -91,8 +112,7 @@ class LucidSubmitJobOperator(BaseOperator):
         from lucid_core.runtime.surfaces.submission import JobRequest
 
         ti = context["ti"]
-        key = task_idempotency_key(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number,
-                                   str(ti.id))
+        key = task_idempotency_key(context_lineage(context), ti.try_number, str(ti.id))
         return JobRequest(command=self.command, gpus=self.gpus, user=self.user or self.owner, vc=self.vc,
                           name=self.name or f"{ti.dag_id}.{ti.task_id}", amp=self.amp,
                           long_cold_start=self.long_cold_start, env=self.env, idempotency_key=key)
@@ -106,12 +126,15 @@ class LucidSubmitJobOperator(BaseOperator):
     def _submit_and_wait(self, context: Mapping[str, Any]) -> str:
         from lucid_core.runtime.surfaces.submission import SubmissionError
 
-        try:
-            self.job_id = self.hook.submit_job(self.build_request(context))
-        except SubmissionError as exc:  # a bad request stays bad on every retry
-            raise AirflowFailException(f"Lucid refused the job: {exc}") from exc
+        request = self.build_request(context)
+        self.job_id = self._earlier_tries_job(request)
+        if self.job_id is None:
+            try:
+                self.job_id = self.hook.submit_job(request)
+            except SubmissionError as exc:  # a bad request stays bad on every retry
+                raise AirflowFailException(f"Lucid refused the job: {exc}") from exc
+            self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", self.job_id, self.gpus, self.vc)
         context["ti"].xcom_push(key=XCOM_JOB_ID, value=self.job_id)
-        self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", self.job_id, self.gpus, self.vc)
         if not self.wait_for_completion:
             return self.job_id
         info = self.hook.get_job(self.job_id)
@@ -129,6 +152,23 @@ class LucidSubmitJobOperator(BaseOperator):
                 self._cancel_after_timeout()
                 raise AirflowException(f"{exc}; cancelled it") from exc
         return self._finish(info["job_id"], info["state"], job_outcome(info))
+
+    def _earlier_tries_job(self, request: Any) -> str | None:
+        """The job an earlier try of this task instance submitted, when this try should wait for it instead of
+        submitting another: it has not ended (the earlier try's worker was lost while it ran on), it completed
+        (lost before it could say so), or a person cancelled it. A FAILED job is what retries are for: None."""
+        if not request.idempotency_key:
+            return None
+        lineage = request.idempotency_key[:request.idempotency_key.rindex(":") + 1]
+        found = self.hook.latest_job_with_key_prefix(request.user, lineage)
+        if found is None or found.state not in ADOPTED_STATES:
+            return None
+        if found.idempotency_key == request.idempotency_key:  # this very try, executed again
+            self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", found.job_id, self.gpus, self.vc)
+        else:
+            self.log.info("Lucid job %s, submitted by an earlier try of this task, is %s: waiting for it instead "
+                          "of submitting another", found.job_id, found.state)
+        return found.job_id
 
     def execute_complete(self, context: Mapping[str, Any], event: dict[str, Any]) -> str:
         """Resumed from the trigger: succeed on COMPLETED, cancel the job at the task's timeout, else fail

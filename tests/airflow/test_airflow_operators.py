@@ -206,19 +206,54 @@ def test_executing_the_same_try_again_reattaches_to_its_job(lucid_store, tmp_pat
 
 
 def test_idempotency_key_is_per_try_and_fits_the_store():
-    from lucid_airflow.operators import task_idempotency_key
+    from lucid_airflow.operators import task_idempotency_key, task_lineage
 
     from lucid_core.runtime.surfaces.submission import MAX_IDEMPOTENCY_KEY
 
-    key = task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 7, 1)
-    assert len(key) <= MAX_IDEMPOTENCY_KEY
-    assert key == task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 7, 1)
-    assert key != task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 7, 2)
-    assert key != task_idempotency_key("d" * 250, "t" * 250, "manual__" + "r" * 240, 8, 1)
+    lineage = task_lineage("d" * 250, "t" * 250, "manual__" + "r" * 240, 7, "2026-02-01T00:00:00+00:00", 0)
+    key = task_idempotency_key(lineage, 1, "ti-1")
+    assert len(key) <= MAX_IDEMPOTENCY_KEY and key.startswith(lineage)
+    assert key == task_idempotency_key(lineage, 1, "ti-1")
+    assert key != task_idempotency_key(lineage, 2, "ti-2") and task_idempotency_key(lineage, 2, "ti-2").startswith(
+        lineage), "a retry is a new key of the same lineage"
+    assert lineage != task_lineage("d" * 250, "t" * 250, "manual__" + "r" * 240, 8, "2026-02-01T00:00:00+00:00", 0)
     # the parts are JSON-quoted: ids with separators in them cannot collide
-    assert task_idempotency_key("a:b", "c", "r", -1, 1) != task_idempotency_key("a", "b:c", "r", -1, 1)
-    # a DAG run made again keeps its run_id, not its task instances' ids
-    assert task_idempotency_key("d", "t", "r", -1, 1, "ti-1") != task_idempotency_key("d", "t", "r", -1, 1, "ti-2")
+    assert task_lineage("a:b", "c", "r", -1, "s", 0) != task_lineage("a", "b:c", "r", -1, "s", 0)
+    # a DAG run made again keeps its run_id, not its start; a cleared task's run counts one more clear
+    assert task_lineage("d", "t", "r", -1, "s1", 0) != task_lineage("d", "t", "r", -1, "s2", 0)
+    assert task_lineage("d", "t", "r", -1, "s1", 0) != task_lineage("d", "t", "r", -1, "s1", 1)
+
+
+def test_a_retry_after_a_lost_worker_waits_for_the_job_the_lost_try_submitted(lucid_store, tmp_path, capfd,
+                                                                               monkeypatch):
+    """Try 1 submits its job and is lost before it can wait (here: its first status read fails as a dying
+    worker's would). Try 2 finds that job still queued or running and waits for it: one job, run once."""
+    from datetime import timedelta
+
+    from lucid_airflow.hooks import LucidHook
+
+    real, calls = LucidHook.get_job, []
+
+    def get_job(self, job_id):
+        calls.append(job_id)
+        if len(calls) == 1:
+            raise RuntimeError("worker lost")
+        return real(self, job_id)
+
+    monkeypatch.setattr(LucidHook, "get_job", get_job)
+    dag = _example_dag()
+    train = dag.task_dict["train"]
+    train.poll_interval, train.retries, train.retry_delay = 1, 1, timedelta(0)
+    with RoundLoop(lucid_store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, TRAIN_OK))
+    assert not rounds.errors, rounds.errors
+    train_ti = _tis(run)["train"]
+    assert _state(train_ti.state) == "success" and train_ti.try_number == 2
+    (job_id, job), = _jobs(lucid_store).items()
+    assert job.state == "COMPLETED" and _xcom(run, "train") == job_id
+    out = capfd.readouterr().out
+    assert "worker lost" in out
+    assert f"Lucid job {job_id}, submitted by an earlier try of this task, is" in out
 
 
 def test_trigger_serializes_reports_unknown_jobs_cancels_on_kill_and_fires_on_the_end(lucid_store):

@@ -60,6 +60,22 @@ def test_submission_validation_names_each_field(store):
     assert status(store, job)["command"] == "python -c 'print('\"'\"'a b'\"'\"')'"
 
 
+def test_the_last_job_under_a_key_prefix_is_found_per_user_and_wildcards_match_only_themselves(store):
+    from lucid_core.runtime.surfaces.submission import latest_job_with_key_prefix
+
+    add_host(store, HostSpec("m0", executor="local", gpus=1))
+    first = submit(store, JobRequest(command="true", gpus=1, user="ann", vc="default", idempotency_key="run%1:try-a"))
+    second = submit(store, JobRequest(command="true", gpus=1, user="ann", vc="default", idempotency_key="run%1:try-b"))
+    submit(store, JobRequest(command="true", gpus=1, user="bob", vc="default", idempotency_key="run%1:try-c"))
+    submit(store, JobRequest(command="true", gpus=1, user="ann", vc="default", idempotency_key="runX1:try-d"))
+    found = latest_job_with_key_prefix(store, "ann", "run%1:")
+    assert (found.job_id, found.state, found.idempotency_key) == (second, "SUBMITTED", "run%1:try-b")
+    assert first != second and latest_job_with_key_prefix(store, "ann", "run_1:") is None
+    assert latest_job_with_key_prefix(store, "carl", "run%1:") is None
+    with pytest.raises(ValueError, match="key prefix"):
+        latest_job_with_key_prefix(store, "ann", "")
+
+
 def test_cancel_of_unknown_and_of_waiting_jobs(store):
     _hosts(store)
     with pytest.raises(UnknownJob):

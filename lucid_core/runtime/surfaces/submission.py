@@ -175,6 +175,29 @@ def _job_with_key(store: Store, user: str, key: str | None) -> str | None:
         return s.scalar(select(JobRow.job_id).where(JobRow.user == user, JobRow.idempotency_key == key))
 
 
+@dataclass(frozen=True)
+class KeyedJob:
+    """A job found by its idempotency key."""
+
+    job_id: str
+    state: str
+    idempotency_key: str
+
+
+def latest_job_with_key_prefix(store: Store, user: str, prefix: str) -> KeyedJob | None:
+    """The last job `user` submitted with an idempotency key starting with `prefix`; None when there is none.
+    A client that keys each try of one task alike (Airflow's operator: one prefix per task instance and run)
+    finds what an earlier try left running."""
+    if not isinstance(prefix, str) or not prefix or not storable(prefix) or len(prefix) > MAX_IDEMPOTENCY_KEY:
+        raise ValueError(f"key prefix must be text of 1 to {MAX_IDEMPOTENCY_KEY} characters")
+    with store.session() as s:  # substr, not LIKE: a prefix holding % or _ matches only itself
+        row = s.execute(select(JobRow.job_id, JobRow.state, JobRow.idempotency_key)
+                        .where(JobRow.user == user,
+                               func.substr(JobRow.idempotency_key, 1, len(prefix)) == prefix)
+                        .order_by(JobRow.seq.desc()).limit(1)).first()
+    return None if row is None else KeyedJob(str(row[0]), str(row[1]), str(row[2]))
+
+
 def fleet_problem(store: Store, gpus: int, vc: str) -> str | None:
     """Why no set of VC `vc`'s main hosts could ever hold a `gpus`-GPU job (None when some could).
 
