@@ -2,16 +2,57 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
+
 STORE_CONN_ID = "lucid_db"
+# one known_hosts key: its type and base64 body, on one line (what `ssh-keyscan` prints after the host)
+HOST_KEY_PATTERN = re.compile(r"[A-Za-z0-9@._+-]{1,64} [A-Za-z0-9+/]{16,16384}={0,2}")
+
+
+class ConnectionProblem(ValueError):
+    """An Airflow connection Lucid reads holds what it cannot use; names the connection and the field (never
+    the value: extras hold keys and passwords)."""
+
+
+def extra_fields(conn, names: Iterable[str]) -> dict[str, str]:
+    """The named fields of a connection's extra that are set, each as text; ConnectionProblem for an extra that
+    is not a JSON object (the Task SDK reads unparsable JSON as empty) or a field that is not text."""
+    extra, raw = conn.extra_dejson, getattr(conn, "extra", None)
+    unparsed = not extra and isinstance(raw, str) and raw.strip() not in {"", "{}", "null"}
+    if not isinstance(extra, Mapping) or unparsed:
+        raise ConnectionProblem(f"connection {conn.conn_id}: its extra must be a JSON object of fields")
+    fields: dict[str, str] = {}
+    for name in names:
+        value = extra.get(name)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str) or "\x00" in value:
+            raise ConnectionProblem(f"connection {conn.conn_id}: extra.{name} must be text, not "
+                                    f"{type(value).__name__}")
+        fields[name] = value
+    return fields
+
+
+def host_key_entry(conn, where: str, key: str) -> str:
+    """The known_hosts line for `where` from a connection's extra.host_key; one key on one line, else
+    ConnectionProblem (a newline would add entries for other hosts)."""
+    key = key.strip()
+    if not HOST_KEY_PATTERN.fullmatch(key):
+        raise ConnectionProblem(f"connection {conn.conn_id}: extra.host_key must be one public key on one line, "
+                                "'<type> <base64>' (as ssh-keyscan prints it after the host)")
+    if not where or any(c.isspace() or c in ",#*?!|" for c in where):  # a list or a pattern would trust the key
+        raise ConnectionProblem(f"connection {conn.conn_id}: host must be one address, not a list or a pattern")
+    return f"{where} {key}"
 
 
 def sqlalchemy_url(conn) -> str:
     """A SQLAlchemy URL from an Airflow Connection (get_uri() loses the SQLite path and says postgres://)."""
     from sqlalchemy.engine import URL
 
-    extra = conn.extra_dejson or {}
-    if extra.get("sqlalchemy_url"):
-        return str(extra["sqlalchemy_url"])
+    extra = extra_fields(conn, ("sqlalchemy_url",))
+    if "sqlalchemy_url" in extra:
+        return extra["sqlalchemy_url"]
     kind = (conn.conn_type or "").lower()
     if kind == "sqlite":
         return f"sqlite:///{conn.host or conn.schema}"

@@ -77,7 +77,10 @@ class LucidHook(BaseHook):
     @classmethod
     def url_from_connection(cls, conn: Any) -> str:
         """The store's SQLAlchemy URL; a `lucid`-typed connection's fields are read as PostgreSQL's."""
-        if (conn.conn_type or "").lower() == cls.conn_type and not (conn.extra_dejson or {}).get("sqlalchemy_url"):
+        from lucid_airflow.connections import extra_fields
+
+        if (conn.conn_type or "").lower() == cls.conn_type and "sqlalchemy_url" not in extra_fields(
+                conn, ("sqlalchemy_url",)):
             conn = attrs.evolve(conn, conn_type="postgres")
         return sqlalchemy_url(conn)
 

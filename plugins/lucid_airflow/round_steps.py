@@ -66,19 +66,28 @@ class ConnectionTransport:
         if conn is None:
             self._hosts[host.name] = host
             return host
-        extra = conn.extra_dejson or {}
+        from lucid_airflow.connections import ConnectionProblem, extra_fields, host_key_entry
+        from lucid_core.runtime.hosts.executor import HostUnreachable
+
+        try:
+            extra = extra_fields(conn, ("key_file", "private_key", "host_key"))
+            port = int(conn.port or host.port)
+            if not 0 < port < 65536:
+                raise ConnectionProblem(f"connection {conn.conn_id}: port {port} is not a TCP port")
+            where = conn.host or host.address
+            entry = host_key_entry(conn, where if port == 22 else f"[{where}]:{port}", extra["host_key"]) if (
+                "host_key" in extra) else None
+        except (ConnectionProblem, TypeError, ValueError) as exc:  # this host alone is unreachable, and says why
+            raise HostUnreachable(f"host {host.name}: {exc}") from None
         key_path = extra.get("key_file") or host.key_path
-        if extra.get("private_key"):
+        if "private_key" in extra:
             key = self.dir / f"{host.name}.key"
             key.write_text(extra["private_key"].strip() + "\n", encoding="utf-8")
             key.chmod(0o600)
             key_path = str(key)
-        port = int(conn.port or host.port)
-        if extra.get("host_key"):
-            where = conn.host or host.address
-            entry = where if port == 22 else f"[{where}]:{port}"
+        if entry is not None:
             with self.known_hosts.open("a", encoding="utf-8") as handle:
-                handle.write(f"{entry} {extra['host_key'].strip()}\n")  # read again at each connect
+                handle.write(entry + "\n")  # read again at each connect
         resolved = replace(host, address=conn.host or host.address, port=port, user=conn.login or host.user,
                            key_path=key_path)
         self._hosts[host.name] = resolved

@@ -105,6 +105,56 @@ def test_store_url_from_airflow_connections():
     assert sqlalchemy_url(explicit) == "sqlite:///y.db"
 
 
+def test_connection_extras_of_the_wrong_shape_are_named_without_their_values(tmp_path, monkeypatch):
+    """What an Airflow connection holds is typed by people: an extra that is a JSON list or not JSON at all,
+    a URL or a key that is not text, a host key that would add a second known_hosts line. Each is refused
+    naming the connection and the field, never the value; a host's bad connection makes that host alone
+    unreachable, and known_hosts gains nothing from it."""
+    import json
+
+    from airflow.sdk import Connection
+    from lucid_airflow.connections import ConnectionProblem, sqlalchemy_url
+    from lucid_airflow.hooks import LucidHook
+    from lucid_airflow.round_steps import ConnectionTransport
+
+    from lucid_core.runtime.hosts.executor import HostAddress, HostUnreachable
+
+    for extra, says in (('["sqlite:///x.db"]', "extra must be a JSON object"),
+                        ("sqlalchemy_url=sqlite:///x.db", "extra must be a JSON object"),
+                        ('{"sqlalchemy_url": 5}', "extra.sqlalchemy_url must be text, not int"),
+                        ('{"sqlalchemy_url": ["a"]}', "extra.sqlalchemy_url must be text, not list")):
+        conn = Connection(conn_id="lucid_db", conn_type="lucid", extra=extra)
+        with pytest.raises(ConnectionProblem, match=says) as refused:
+            LucidHook.url_from_connection(conn)
+        assert "connection lucid_db" in str(refused.value) and "x.db" not in str(refused.value)
+        with pytest.raises(ConnectionProblem):
+            sqlalchemy_url(conn)
+    secret = "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n-----END OPENSSH PRIVATE KEY-----"
+    good_key = "ssh-ed25519 " + "A" * 68
+    cases = {"listy": ({"extra": json.dumps([secret])}, "extra must be a JSON object"),
+             "numkey": ({"extra": json.dumps({"private_key": {"key": secret}})}, "extra.private_key must be text"),
+             "twolines": ({"extra": json.dumps({"host_key": f"{good_key}\n* ssh-rsa {'B' * 68}"})},
+                          "extra.host_key must be one public key on one line"),
+             "pattern": ({"host": "*", "extra": json.dumps({"host_key": good_key})}, "not a list or a pattern"),
+             "port": ({"port": 70000}, "port 70000 is not a TCP port")}
+    for name, (fields, _) in cases.items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_LUCID_HOST_{name.upper()}", json.dumps(
+            {"conn_type": "ssh", "host": "127.0.0.1", "login": "lucid", **fields}))
+    monkeypatch.setenv("AIRFLOW_CONN_LUCID_HOST_FINE", json.dumps(
+        {"conn_type": "ssh", "host": "127.0.0.1", "port": 2222, "login": "lucid", "extra": {"host_key": good_key}}))
+    monkeypatch.setenv("LUCID_KNOWN_HOSTS", str(tmp_path / "none"))
+    transport = ConnectionTransport(tmp_path)
+    for name, (_, says) in cases.items():
+        with pytest.raises(HostUnreachable, match=says) as refused:
+            transport._address(HostAddress(name))
+        assert f"host {name}: connection lucid_host_{name}" in str(refused.value)
+        assert "secret" not in str(refused.value) and "BBBB" not in str(refused.value)
+    assert transport.known_hosts.read_text() == ""
+    fine = transport._address(HostAddress("fine"))
+    assert (fine.address, fine.port) == ("127.0.0.1", 2222)
+    assert transport.known_hosts.read_text() == f"[127.0.0.1]:2222 {good_key}\n"
+
+
 def test_tune_cli_writes_a_ranked_report(tmp_path, capsys):
     import argparse
     import json
