@@ -221,8 +221,9 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             query = HistoryQuery(user=user.strip() or None, vc=vc.strip() or None,
                                  states=tuple(x for x in state.split(",") if x), since=_day_start(since),
                                  until=_day_start(until), limit=HISTORY_PAGE_SIZE)
-        except ValueError as exc:
-            refused = page("Job history", f"<p class='hint'>{esc(str(exc))}</p>", prefix)
+        except ValueError as exc:  # the filters again, as typed, with what is wrong in them
+            refused = page("Job history", history_form(prefix, user, vc, state, since, until)
+                           + f"<p class='hint bad' id='invalid-input'>{shown(str(exc))}</p>", prefix)
             refused.status_code = 422
             return refused
         with store().session() as s:
@@ -233,16 +234,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                  esc("" if r["exit_code"] is None else str(r["exit_code"])), esc(r["end_reason"] or "")]
                 for r in found.rows]
         filters = {"user": user, "vc": vc, "state": state, "since": since, "until": until}
-        states = "".join(f"<option value='{v}'{' selected' if v == state else ''}>{label}</option>"
-                         for v, label in (("", "any end"), ("COMPLETED", "completed"), ("FAILED", "failed"),
-                                          ("CANCELLED", "cancelled")))
-        form = (f"<form class='filters' method='get' action='{prefix}/jobs'>"
-                f"<label>user <input name='user' value='{esc(user)}'></label>"
-                f"<label>VC <input name='vc' value='{esc(vc)}'></label>"
-                f"<label>state <select name='state'>{states}</select></label>"
-                f"<label>ended from <input name='since' type='date' value='{esc(since)}'></label>"
-                f"<label>before <input name='until' type='date' value='{esc(until)}'></label>"
-                f"<button type='submit'>Filter</button> <a href='{prefix}/jobs'>clear</a></form>")
+        form = history_form(prefix, user, vc, state, since, until)
         last = _last_page(found.total)
 
         def link(to: int, label: str) -> str:
@@ -375,6 +367,20 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     app.mount("/api", _LazyApp(lambda: _runtime_api(store_url())))
     return app
+
+
+def history_form(prefix: str, user: str, vc: str, state: str, since: str, until: str) -> str:
+    """The job history's filter form, holding the filters as given."""
+    states = "".join(f"<option value='{v}'{' selected' if v == state else ''}>{label}</option>"
+                     for v, label in (("", "any end"), ("COMPLETED", "completed"), ("FAILED", "failed"),
+                                      ("CANCELLED", "cancelled")))
+    return (f"<form class='filters' method='get' action='{prefix}/jobs'>"
+            f"<label>user <input name='user' value='{esc(user)}'></label>"
+            f"<label>VC <input name='vc' value='{esc(vc)}'></label>"
+            f"<label>state <select name='state'>{states}</select></label>"
+            f"<label>ended from <input name='since' type='date' value='{esc(since)}'></label>"
+            f"<label>before <input name='until' type='date' value='{esc(until)}'></label>"
+            f"<button type='submit'>Filter</button> <a href='{prefix}/jobs'>clear</a></form>")
 
 
 def not_found_page(what: str, prefix: str) -> HTMLResponse:

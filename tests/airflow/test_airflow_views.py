@@ -131,7 +131,11 @@ def test_job_history_page_filters_pages_and_links_each_job(lucid_home, tmp_path)
     assert "COMPLETED" not in page.split("<tbody>")[1]
     late = client.get("/jobs", params={"since": "2030-01-01"}).text
     assert "No finished job matches" in late
-    assert client.get("/jobs", params={"since": "yesterday"}).status_code == 422
+    refused = client.get("/jobs", params={"since": "yester\x1bday", "user": "ann"})
+    assert refused.status_code == 422 and "id='invalid-input'" in refused.text
+    notice = refused.text.split("id='invalid-input'>")[1].split("</p>")[0]
+    assert "yester\\x1bday" in notice and "\x1b" not in notice  # quoted as typed, visibly
+    assert "<form class='filters'" in refused.text and "value='ann'" in refused.text  # the filters, to correct
 
 
 def test_empty_models_and_drift_pages_say_how_they_get_filled(lucid_home):
