@@ -285,7 +285,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         from lucid_core.runtime.surfaces.queries import model_versions
 
         versions = model_versions(store())
-        rows = [[esc(v.kind), esc(v.version), "yes" if v.active else "", esc(json.dumps(v.metrics)[:300]),
+        rows = [[esc(v.kind), esc(v.version), promoted_words(v), esc(json.dumps(v.metrics)[:300]),
                  esc(v.note)] for v in versions]
         root = reports_root() / "models"
         pictures = sorted(root.glob("**/*.png")) if root.is_dir() else []
@@ -367,6 +367,20 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     app.mount("/api", _LazyApp(lambda: _runtime_api(store_url())))
     return app
+
+
+def promoted_words(version) -> str:
+    """The models table's "promoted" cell: a promoted version whose file lies outside LUCID_HOME/models is not
+    loaded by rounds (they fall back), and the page says so."""
+    from lucid_core.models.registry import artifact_within, models_root
+
+    if not version.active:
+        return ""
+    try:
+        artifact_within(version.path, models_root())
+    except ValueError:
+        return "<span class='bad'>yes, not loaded: its file lies outside LUCID_HOME/models</span>"
+    return "yes"
 
 
 def history_form(prefix: str, user: str, vc: str, state: str, since: str, until: str) -> str:

@@ -74,6 +74,16 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     history = client.get("/drift")
     assert "ALERT" in history.text and "3.000" in history.text and "ops@example.org" in history.text
     assert client.get("/models").status_code == 200
+    # a promoted version whose file lies outside LUCID_HOME/models: rounds do not load it, and the page says so
+    from lucid_core.runtime.store.store import record_promotion
+
+    with store.session() as s:
+        record_promotion(s, "duration", "v9", str(tmp_path / "elsewhere.joblib"), {}, "by hand")
+        record_promotion(s, "throughput_forecaster", "v2", str(lucid_home / "models" / "registry" / "x.joblib"), {},
+                         "by the engine")
+    rows = {row.split("</td>")[0].rsplit(">", 1)[-1]: row for row in client.get("/models").text.split("<tr>")[2:]}
+    assert "not loaded: its file lies outside LUCID_HOME/models" in rows["duration"]
+    assert "not loaded" not in rows["throughput_forecaster"] and "<td>yes</td>" in rows["throughput_forecaster"]
     api = client.get("/api/queue")
     assert api.status_code == 200 and isinstance(api.json(), list | dict), api.text
     assert json.dumps(api.json())
