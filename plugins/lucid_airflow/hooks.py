@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 # how long a wait rides out a store it cannot reach (a restart, a fail-over) before it gives up: ending the
 # wait at the first failed read fails the task while its job runs on, and the retry submits a second job
 STORE_OUTAGE_S = 600.0
+# the cancel_requested event's message of a cancel the Airflow side asked for (a task's timeout or kill): a retry
+# submits anew after one, and takes over a job a person cancelled (to fail for good)
+TASK_CANCEL_NOTE = "cancel requested by its Airflow task (timeout or kill)"
 
 
 class LucidJobTimeout(TimeoutError):
@@ -126,7 +129,7 @@ class LucidHook(BaseHook):
         """Ask the scheduler to stop the job (the next round does); its state at the time of asking."""
         from lucid_core.runtime.surfaces.submission import cancel
 
-        return cancel(self.get_conn(), job_id)
+        return cancel(self.get_conn(), job_id, message=TASK_CANCEL_NOTE)
 
     def wait_for_job(self, job_id: str, *, poll_interval: float = 30.0, timeout: float | None = None,
                      store_outage_s: float = STORE_OUTAGE_S) -> dict[str, Any]:
@@ -178,7 +181,7 @@ class LucidHook(BaseHook):
         store = await self.aget_conn()
         from lucid_core.runtime.surfaces.submission import cancel
 
-        return await asyncio.to_thread(cancel, store, job_id)
+        return await asyncio.to_thread(cancel, store, job_id, message=TASK_CANCEL_NOTE)
 
 
 def is_terminal(state: str) -> bool:

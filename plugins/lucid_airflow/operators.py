@@ -14,7 +14,7 @@ from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from lucid_airflow.connections import STORE_CONN_ID
-from lucid_airflow.hooks import LucidHook, LucidJobTimeout, is_terminal
+from lucid_airflow.hooks import TASK_CANCEL_NOTE, LucidHook, LucidJobTimeout, is_terminal
 from lucid_airflow.triggers import LucidJobTrigger, job_outcome
 from lucid_core.domain import JobState
 
@@ -156,12 +156,13 @@ class LucidSubmitJobOperator(BaseOperator):
     def _earlier_tries_job(self, request: Any) -> str | None:
         """The job an earlier try of this task instance submitted, when this try should wait for it instead of
         submitting another: it has not ended (the earlier try's worker was lost while it ran on), it completed
-        (lost before it could say so), or a person cancelled it. A FAILED job is what retries are for: None."""
+        (lost before it could say so), or a person cancelled it. A FAILED job is what retries are for, and so is
+        one the task's own timeout or kill cancelled (no person's cancel): None."""
         if not request.idempotency_key:
             return None
         lineage = request.idempotency_key[:request.idempotency_key.rindex(":") + 1]
         found = self.hook.latest_job_with_key_prefix(request.user, lineage)
-        if found is None or found.state not in ADOPTED_STATES:
+        if found is None or found.state not in ADOPTED_STATES or found.cancel_note == TASK_CANCEL_NOTE:
             return None
         if found.idempotency_key == request.idempotency_key:  # this very try, executed again
             self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", found.job_id, self.gpus, self.vc)

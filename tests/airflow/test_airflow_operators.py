@@ -184,6 +184,29 @@ def test_a_task_that_times_out_cancels_its_job(lucid_store, tmp_path, capfd, def
     assert f"{job.job_id}" in capfd.readouterr().out
 
 
+def test_a_retry_after_the_task_cancelled_its_job_at_its_timeout_submits_anew(lucid_store, tmp_path, capfd):
+    """The task's own cancel (at its execution_timeout, or when it is killed) is no person's: the retry must not
+    take the cancelled job over and fail for good as if a person had cancelled it; it submits anew."""
+    from datetime import timedelta
+
+    dag = _example_dag()
+    train = dag.task_dict["train"]
+    train.poll_interval, train.deferrable, train.execution_timeout = 1, False, timedelta(seconds=6)
+    train.retries, train.retry_delay = 1, timedelta(0)
+    with RoundLoop(lucid_store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, "sleep 120;"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(j.state != "CANCELLED" for j in _jobs(lucid_store).values()):
+            time.sleep(0.5)
+    assert not rounds.errors, rounds.errors
+    train_ti = _tis(run)["train"]
+    assert _state(train_ti.state) == "failed" and train_ti.try_number == 2
+    jobs = _jobs(lucid_store)
+    assert len(jobs) == 2, "the retry took over the job its first try cancelled at the timeout"
+    assert all(j.cancel_requested and j.state == "CANCELLED" for j in jobs.values())
+    assert "cancelled outside this task" not in capfd.readouterr().out
+
+
 def test_executing_the_same_try_again_reattaches_to_its_job(lucid_store, tmp_path, capfd):
     """A worker lost after submitting runs the same try again: the operator finds its job, submits nothing."""
     from airflow.sdk.definitions.dag import _run_task  # dag.test()'s own way of running one task instance

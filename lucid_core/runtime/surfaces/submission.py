@@ -182,6 +182,7 @@ class KeyedJob:
     job_id: str
     state: str
     idempotency_key: str
+    cancel_note: str | None = None  # the message of its first cancel request (who asked), None when none
 
 
 def latest_job_with_key_prefix(store: Store, user: str, prefix: str) -> KeyedJob | None:
@@ -195,7 +196,10 @@ def latest_job_with_key_prefix(store: Store, user: str, prefix: str) -> KeyedJob
                         .where(JobRow.user == user,
                                func.substr(JobRow.idempotency_key, 1, len(prefix)) == prefix)
                         .order_by(JobRow.seq.desc()).limit(1)).first()
-    return None if row is None else KeyedJob(str(row[0]), str(row[1]), str(row[2]))
+        note = None if row is None else s.scalar(
+            select(JobEventRow.message).where(JobEventRow.job_id == row[0], JobEventRow.kind == "cancel_requested")
+            .order_by(JobEventRow.id).limit(1))
+    return None if row is None else KeyedJob(str(row[0]), str(row[1]), str(row[2]), note)
 
 
 def fleet_problem(store: Store, gpus: int, vc: str) -> str | None:
@@ -263,8 +267,9 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
     raise RuntimeError("could not allocate a job id after 20 tries")
 
 
-def cancel(store: Store, job_id: str, *, now: float | None = None) -> str:
-    """Ask for a job to be cancelled; the next round stops it. Returns its state after the request."""
+def cancel(store: Store, job_id: str, *, now: float | None = None, message: str = "cancel requested") -> str:
+    """Ask for a job to be cancelled; the next round stops it. Returns its state after the request. `message`
+    is its cancel_requested event's (who asked: an Airflow task's own cancels say so)."""
     now = store.now() if now is None else now
     with store.session() as s:
         job = s.get(JobRow, job_id) if storable(job_id) else None
@@ -274,5 +279,5 @@ def cancel(store: Store, job_id: str, *, now: float | None = None) -> str:
             return job.state
         if not job.cancel_requested:
             job.cancel_requested = True
-            s.add(JobEventRow(job_id=job_id, time=now, kind="cancel_requested", message="cancel requested"))
+            s.add(JobEventRow(job_id=job_id, time=now, kind="cancel_requested", message=message))
         return job.state
