@@ -43,7 +43,18 @@ def host_key_entry(conn, where: str, key: str) -> str:
                                 "'<type> <base64>' (as ssh-keyscan prints it after the host)")
     if not where or any(c.isspace() or c in ",#*?!|" for c in where):  # a list or a pattern would trust the key
         raise ConnectionProblem(f"connection {conn.conn_id}: host must be one address, not a list or a pattern")
-    return f"{where} {key}"
+    entry = f"{where} {key}"
+    from paramiko.hostkeys import HostKeyEntry
+
+    try:  # paramiko's known_hosts reader skips only SSHException: a key it fails on otherwise (base64 cut short,
+        # an ed25519 key of 31 bytes) raises out of every host's connect, since all share the file
+        readable = HostKeyEntry.from_line(entry) is not None
+    except Exception:
+        readable = False
+    if not readable:
+        raise ConnectionProblem(f"connection {conn.conn_id}: extra.host_key is no public key paramiko can read "
+                                "(copy the whole '<type> <base64>' line ssh-keyscan prints)")
+    return entry
 
 
 def sqlalchemy_url(conn) -> str:

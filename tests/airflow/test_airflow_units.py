@@ -129,13 +129,22 @@ def test_connection_extras_of_the_wrong_shape_are_named_without_their_values(tmp
         assert "connection lucid_db" in str(refused.value) and "x.db" not in str(refused.value)
         with pytest.raises(ConnectionProblem):
             sqlalchemy_url(conn)
+    import base64
+    import struct
+
     secret = "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n-----END OPENSSH PRIVATE KEY-----"
-    good_key = "ssh-ed25519 " + "A" * 68
+    good_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    # paramiko's known_hosts reader lets these escape (not SSHException): a file holding one failed every host
+    cut_key = good_key[:-1]  # one character lost in the copy: base64 without its padding
+    short_blob = base64.b64decode(good_key.split()[1])[:-1]  # an ed25519 key of 31 bytes
+    short_key = "ssh-ed25519 " + base64.b64encode(short_blob[:15] + struct.pack(">I", 31) + short_blob[19:]).decode()
     cases = {"listy": ({"extra": json.dumps([secret])}, "extra must be a JSON object"),
              "numkey": ({"extra": json.dumps({"private_key": {"key": secret}})}, "extra.private_key must be text"),
              "twolines": ({"extra": json.dumps({"host_key": f"{good_key}\n* ssh-rsa {'B' * 68}"})},
                           "extra.host_key must be one public key on one line"),
              "pattern": ({"host": "*", "extra": json.dumps({"host_key": good_key})}, "not a list or a pattern"),
+             "cut": ({"extra": json.dumps({"host_key": cut_key})}, "extra.host_key is no public key"),
+             "short": ({"extra": json.dumps({"host_key": short_key})}, "extra.host_key is no public key"),
              "port": ({"port": 70000}, "port 70000 is not a TCP port")}
     for name, (fields, _) in cases.items():
         monkeypatch.setenv(f"AIRFLOW_CONN_LUCID_HOST_{name.upper()}", json.dumps(
@@ -153,6 +162,9 @@ def test_connection_extras_of_the_wrong_shape_are_named_without_their_values(tmp
     fine = transport._address(HostAddress("fine"))
     assert (fine.address, fine.port) == ("127.0.0.1", 2222)
     assert transport.known_hosts.read_text() == f"[127.0.0.1]:2222 {good_key}\n"
+    import paramiko
+
+    assert paramiko.HostKeys(str(transport.known_hosts)).lookup("[127.0.0.1]:2222") is not None
 
 
 def test_tune_cli_writes_a_ranked_report(tmp_path, capsys):
