@@ -61,7 +61,10 @@ def artifact_within(path: str | Path, root: str | Path) -> Path:
     text = str(path)
     if not text or "\x00" in text:
         raise ValueError(f"model artifact path {text!r} is not a path")
-    resolved, base = Path(text).resolve(), Path(root).resolve()
+    try:
+        resolved, base = Path(text).resolve(), Path(root).resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError from pathlib): no file to load
+        raise ValueError(f"model artifact path {text!r} is not a path (it loops through links)") from None
     if not resolved.is_relative_to(base):
         raise ValueError(f"model artifact {text} lies outside the models root {base}; a round loads only "
                          f"artifacts under it (LUCID_HOME/models)")

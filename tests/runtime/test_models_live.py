@@ -187,3 +187,14 @@ def test_a_row_naming_an_artifact_outside_the_models_root_is_not_opened(tmp_path
     default_policy(LucidConfig(), load_snapshot(store, time.time() + 2))
     assert marker.exists()
     store.dispose()
+
+
+def test_a_path_through_a_symlink_loop_is_refused_as_outside_the_root_not_raised(tmp_path):
+    """pathlib raises RuntimeError (not ValueError) for a symlink loop: the Models page, which catches the
+    check's ValueError, answered 500 for a store row naming such a path."""
+    from lucid_core.models.registry import artifact_within
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(ValueError, match="is not a path"):
+        artifact_within(tmp_path / "a" / "model.joblib", tmp_path / "models")
