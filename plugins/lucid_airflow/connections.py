@@ -15,11 +15,22 @@ class ConnectionProblem(ValueError):
     the value: extras hold keys and passwords)."""
 
 
+def _json_object(text: str) -> bool:
+    """Whether `text` is JSON for an object or null (an empty extra, however spaced)."""
+    import json
+
+    try:
+        return isinstance(json.loads(text), dict | None)
+    except ValueError:
+        return False
+
+
 def extra_fields(conn, names: Iterable[str]) -> dict[str, str]:
     """The named fields of a connection's extra that are set, each as text; ConnectionProblem for an extra that
     is not a JSON object (the Task SDK reads unparsable JSON as empty) or a field that is not text."""
     extra, raw = conn.extra_dejson, getattr(conn, "extra", None)
-    unparsed = not extra and isinstance(raw, str) and raw.strip() not in {"", "{}", "null"}
+    extra = {} if extra is None else extra  # JSON null: no extra
+    unparsed = not extra and isinstance(raw, str) and bool(raw.strip()) and not _json_object(raw)
     if not isinstance(extra, Mapping) or unparsed:
         raise ConnectionProblem(f"connection {conn.conn_id}: its extra must be a JSON object of fields")
     fields: dict[str, str] = {}

@@ -27,12 +27,13 @@ def _digest(parts: list[Any]) -> str:
 
 
 def task_lineage(dag_id: str, task_id: str, run_id: str, map_index: int, run_started: str,
-                 clear_number: int) -> str:
+                 clear_number: int, first_try: int = 1) -> str:
     """The key prefix every try of one task instance in one DAG run shares (what a retry looks for).
 
     A run deleted and made again keeps its run_id (a re-run of a scheduled date) but starts anew, and a
-    cleared task's run counts one more clear: both are a new lineage, whose first try submits its own job."""
-    return f"airflow:{_digest([dag_id, task_id, run_id, map_index, run_started, clear_number])}:"
+    cleared task starts its tries again from a later `first_try` (its run also counts one more clear, unless
+    the clear left the run's state alone): each is a new lineage, whose first try submits its own job."""
+    return f"airflow:{_digest([dag_id, task_id, run_id, map_index, run_started, clear_number, first_try])}:"
 
 
 def task_idempotency_key(lineage: str, try_number: int, ti_id: str) -> str:
@@ -42,14 +43,19 @@ def task_idempotency_key(lineage: str, try_number: int, ti_id: str) -> str:
 
 
 def context_lineage(context: Mapping[str, Any]) -> str:
-    """The task instance's lineage; one of its own when the DAG run has no start date to tell incarnations by."""
+    """The task instance's lineage; one of its own when the DAG run has no start date to tell incarnations by.
+
+    Its first try is Airflow's own reckoning (`max_tries - retries + 1`): a clear sets `max_tries` to the
+    try number plus the retries, a retry leaves it."""
     ti, run = context["ti"], context.get("dag_run")
     started = getattr(run, "start_date", None)
     if started is None:
         return task_lineage(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, f"try {ti.id}", 0)
     clears = getattr(run, "clear_number", 0)
+    max_tries, retries = getattr(ti, "max_tries", None), getattr(getattr(ti, "task", None), "retries", 0) or 0
+    first_try = max_tries - retries + 1 if isinstance(max_tries, int) and isinstance(retries, int) else 1
     return task_lineage(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, started.isoformat(),
-                        clears if isinstance(clears, int) else 0)
+                        clears if isinstance(clears, int) else 0, first_try)
 
 
 ADOPTED_STATES = frozenset(s.value for s in JobState) - {JobState.FAILED.value}

@@ -245,6 +245,27 @@ def test_idempotency_key_is_per_try_and_fits_the_store():
     # a DAG run made again keeps its run_id, not its start; a cleared task's run counts one more clear
     assert task_lineage("d", "t", "r", -1, "s1", 0) != task_lineage("d", "t", "r", -1, "s2", 0)
     assert task_lineage("d", "t", "r", -1, "s1", 0) != task_lineage("d", "t", "r", -1, "s1", 1)
+    # a clear that leaves the run's state (and clear count) alone still starts the task's tries again later
+    assert task_lineage("d", "t", "r", -1, "s1", 0, 1) != task_lineage("d", "t", "r", -1, "s1", 0, 3)
+
+
+def test_the_lineage_follows_airflows_reckoning_of_a_clears_first_try():
+    """A retry leaves max_tries as it was; a clear sets it to the try number plus the retries (Airflow's
+    clear_task_instances), so the first try of the current clearing is max_tries - retries + 1."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from lucid_airflow.operators import context_lineage
+
+    run = SimpleNamespace(start_date=datetime(2026, 2, 1, tzinfo=UTC), clear_number=0)
+
+    def lineage(try_number: int, max_tries: int) -> str:
+        ti = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1, id=f"ti-{try_number}",
+                             try_number=try_number, max_tries=max_tries, task=SimpleNamespace(retries=2))
+        return context_lineage({"ti": ti, "dag_run": run})
+
+    assert lineage(1, 2) == lineage(2, 2) == lineage(3, 2), "retries of one clearing share a lineage"
+    assert lineage(4, 5) == lineage(5, 5) != lineage(3, 2), "a clear after try 3 starts a new one"
 
 
 def test_a_retry_after_a_lost_worker_waits_for_the_job_the_lost_try_submitted(lucid_store, tmp_path, capfd,

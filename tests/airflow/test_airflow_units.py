@@ -132,6 +132,9 @@ def test_connection_extras_of_the_wrong_shape_are_named_without_their_values(tmp
     import base64
     import struct
 
+    for empty in ("", "{ }", "{\n}", " null "):  # an empty extra, however spaced, is no extra
+        conn = Connection(conn_id="lucid_db", conn_type="sqlite", host="/srv/lucid.db", extra=empty)
+        assert sqlalchemy_url(conn) == "sqlite:////srv/lucid.db"
     secret = "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n-----END OPENSSH PRIVATE KEY-----"
     good_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
     # paramiko's known_hosts reader lets these escape (not SSHException): a file holding one failed every host
