@@ -133,7 +133,7 @@ class LucidSubmitJobOperator(BaseOperator):
         from lucid_core.runtime.surfaces.submission import SubmissionError
 
         request = self.build_request(context)
-        self.job_id = self._earlier_tries_job(request)
+        self.job_id = self._earlier_tries_job(request, context_lineage(context))
         if self.job_id is None:
             try:
                 self.job_id = self.hook.submit_job(request)
@@ -159,14 +159,11 @@ class LucidSubmitJobOperator(BaseOperator):
                 raise AirflowException(f"{exc}; cancelled it") from exc
         return self._finish(info["job_id"], info["state"], job_outcome(info))
 
-    def _earlier_tries_job(self, request: Any) -> str | None:
+    def _earlier_tries_job(self, request: Any, lineage: str) -> str | None:
         """The job an earlier try of this task instance submitted, when this try should wait for it instead of
         submitting another: it has not ended (the earlier try's worker was lost while it ran on), it completed
         (lost before it could say so), or a person cancelled it. A FAILED job is what retries are for, and so is
         one the task's own timeout or kill cancelled (no person's cancel): None."""
-        if not request.idempotency_key:
-            return None
-        lineage = request.idempotency_key[:request.idempotency_key.rindex(":") + 1]
         found = self.hook.latest_job_with_key_prefix(request.user, lineage)
         if found is None or found.state not in ADOPTED_STATES or found.cancel_note == TASK_CANCEL_NOTE:
             return None

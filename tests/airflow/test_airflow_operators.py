@@ -161,6 +161,18 @@ def test_a_failing_job_fails_the_task_with_its_reason_and_each_retry_submits_ane
     assert all(j.end_reason == "exited with code 1" for j in jobs.values())
 
 
+def _run_a_long_job_past_its_timeout(dag, store, tmp_path):
+    """The example DAG on a 120 s job, with rounds running until every job it left is CANCELLED (30 s at most);
+    the run. The rounds must have reported no error."""
+    with RoundLoop(store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, "sleep 120;"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(j.state != "CANCELLED" for j in _jobs(store).values()):
+            time.sleep(0.5)
+    assert not rounds.errors, rounds.errors
+    return run
+
+
 @pytest.mark.parametrize("deferrable", [True, False], ids=["deferred", "polling-in-worker"])
 def test_a_task_that_times_out_cancels_its_job(lucid_store, tmp_path, capfd, deferrable):
     """execution_timeout is a hard limit either way: the job is cancelled, not left holding GPUs. (Airflow
@@ -171,12 +183,7 @@ def test_a_task_that_times_out_cancels_its_job(lucid_store, tmp_path, capfd, def
     train = dag.task_dict["train"]
     train.poll_interval, train.deferrable, train.execution_timeout = 1, deferrable, timedelta(seconds=8)
     started = time.monotonic()
-    with RoundLoop(lucid_store.url) as rounds:
-        run = dag.test(run_conf=_conf(tmp_path, "sleep 120;"))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(j.state != "CANCELLED" for j in _jobs(lucid_store).values()):
-            time.sleep(0.5)
-    assert not rounds.errors, rounds.errors
+    run = _run_a_long_job_past_its_timeout(dag, lucid_store, tmp_path)
     assert time.monotonic() - started < 100, "the task waited for the 120 s job"
     assert _state(_tis(run)["train"].state) == "failed"
     (job,) = _jobs(lucid_store).values()
@@ -193,12 +200,7 @@ def test_a_retry_after_the_task_cancelled_its_job_at_its_timeout_submits_anew(lu
     train = dag.task_dict["train"]
     train.poll_interval, train.deferrable, train.execution_timeout = 1, False, timedelta(seconds=6)
     train.retries, train.retry_delay = 1, timedelta(0)
-    with RoundLoop(lucid_store.url) as rounds:
-        run = dag.test(run_conf=_conf(tmp_path, "sleep 120;"))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(j.state != "CANCELLED" for j in _jobs(lucid_store).values()):
-            time.sleep(0.5)
-    assert not rounds.errors, rounds.errors
+    run = _run_a_long_job_past_its_timeout(dag, lucid_store, tmp_path)
     train_ti = _tis(run)["train"]
     assert _state(train_ti.state) == "failed" and train_ti.try_number == 2
     jobs = _jobs(lucid_store)

@@ -38,16 +38,16 @@ class ReplayForecaster:
         return self.inner.forecast(now)
 
 
-def load_model(path: str, *, needs: tuple[str, ...], root: str | Path | None = None,
+def load_model(path: str, *, needs: tuple[str, ...], root: str | Path,
                refused: list[str] | None = None) -> Any | None:
     """A promoted model artifact (joblib), or the predictor it wraps, if it offers `needs`; else None.
 
-    With `root`, a path that lies outside it (through links) is not opened at all: the path comes from the
-    store, and loading a joblib file runs its code. Why a path was not used is appended to `refused`."""
+    A path that lies outside `root` (through links) is not opened at all: the path comes from the store, and
+    loading a joblib file runs its code. Why a path was not used is appended to `refused`."""
     from lucid_core.models.registry import artifact_within, load_artifact
 
     try:
-        obj = load_artifact(artifact_within(path, root) if root is not None else path)
+        obj = load_artifact(artifact_within(path, root))
     except Exception as exc:  # a missing, unreadable, untrusted or not regular artifact must not stop scheduling
         if refused is not None:
             refused.append(str(exc)[:300])
