@@ -2,7 +2,8 @@
 
 A host unreachable for longer than `lost_after_s` (counted from when a sweep first saw it down) loses
 its active runs: each becomes state ``lost`` (the process may still be alive there, so the GPU is not
-trusted again until it is reaped). Their jobs end FAILED with the reason, or go back to the queue
+trusted again until it is reaped), planned ones too (a round that died after launching one had not
+recorded it). Their jobs end FAILED with the reason, or go back to the queue
 when `requeue` is set. Peers of a wide job on other hosts are stopped with it.
 
 When a lost host answers again, `reap_lost` stops whatever is left of its lost runs before any new
@@ -65,16 +66,16 @@ def mark_lost(store: Store, now: float, lost_after_s: float, *, requeue: bool = 
         runs = list(s.scalars(select(RunRow).where(RunRow.host.in_(list(gone)),
                                                    RunRow.state.in_(ACTIVE_RUN_STATES))))
         for run in runs:
-            planned = run.state == RunState.PLANNED
             why = f"host {run.host} unreachable for {gone[run.host]:.0f} s (lost after {lost_after_s:g} s)"
-            run.state = RunState.ENDED if planned else LOST_RUN_STATE  # a planned run never started: nothing to reap
-            run.ended_at, run.outcome = now, f"lost: {why}"[:1000]
+            # a planned run too: a round that died between its launch and its record may have started it
+            # there, so it is reaped (stopped, or found never started) when the host answers, like a running one
+            run.state, run.ended_at, run.outcome = LOST_RUN_STATE, now, f"lost: {why}"[:1000]
             report.lost_runs.append(run.run_id)
             s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.host.not_in(list(gone)),
                                            RunRow.state == RunState.RUNNING).values(stop_reason="peer_ended")
                       .execution_options(synchronize_session=False))
             s.execute(update(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == RunState.PLANNED)
-                      .values(state=RunState.ENDED, ended_at=now, outcome="peer lost before launch")
+                      .values(state=LOST_RUN_STATE, ended_at=now, outcome="peer lost before launch")
                       .execution_options(synchronize_session=False))
             job = s.get(JobRow, run.job_id)
             if job is None or left_alone(job.state) or job.job_id in report.requeued:

@@ -1,0 +1,68 @@
+"""Live yielding and lost hosts under faults, over real sshd hosts on loopback and real job processes.
+
+What must hold whatever the jobs and hosts do: every job ends in exactly one terminal state, no job runs
+twice at once, no process of a run the store counts as over is left on a host (see lucid_invariants).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+from lucid_invariants import check_invariants, ledger_command, ledger_starts
+from runtime_helpers import SETTINGS, fast_config, jobs_by_id, marked_processes, one_round, register, runs_of
+
+from lucid_core.runtime.round.settings import InjectedCrash
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture
+def live(sshd_hosts, tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    register(store, sshd_hosts, tmp_path / "hosts")
+    yield store, sshd_hosts, tmp_path
+    for host in sshd_hosts.hosts.values():  # the hosts are shared by the session: bring them all back
+        if host.process is None:
+            host.start()
+    store.dispose()
+
+
+def test_a_run_a_dead_round_launched_on_a_host_lost_since_is_stopped_when_the_host_returns(live):
+    """A round launches a run and dies before recording it (the run stays planned, its process runs); the
+    host is then cut off (sshd down, the process alive) past `host_lost_after_s`, and the job is requeued
+    and runs elsewhere. When the host answers again, the first run's process is stopped, not left running
+    beside the job's new run. Before: the planned run was ended as 'lost' without a reap, and ran on."""
+    store, cluster, root = live
+    ledger, first = root / "ledger", root / "first-started"
+    settings = replace(SETTINGS, host_lost_after_s=1.0, requeue_lost=True)
+    config = fast_config(**{"profiler.enabled": False})
+    body = f"if [ -e {first} ]; then sleep 0.3; else touch {first}; sleep 60; fi"
+    job = submit(store, JobRequest(ledger_command(ledger, body), 1, "u", "vc-a", name="j"))
+    with pytest.raises(InjectedCrash):
+        one_round(store, cluster, config, settings=settings, crash_at="after_launch")
+    (planned,) = runs_of(store, job)
+    assert planned.state == "planned"
+    marker = (root / "hosts" / planned.host / planned.run_id / "marker").read_text().strip()
+    assert marked_processes(f"LUCID_RUN_MARKER={marker}")  # the host runs it; the store does not know
+    host = cluster.hosts[planned.host]
+    time.sleep(SETTINGS.lease_ttl_s + 0.5)  # the dead round's lease lapses
+    host.stop()
+    try:
+        deadline = time.monotonic() + 30
+        while jobs_by_id(store)[job].state != "COMPLETED":
+            one_round(store, cluster, config, settings=settings)
+            assert time.monotonic() < deadline, [(r.run_id, r.state, r.outcome) for r in runs_of(store, job)]
+            time.sleep(0.3)
+    finally:
+        host.start()
+    one_round(store, cluster, config, settings=settings)  # the first round that reaches the host again
+    time.sleep(0.3)
+    assert marked_processes(f"LUCID_RUN_MARKER={marker}") == {}
+    lost = next(r for r in runs_of(store, job) if r.run_id == planned.run_id)
+    assert lost.state == "ended" and "reaped when the host returned" in lost.outcome, lost.outcome
+    assert ledger_starts(ledger)[(planned.run_id, "0")] == 1  # started once, by the dead round's launch
+    check_invariants(store, [job])  # (the ledger knows a start the store never recorded: the dead round's)
