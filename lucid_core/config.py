@@ -146,6 +146,9 @@ class RuntimeConfig:
         600.0, lo=0, doc="a host silent this long loses its runs (their jobs fail, or requeue with requeue_lost); "
         "0 waits for the host forever")
     requeue_lost: bool = _knob(False, doc="put the jobs of a lost host back in the queue instead of failing them")
+    unreadable_stop_after_s: float = _knob(
+        600.0, lo=0, doc="a run whose status its host answers as garbage this long (its job forged its own "
+        "records) is stopped and its job fails, freeing its GPUs; 0 holds it until cancelled")
     host_parallelism: int = _knob(32, lo=1, doc="hosts a round calls at once (polls, launches, stops, reads)")
     host_call_deadline_s: float = _knob(
         20.0, lo=0.5, doc="one host call's deadline (connecting, retries and the script; a stop adds stop_grace_s): "

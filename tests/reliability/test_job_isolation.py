@@ -11,8 +11,10 @@ from __future__ import annotations
 import itertools
 import math
 import shlex
+import subprocess
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from lucid_core.runtime.hosts.local_executor import LocalTransport, local_execut
 from lucid_core.runtime.hosts.run_records import RUN_MARKER
 from lucid_core.runtime.hosts.ssh_executor import ssh_executor
 from lucid_core.runtime.round.scheduling_round import RoundReport, SchedulingRound
+from lucid_core.runtime.round.settings import RoundSettings
 from lucid_core.runtime.store.schema import HostRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
@@ -76,12 +79,12 @@ def local_cluster(tmp_path: Path, gpus: int = 2) -> Store:
 
 
 def run_rounds(store: Store, until: callable, executor_factory=local_executor, timeout_s: float = 30.0,
-               **kwargs) -> list[RoundReport]:
+               settings: RoundSettings = SETTINGS, **kwargs) -> list[RoundReport]:
     """Rounds until `until(jobs)`; a round that raises fails the test (no run may break a round)."""
     reports = []
     deadline = time.monotonic() + timeout_s
     while True:
-        reports.append(SchedulingRound(store, executor_factory(), fast_config(**CONFIG), SETTINGS, **kwargs).run())
+        reports.append(SchedulingRound(store, executor_factory(), fast_config(**CONFIG), settings, **kwargs).run())
         jobs = jobs_by_id(store)
         if until(jobs):
             return reports
@@ -224,6 +227,82 @@ def test_a_run_whose_status_cannot_be_read_fails_alone_and_its_cancel_takes_effe
     assert marked_processes(f"{RUN_MARKER}={marker}") == {}  # the cancel reached its processes
     check_invariants(store, [garbled, other, waiting])
     assert_no_gpu_double_booking(ledger, tmp_path / "runs")
+    store.dispose()
+
+
+# On an account host a job can read its run's token and write an exit-code record the wrapper's check takes,
+# with a code no store column holds: every poll and every stop of the run then reads its status as garbage.
+FORGE_UNREADABLE_EXIT = ('c="$LUCID_WORKDIR/../../$LUCID_RUN_ID"; tok=$(sed -n "1s/^tok=//p" "$c/run.sh"); '
+                         'echo "$tok 99999999999999999999999" > "$c/exit_code"; sleep 60')
+
+
+def test_a_job_whose_forged_exit_code_outlives_its_stop_is_still_cancelled(tmp_path):
+    """A helper the job leaves behind without its marker (`env -i`) writes the forged record again after
+    every stop, so the stop's own answer is unreadable too. A stop answers only after its signals went
+    out, so the run counts as stopped: the cancel ends the job and its GPU goes to the next job (before,
+    every round stopped it again and it held its GPU for ever)."""
+    store = local_cluster(tmp_path, gpus=1)
+    ledger = tmp_path / "gpu-ledger"
+    tag = tmp_path / "forger-loop-tag"  # names the helper's command line, for the clean-up
+    forge = ('c="$LUCID_WORKDIR/../../$LUCID_RUN_ID"; tok=$(sed -n "1s/^tok=//p" "$c/run.sh"); '
+             f'env -i sh -c \'while :; do echo "$1 99999999999999999999999" > "$2/exit_code"; sleep 0.05; done\' '
+             f'{shlex.quote(str(tag))} "$tok" "$c" & sleep 60')
+    forger = submit(store, JobRequest(gpu_ledger_command(ledger, forge), 1, "bob", "vc-a"))
+    waiting = submit(store, JobRequest(gpu_ledger_command(ledger, "true"), 1, "carol", "vc-a"))
+    try:
+        run_rounds(store, lambda jobs: bool(events(store, forger, "run_unreadable")))
+        cancel(store, forger)
+        run_rounds(store, all_ended)
+        jobs = jobs_by_id(store)
+        assert (jobs[forger].state, jobs[waiting].state) == ("CANCELLED", "COMPLETED")
+        (run,) = runs_of(store, forger)
+        assert "its status could not be read" in run.outcome, run.outcome
+        marker = (tmp_path / "runs" / run.run_id / "marker").read_text().strip()
+        assert marked_processes(f"{RUN_MARKER}={marker}") == {}
+        check_invariants(store, [forger, waiting])
+        assert_no_gpu_double_booking(ledger, tmp_path / "runs")
+    finally:
+        subprocess.run(["pkill", "-f", str(tag)], check=False)
+        store.dispose()
+
+
+def test_a_run_whose_status_stays_unreadable_is_stopped_and_its_job_fails(tmp_path):
+    """Nobody cancels it: once its status has read as garbage for runtime.unreadable_stop_after_s, the round
+    stops the run, the job fails saying why, and the job waiting for its GPU runs."""
+    store = local_cluster(tmp_path, gpus=1)
+    ledger = tmp_path / "gpu-ledger"
+    forger = submit(store, JobRequest(gpu_ledger_command(ledger, FORGE_UNREADABLE_EXIT), 1, "bob", "vc-a"))
+    waiting = submit(store, JobRequest(gpu_ledger_command(ledger, "true"), 1, "carol", "vc-a"))
+    run_rounds(store, all_ended, settings=replace(SETTINGS, unreadable_stop_after_s=1.0))
+    jobs = jobs_by_id(store)
+    assert (jobs[forger].state, jobs[waiting].state) == ("FAILED", "COMPLETED")
+    assert "could not be read for runtime.unreadable_stop_after_s" in jobs[forger].end_reason
+    assert events(store, forger, "stopping") and events(store, forger, "run_unreadable")
+    (run,) = runs_of(store, forger)
+    marker = (tmp_path / "runs" / run.run_id / "marker").read_text().strip()
+    assert marked_processes(f"{RUN_MARKER}={marker}") == {}
+    check_invariants(store, [forger, waiting])
+    assert_no_gpu_double_booking(ledger, tmp_path / "runs")
+    store.dispose()
+
+
+def test_a_status_that_reads_again_starts_the_unreadable_count_over(tmp_path):
+    """A run garbled for a while and then read again is not stopped later for the old garbage: its
+    unreadable time is kept while it lasts and dropped once the status reads."""
+    store = local_cluster(tmp_path, gpus=1)
+    job = submit(store, JobRequest("sleep 60", 1, "bob", "vc-a"))
+    garbling = lambda: HostExecutor({"local": GarblingTransport(job)})  # noqa: E731
+    run_rounds(store, lambda jobs: bool(events(store, job, "run_unreadable")), executor_factory=garbling)
+    (run,) = runs_of(store, job)
+    assert run.unreadable_since is not None
+    run_rounds(store, lambda jobs: runs_of(store, job)[0].unreadable_since is None)
+    run_rounds(store, lambda jobs: True, executor_factory=garbling,
+               settings=replace(SETTINGS, unreadable_stop_after_s=30.0))
+    (run,) = runs_of(store, job)
+    assert run.stop_reason is None and jobs_by_id(store)[job].state == "RUNNING"
+    cancel(store, job)
+    run_rounds(store, all_ended)
+    assert jobs_by_id(store)[job].state == "CANCELLED"
     store.dispose()
 
 

@@ -6,10 +6,12 @@ Real processes on a local host, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id
 from sqlalchemy import select, text, update
+from sqlalchemy.exc import DataError
 
 from lucid_core.runtime.hosts.inventory import HostSpec, add_host
 from lucid_core.runtime.hosts.local_executor import local_executor
@@ -146,3 +148,30 @@ def test_a_job_with_a_run_in_an_unknown_state_is_not_called_cancelled_while_that
     _sql(store, "UPDATE runs SET state = 'running' WHERE job_id = :j AND state = 'stopping'", running)  # repaired
     jobs, _ = _rounds_until(store, lambda jobs: jobs[waiting].state == "COMPLETED")
     assert jobs[running].state == "CANCELLED"
+
+
+@pytest.mark.parametrize("since", ["'yesterday'", "0", "'NaN'", "'-Infinity'", "'Infinity'", "1e300"])
+def test_a_stored_unreadable_since_gone_bad_stops_no_run_that_reads(store, tmp_path, since):
+    """When a run's status began to read as garbage is the round's own record; another writer's value there
+    (long ago, NaN, infinities, far ahead) stops nothing whose status reads: the run ends as it would have,
+    and the value is dropped."""
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    running = submit(store, JobRequest("sleep 2", 1, "ann", "vc-a", name="running"))
+    _rounds_until(store, lambda jobs: jobs[running].state == "RUNNING")
+    statement = f"UPDATE runs SET unreadable_since = {since} WHERE job_id = :j"
+    if since == "'yesterday'" and store.engine.dialect.name != "sqlite":  # only SQLite keeps text in a float column
+        with pytest.raises(DataError):
+            _sql(store, statement, running)
+        return
+    _sql(store, statement, running)
+    settings = replace(SETTINGS, unreadable_stop_after_s=1.0)
+    deadline = time.monotonic() + 20
+    while jobs_by_id(store)[running].state == "RUNNING":
+        SchedulingRound(store, local_executor(), CONFIG, settings).run()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert jobs_by_id(store)[running].state == "COMPLETED"
+    with store.session() as s:
+        (run,) = s.scalars(select(RunRow).where(RunRow.job_id == running))
+        assert (run.stop_reason, run.unreadable_since) == (None, None)

@@ -169,6 +169,17 @@ def parse_status(words: Sequence[str]) -> RunStatus:
     return RunStatus("UNREADABLE", detail=" ".join(words)[:200])
 
 
+def stopped_status(words: Sequence[str]) -> RunStatus:
+    """The status a stop answered. A stop prints its line only after its signals went out, so a line of an
+    ended run (EXITED, VANISHED) whose record does not parse (a job forged its exit code) still means the
+    run was stopped: VANISHED, with the line as its detail, instead of UNREADABLE, which would leave it
+    holding its GPUs however often it is stopped."""
+    status = parse_status(words)
+    if status.state == "UNREADABLE" and words[:1] and words[0] in {"EXITED", "VANISHED"}:
+        return RunStatus("VANISHED", stop_requested=True, tampered=("exit_code",), detail=status.detail)
+    return status
+
+
 class HostExecutor:
     """The one executor: host scripts over a transport; `transport_for` picks local or SSH."""
 
@@ -248,7 +259,7 @@ class HostExecutor:
         if not lines:  # the script did not get to its answer: nothing is known of the run
             return RunStatus("UNREADABLE", detail=f"stop answered nothing (status {result.exit_status}): "
                                                   f"{result.stderr.strip()[-150:]}")
-        return parse_status(lines[-1].split())
+        return stopped_status(lines[-1].split())
 
     def read(self, host: HostAddress, run_id: str, name: str, max_bytes: int = 1 << 20) -> str:
         return self._run(host, host_reads.read_script(host.workdir, run_id, name, max_bytes)).stdout

@@ -333,7 +333,7 @@ class LaunchSteps(RoundBase):
                 continue
             status = call_value(result)
             if status.state == "UNREADABLE":
-                self._unreadable(run, status)
+                self._unreadable(run, status, self.clock())
                 continue
             self._note_tampering(run, status)
             self._settle(run, status)

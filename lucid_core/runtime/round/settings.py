@@ -50,6 +50,8 @@ class RoundSettings:
     # give up on a host silent this long: its runs are lost, their jobs fail (or requeue_lost); None: wait
     host_lost_after_s: float | None = RuntimeConfig.host_lost_after_s or None
     requeue_lost: bool = RuntimeConfig.requeue_lost
+    # stop a run whose status has read as garbage this long (its job fails); None: hold it until cancelled
+    unreadable_stop_after_s: float | None = RuntimeConfig.unreadable_stop_after_s or None
     host_parallelism: int = RuntimeConfig.host_parallelism  # hosts called at once
     host_call_deadline_s: float = RuntimeConfig.host_call_deadline_s  # one host call's deadline (a stop: + grace)
     # workload catalog (Lucid artifact format) behind emulated telemetry; None: the synthetic one
@@ -61,6 +63,7 @@ class RoundSettings:
         """Settings from the config's `runtime` section (what `lucid round` and the round DAG use)."""
         values: dict[str, Any] = {f.name: getattr(config.runtime, f.name) for f in fields(config.runtime)}
         values["host_lost_after_s"] = values["host_lost_after_s"] or None  # 0 in the config: wait forever
+        values["unreadable_stop_after_s"] = values["unreadable_stop_after_s"] or None  # 0: until cancelled
         values["lease_ttl_s"] = lease_ttl_for(config.runtime)  # 0 in the config: outlasts a fan-out of host calls
         return cls(**{**values, **overrides})
 

@@ -4,6 +4,7 @@ checked records, and each job's fate once its run ended (one terminal state, com
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -29,6 +30,16 @@ from lucid_core.runtime.store.schema import (
     JobRow,
     RunRow,
 )
+
+UNREADABLE_STOP = "unreadable"  # the stop reason of a run stopped because its status stayed unreadable
+
+
+def unreadable_since(stored: Any, now: float) -> float:
+    """When a run's unreadable streak began: the stored time where it is a finite time not after `now`
+    (another controller or a hand edit may have written anything), else now."""
+    if isinstance(stored, (int, float)) and not isinstance(stored, bool) and math.isfinite(stored) and stored <= now:
+        return float(stored)
+    return now
 
 
 class SettlingSteps(MpsFaultChecks):
@@ -70,8 +81,9 @@ class SettlingSteps(MpsFaultChecks):
         records are the host's and, on account hosts, within reach of jobs: whatever they hold, only this run
         is affected, never the round."""
         if status.state == "UNREADABLE":
-            self._unreadable(run, status)
+            self._unreadable(run, status, now)
             return
+        self._readable_again(run)
         self._note_tampering(run, status)
         if status.state == "RUNNING":
             return  # profiles of windows that ended are collected after reconcile
@@ -83,12 +95,39 @@ class SettlingSteps(MpsFaultChecks):
             status = replace(status, escaped=sweep.escaped)
         self._settle(run, status)
 
-    def _unreadable(self, run: RunRow, status: RunStatus) -> None:
+    def _unreadable(self, run: RunRow, status: RunStatus, now: float) -> None:
         """A run whose status line the host garbled: named in the report and the job's events (once), and
-        judged again next round; a cancel still reaches it through the stop, which needs no status."""
+        judged again next round. Once it has read so for `unreadable_stop_after_s` the run is stopped (its
+        job then fails): a record the round cannot read must not hold GPUs for ever. A cancel reaches it
+        sooner through the stop, which needs no status."""
         why = f"run {run.run_id} on host {run.host}: unreadable status {status.detail!r}"
         self.report.errors.append(f"job {run.job_id}: {why}")
         self._event_once(run.job_id, "run_unreadable", why)
+        since = unreadable_since(run.unreadable_since, now)
+        limit = self.settings.unreadable_stop_after_s
+        stop = limit is not None and now - since >= limit and run.stop_reason is None
+        if since == run.unreadable_since and not stop:
+            return
+        with self.store.session() as s:
+            values: dict[str, Any] = {"unreadable_since": since}
+            if stop:
+                values["stop_reason"] = UNREADABLE_STOP
+            where = [RunRow.run_id == run.run_id, RunRow.host == run.host, RunRow.state == RunState.RUNNING]
+            if stop:
+                where.append(RunRow.stop_reason.is_(None))  # a cancel or a yield that came first stands
+            changed = s.execute(update_unsynced(RunRow).where(*where).values(**values)).rowcount
+            if stop and changed:
+                self._event(s, run.job_id, "stopping", f"run {run.run_id} on host {run.host}: its status has been "
+                            f"unreadable for {now - since:.0f} s (runtime.unreadable_stop_after_s {limit:g}); "
+                            "stopping it, the job fails")
+
+    def _readable_again(self, run: RunRow) -> None:
+        """A run whose status reads again after reading as garbage: its count of unreadable time starts over."""
+        if run.unreadable_since is None:
+            return
+        with self.store.session() as s:
+            s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host)
+                      .values(unreadable_since=None))
 
     def _note_tampering(self, run: RunRow, status: RunStatus) -> None:
         """Record (once per run and record) that a run's pid or exit-code file failed its check on the host:
@@ -147,6 +186,8 @@ class SettlingSteps(MpsFaultChecks):
             outcome = "run directory vanished from the host"
         elif status.state == "VANISHED":
             outcome = "stopped" if stopped else "process vanished without an exit code"
+            if status.detail:
+                outcome += f" (its status could not be read: {status.detail!r})"
             if "exit_code" in status.tampered and not stopped:
                 outcome += " (an exit-code file it left was not written by its wrapper and was not believed)"
         else:
@@ -190,6 +231,9 @@ class SettlingSteps(MpsFaultChecks):
                     self._end_job(s, job, JobState.CANCELLED, None, "cancelled by request", run)
                 elif reason == "peer_ended":
                     return  # the peer that ended first decided the job's fate
+                elif reason == UNREADABLE_STOP:
+                    self._end_job(s, job, JobState.FAILED, None, "stopped: its status on host "
+                                  f"{run.host} could not be read for runtime.unreadable_stop_after_s; {outcome}", run)
                 else:
                     self._event(s, job.job_id, "stopped", f"{run.kind} run {run.run_id} stopped ({reason})")
                 return

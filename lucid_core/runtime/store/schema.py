@@ -149,6 +149,9 @@ class RunRow(Base):
     observed_speed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     observed_speed_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
     observed_speed_emulated: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # when its status began to read as garbage on its host (None: readable); a round stops it once that has
+    # lasted runtime.unreadable_stop_after_s
+    unreadable_since: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ProfileRow(Base):
