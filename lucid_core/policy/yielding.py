@@ -244,6 +244,8 @@ def yield_to_waiting(view: ClusterView, rule: YieldRule, requeue: Callable[[Job,
             continue
         if reservation is not None and reservation[0] != job_id and reservation[0] in view.queue:
             view.main.hold([n for n in reservation[1] if n in view.main.nodes])
+        # what a stop frees on a closed node (a wide victim's other hosts) is no taker's either
+        view.main.hold([n for n in view.closed_nodes if n in view.main.nodes])
         try:
             decisions.extend(_take_gpus(view, job, key, rule, left, requeue, cost_s, reason_of, placement,
                                         online_window_s, seniority if job_id == oldest else None))

@@ -10,14 +10,23 @@ import time
 from dataclasses import replace
 
 import pytest
+from duration_stubs import FixedDurations
 from lucid_invariants import check_invariants, ledger_command, ledger_starts
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, marked_processes, one_round, register, runs_of
 
+from lucid_core.policy.lucid import LucidPolicy
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host, drain_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
 from lucid_core.runtime.round.settings import InjectedCrash
 from lucid_core.runtime.store.store import Store
-from lucid_core.runtime.surfaces.submission import JobRequest, submit
+from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
-pytestmark = pytest.mark.ssh
+#: yielding at once in a test: a job may be stopped after 1 s of run, checked every round
+YIELD_NOW = {"profiler.enabled": False, "binder.sharing": "off", "tiresias.checkpoint_cost_s": 0.1,
+             "tiresias.checkpoint_cost_wide_s": 0.1,
+             "orchestrator.yield_interval_s": 0, "orchestrator.yield_min_run": 1}
+
 
 
 @pytest.fixture
@@ -31,6 +40,7 @@ def live(sshd_hosts, tmp_path):
     store.dispose()
 
 
+@pytest.mark.ssh
 def test_a_run_a_dead_round_launched_on_a_host_lost_since_is_stopped_when_the_host_returns(live):
     """A round launches a run and dies before recording it (the run stays planned, its process runs); the
     host is then cut off (sshd down, the process alive) past `host_lost_after_s`, and the job is requeued
@@ -66,3 +76,40 @@ def test_a_run_a_dead_round_launched_on_a_host_lost_since_is_stopped_when_the_ho
     assert lost.state == "ended" and "reaped when the host returned" in lost.outcome, lost.outcome
     assert ledger_starts(ledger)[(planned.run_id, "0")] == 1  # started once, by the dead round's launch
     check_invariants(store, [job])  # (the ledger knows a start the store never recorded: the dead round's)
+
+
+def _local_rounds(store, config, factory, done, timeout_s=30.0):
+    """Local-executor rounds until `done(jobs)`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        SchedulingRound(store, local_executor(), config, SETTINGS, policy_factory=factory).run()
+        jobs = jobs_by_id(store)
+        if done(jobs):
+            return jobs
+        assert time.monotonic() < deadline, {j: (r.state, r.pending_reason) for j, r in jobs.items()}
+        time.sleep(0.25)
+
+
+def test_a_taker_is_never_placed_on_a_draining_host_a_wide_job_yields_from(tmp_path):
+    """A 4-GPU preemptible job over two 2-GPU hosts yields to a short job while one of its hosts drains: the
+    short job starts on the other host, never on the draining one. Before: the stop freed the draining host's
+    GPUs too, and the taker was placed (and launched) there."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    for name in ("m0", "m1"):
+        add_host(store, HostSpec(name, executor="local", vc="vc-a", telemetry="emulated", gpus=2,
+                                 workdir=str(tmp_path / name)))
+    config = fast_config(**YIELD_NOW)
+    factory = lambda cfg, snapshot: LucidPolicy(  # noqa: E731
+        cfg, duration_model=FixedDurations({"wide": 1.0, "short": 0.5}, key=lambda job: job.name))
+    wide = submit(store, JobRequest("sleep 60", 4, "ann", "vc-a", name="wide", preemptible=True))
+    _local_rounds(store, config, factory, lambda j: j[wide].state == "RUNNING")
+    time.sleep(2)  # far past its 1 s prediction: a short job may take its GPUs
+    drain_host(store, "m0")
+    short = submit(store, JobRequest("sleep 0.5", 1, "ann", "vc-a", name="short"))
+    _local_rounds(store, config, factory, lambda j: j[short].state == "COMPLETED")
+    assert {r.host for r in runs_of(store, short)} == {"m1"}
+    assert jobs_by_id(store)[wide].yields == 1  # it did yield, to a taker on its other host
+    cancel(store, wide)
+    _local_rounds(store, config, factory, lambda j: j[wide].state == "CANCELLED")
+    check_invariants(store, [wide, short])
+    store.dispose()
