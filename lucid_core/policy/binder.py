@@ -120,6 +120,8 @@ class AffinityBinder:
         pool = view.pool(alloc.pool)
         if pool.held and any(ref.host in pool.held for ref in alloc.gpus):
             return "partner's node is reserved for an overdue job"
+        if view.closed_nodes and any(ref.host in view.closed_nodes for ref in alloc.gpus):
+            return "partner's host takes no new work (draining, unreachable or cooling down)"
         if partner.gpus != job.gpus:
             return "different GPU demand"
         pred = partner.predicted_duration  # the rules on durations first: arithmetic, where classes and memory

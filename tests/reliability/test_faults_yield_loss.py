@@ -113,3 +113,38 @@ def test_a_taker_is_never_placed_on_a_draining_host_a_wide_job_yields_from(tmp_p
     _local_rounds(store, config, factory, lambda j: j[wide].state == "CANCELLED")
     check_invariants(store, [wide, short])
     store.dispose()
+
+
+def test_a_job_never_shares_a_gpu_on_a_draining_host(tmp_path):
+    """A draining host gets no new work, not even a partner for the light job it runs: the waiting light job
+    stays queued. Before: the binder paired it there (and, on an unreachable host, planned it on a dead one)."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("p0", executor="local", pool="profiling", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "p0")))
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    config = fast_config()
+    light = lambda job: (10.0, 5.0, 1000.0)  # noqa: E731 - Tiny: two of them may share a GPU
+
+    def rounds(done):
+        deadline = time.monotonic() + 30
+        while not done():
+            SchedulingRound(store, local_executor(), config, SETTINGS, emulated_profile=light).run()
+            assert time.monotonic() < deadline, {j: (r.state, r.pending_reason) for j, r in jobs_by_id(store).items()}
+            time.sleep(0.25)
+
+    first = submit(store, JobRequest("sleep 60", 1, "ann", "vc-a", name="first"))
+    rounds(lambda: any(r.kind == "main" and r.state == "running" for r in runs_of(store, first)))
+    drain_host(store, "m0")
+    second = submit(store, JobRequest("sleep 5", 1, "ann", "vc-a", name="second"))
+    rounds(lambda: jobs_by_id(store)[second].state not in ("SUBMITTED", "PROFILING"))  # profiled
+    for _ in range(4):  # a partner was there to be had in each of these rounds
+        SchedulingRound(store, local_executor(), config, SETTINGS, emulated_profile=light).run()
+        time.sleep(0.25)
+    assert [r.host for r in runs_of(store, second)] == ["p0"]  # its profiling run only
+    assert jobs_by_id(store)[second].state == "QUEUED"
+    cancel(store, first)
+    cancel(store, second)
+    rounds(lambda: {r.state for r in jobs_by_id(store).values()} == {"CANCELLED"})
+    check_invariants(store, [first, second])
+    store.dispose()
