@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from lucid_core.alerts import check_drift
+from lucid_core.alerts import check_drift, window_spread
 
 if TYPE_CHECKING:
     from lucid_core.runtime.store.store import Store
@@ -194,6 +194,13 @@ def duration_inputs(frame: pd.DataFrame) -> dict[str, np.ndarray]:
             "gpu_util": frame["gpu_util"].fillna(-1).to_numpy(dtype=float)}
 
 
+def input_spread(inputs: dict[str, np.ndarray], window: int) -> dict[str, float]:
+    """Per input, the largest PSI that windows of `window` consecutive rows of the training window reach
+    against the whole of it (`alerts.window_spread`), each kept as a drift check keeps its values."""
+    return {name: window_spread(kept_sample(values), values, window, keep=kept_sample)
+            for name, values in inputs.items()}
+
+
 def throughput_inputs(slots: pd.DataFrame) -> dict[str, np.ndarray]:
     return {"submit_gpu_job": slots["submit_gpu_job"].to_numpy(dtype=float)}
 
@@ -317,7 +324,9 @@ def _recent_mask(frame: pd.DataFrame, recent_share: float) -> np.ndarray:
     return mask
 
 
-def _sample(values: np.ndarray) -> list[float]:
+def kept_sample(values: np.ndarray) -> list[float]:
+    """What a drift check keeps of a window's values: all of them up to REFERENCE_SAMPLE, else that many
+    evenly spaced quantiles."""
     values = np.asarray(values, dtype=float)
     if values.size <= REFERENCE_SAMPLE:
         return values.tolist()
@@ -359,6 +368,15 @@ def reference_inputs(inputs: Any) -> dict[str, list[float]]:
         return {}
     kept = {str(feature): finite_numbers(values) for feature, values in inputs.items()}
     return {feature: values for feature, values in kept.items() if values}
+
+
+def reference_spread(spread: Any) -> dict[str, float]:
+    """A stored drift reference's input spread, feature -> a finite PSI >= 0; anything else left out (a version
+    promoted before the spread was kept has none: its check uses the threshold and the sampling noise)."""
+    if not isinstance(spread, dict):
+        return {}
+    return {str(feature): float(value) for feature, value in spread.items()
+            if type(value) in (int, float) and math.isfinite(value) and value >= 0}
 
 
 def served_version(store_url: str, registry: Any, name: str) -> int | None:
@@ -417,10 +435,11 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
                                              "train_rows": len(older), "recent_rows": int(recent.sum())})
         entry: dict[str, Any] = {
             "candidate_version": version.version, "candidate_mae": float(candidate_errors.mean()),
-            "candidate_errors": _sample(candidate_errors), "fit_seconds": fit_s, "train_rows": len(older),
+            "candidate_errors": kept_sample(candidate_errors), "fit_seconds": fit_s, "train_rows": len(older),
             "recent_rows": int(recent.sum()), "training_window": list(window),
-            "reference_inputs": {k: _sample(v) for k, v in inputs(older).items()},
-            "recent_inputs": {k: _sample(v) for k, v in inputs(frame[recent]).items()},
+            "reference_inputs": {k: kept_sample(v) for k, v in inputs(older).items()},
+            "recent_inputs": {k: kept_sample(v) for k, v in inputs(frame[recent]).items()},
+            "reference_input_spread": input_spread(inputs(older), int(recent.sum())),
         }
         if kind == "duration" and int(recent.sum()) >= 8:
             entry["sim_check"] = simulated_duration_check(frame, recent, candidate.model)
@@ -431,9 +450,10 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
         elif promoted is not None:
             reference = _reference(store_url, STORE_KINDS[kind], promoted)
             entry.update(promoted_version=promoted, promoted_mae=float(previous_errors.mean()),
-                         promoted_recent_errors=_sample(previous_errors),
+                         promoted_recent_errors=kept_sample(previous_errors),
                          promoted_reference_errors=finite_numbers(reference.get("reference_errors")),
-                         promoted_reference_inputs=reference_inputs(reference.get("reference_inputs")))
+                         promoted_reference_inputs=reference_inputs(reference.get("reference_inputs")),
+                         promoted_reference_spread=reference_spread(reference.get("reference_input_spread")))
         evaluation["models"][kind] = entry
     return evaluation
 
@@ -469,8 +489,10 @@ def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float
             if better:
                 promoted.append((kind, version))
                 metrics = {"reference_mae": entry["candidate_mae"], "reference_errors": entry["candidate_errors"],
-                           "reference_inputs": entry["reference_inputs"], "train_rows": entry["train_rows"],
-                           "recent_rows": entry["recent_rows"], "fit_seconds": entry["fit_seconds"],
+                           "reference_inputs": entry["reference_inputs"],
+                           "reference_input_spread": entry.get("reference_input_spread", {}),
+                           "train_rows": entry["train_rows"], "recent_rows": entry["recent_rows"],
+                           "fit_seconds": entry["fit_seconds"],
                            "training_window": entry["training_window"]}
                 record_promotion(session, STORE_KINDS[kind], str(version), str(_artifact(kind, version)), metrics,
                                  f"promoted by the Update Engine ({evaluation.get('run_id') or 'manual'})")
@@ -522,7 +544,8 @@ def drift_reports(decision: dict[str, Any], mae_ratio: float, psi: float) -> lis
         if "promoted_recent_errors" not in entry or not entry.get("promoted_reference_errors"):
             continue
         report = check_drift(kind, entry["promoted_reference_errors"], entry["promoted_recent_errors"],
-                             entry.get("promoted_reference_inputs", {}), entry["recent_inputs"], mae_ratio, psi)
+                             entry.get("promoted_reference_inputs", {}), entry["recent_inputs"], mae_ratio, psi,
+                             entry.get("promoted_reference_spread", {}))
         reports.append(report.to_dict() | {"body": report.body, "version": entry.get("promoted_version")})
     return reports
 

@@ -333,6 +333,15 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                        for p in (plots if isinstance(plots, list) else []))
         return page(f"Tuner report {name}", report.read_text(encoding="utf-8") + imgs, prefix)
 
+    def _shift_text(shift: dict[str, Any], threshold: float) -> str:
+        """One input's PSI and, where chance or the training window's own spread set a higher bar than the
+        threshold, that bar (records written before the bar was kept show the PSI alone)."""
+        bar = max(float(threshold), float(shift.get("noise", 0.0)), float(shift.get("spread", 0.0)))
+        text = f"{shift['feature']} {shift['psi']:.3f}"
+        if bar > float(threshold):
+            text += f" (bar {bar:.3f})"
+        return text + (" shifted" if shift.get("shifted") else "")
+
     @app.get("/drift", response_class=HTMLResponse)
     def drift() -> HTMLResponse:
         root = reports_root() / "drift"
@@ -341,7 +350,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             data = _report_json(path)
             try:
                 for report in data.get("reports", []):
-                    shifts = ", ".join(f"{s['feature']} {s['psi']:.3f}" for s in report.get("shifts", []))
+                    shifts = ", ".join(_shift_text(s, report["psi_threshold"]) for s in report.get("shifts", []))
                     rows.append([esc(str(data.get("run_id", path.stem))), esc(str(report["model"])),
                                  f"{report['reference_mae']:.4g}", f"{report['recent_mae']:.4g}",
                                  f"{report['mae_ratio']:.3f}", esc(shifts), "ALERT" if report["drifted"] else "ok",

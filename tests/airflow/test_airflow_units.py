@@ -324,6 +324,11 @@ def test_update_engine_steps_on_a_postgresql_store(tmp_path, monkeypatch):
         assert decisions[0]["duration"]["action"] == "promote" and reports[0] == []
         duration = next(r for r in reports[1] if r["model"] == "duration")
         assert duration["drifted"] and duration["mae_ratio"] > 1.25
+        # the training window's own spread was kept at promotion and read back from the store for the check,
+        # and the late jobs' 8 GPUs lie outside it
+        spread = decision["evaluation"]["models"]["duration"]["promoted_reference_spread"]
+        assert set(spread) == {"gpus", "submit_hour", "gpu_util"}, spread
+        assert "gpus" in duration["shifted_features"], duration
     finally:
         with admin.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')

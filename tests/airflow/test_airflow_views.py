@@ -42,7 +42,11 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
                for i, t in enumerate((100, 300))]
     write_report(results, settings, reports / "tuner" / "manual_run")
     drift = check_drift("duration", [0.5] * 20, [1.5] * 20, {"gpus": [1.0] * 40}, {"gpus": [8.0] * 40})
-    save_drift_history(reports / "drift", "manual__1", [drift.to_dict() | {"body": drift.body}], "ops@example.org")
+    # an input whose PSI passes the threshold but not the spread its training window showed: under its bar
+    bursty = check_drift("throughput", [0.5] * 20, [0.5] * 20, {"submit_gpu_job": list(range(40))},
+                         {"submit_gpu_job": [3.0] * 40}, input_spread={"submit_gpu_job": 50.0})
+    save_drift_history(reports / "drift", "manual__1", [r.to_dict() | {"body": r.body} for r in (drift, bursty)],
+                       "ops@example.org")
 
     client = TestClient(create_lucid_app(lambda: url, lambda: reports, protect=False))
     queue = client.get("/queue")
@@ -73,6 +77,8 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
 
     history = client.get("/drift")
     assert "ALERT" in history.text and "3.000" in history.text and "ops@example.org" in history.text
+    assert "shifted" in history.text and "submit_gpu_job" in history.text and "(bar 50.000)" in history.text
+    assert not bursty.drifted and bursty.shifts[0].psi > 0.2
     assert client.get("/models").status_code == 200
     # a promoted version whose file lies outside LUCID_HOME/models: rounds do not load it, and the page says so
     from lucid_core.runtime.store.store import record_promotion

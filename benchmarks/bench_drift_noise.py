@@ -1,0 +1,162 @@
+"""How often the Update Engine's input-shift alert fires by chance, and how often it finds a real shift, with
+the fixed PSI threshold alone and with the sampling-noise floor (`alerts.psi_sampling_noise`), on Philly jobs.
+
+Inputs are what the duration model's drift check watches (`update.duration_inputs`: GPUs, submit hour, GPU
+use, absent in Philly so constant), kept as the Update Engine keeps them (`update.kept_sample`).
+
+    .venv/bin/python benchmarks/bench_drift_noise.py [--trials 400] [--trace PATH]
+
+Three parts, each printed as a table with the two rules side by side:
+- no shift: reference and recent jobs drawn at random from one month, recent windows of m jobs;
+- a real shift drawn into the recent jobs (multi-GPU jobs 3x as likely; submissions only 09:00-18:00);
+- the daily check as the Update Engine runs it, every day of Oct 10 - Nov 30, as the jobs were and with a
+  real shift made in the recent jobs, under the fixed threshold, with the sampling noise, and with the
+  training window's own spread (`update.input_spread`, what the check uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lucid_core.alerts import check_drift, population_stability_index, psi_sampling_noise
+from lucid_core.update import duration_inputs, input_spread, kept_sample
+
+THRESHOLD = 0.2  # update.drift_psi's default
+SIZES = (25, 50, 100, 200, 400, 1000)
+
+
+def default_trace() -> Path:
+    root = Path(os.environ.get("LUCID_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    return root / "philly" / "philly_jobs_2017-09_2017-11.csv"
+
+
+def load_jobs(path: Path) -> pd.DataFrame:
+    raw = pd.read_csv(path, usecols=["timestamp", "num_gpus"])
+    stamp = pd.to_datetime(raw["timestamp"])
+    return pd.DataFrame({"time": stamp, "submit_time": (stamp - pd.Timestamp(0)).dt.total_seconds(),
+                         "gpus": raw["num_gpus"].astype(float), "gpu_util": np.nan})
+
+
+def kept_inputs(frame: pd.DataFrame) -> dict[str, list[float]]:
+    return {name: kept_sample(values) for name, values in duration_inputs(frame).items()}
+
+
+def alerts(reference: dict[str, list[float]], recent: dict[str, list[float]]) -> tuple[set[str], set[str]]:
+    """The features each rule calls shifted: PSI above the threshold; and above the noise floor too."""
+    fixed, floored = set(), set()
+    for name in reference:
+        psi = population_stability_index(reference[name], recent[name])
+        if psi > THRESHOLD:
+            fixed.add(name)
+            if psi > psi_sampling_noise(reference[name], recent[name]):
+                floored.add(name)
+    return fixed, floored
+
+
+def rates(reference: dict[str, list[float]], draw: Callable[[np.random.Generator, int], pd.DataFrame],
+          sizes: tuple[int, ...], trials: int, seed: int) -> list[tuple[int, float, float, dict[str, float]]]:
+    """Per recent-window size: the share of trials with any alert under each rule, and per feature (fixed)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for m in sizes:
+        fixed_any = floored_any = 0
+        per_feature: dict[str, int] = {name: 0 for name in reference}
+        for _ in range(trials):
+            fixed, floored = alerts(reference, kept_inputs(draw(rng, m)))
+            fixed_any += bool(fixed)
+            floored_any += bool(floored)
+            for name in fixed:
+                per_feature[name] += 1
+        out.append((m, fixed_any / trials, floored_any / trials, {k: v / trials for k, v in per_feature.items()}))
+    return out
+
+
+def print_rates(title: str, rows: list[tuple[int, float, float, dict[str, float]]]) -> None:
+    print(f"\n### {title}\n")
+    print("| recent jobs | alert, PSI > 0.2 | alert, PSI > max(0.2, noise floor) | fixed rule: gpus / submit_hour |")
+    print("|---:|---:|---:|---|")
+    for m, fixed, floored, per in rows:
+        print(f"| {m} | {fixed:.1%} | {floored:.1%} | {per['gpus']:.1%} / {per['submit_hour']:.1%} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=400)
+    parser.add_argument("--trace", type=Path, default=default_trace())
+    args = parser.parse_args()
+    jobs = load_jobs(args.trace)
+    month = jobs[(jobs["time"] >= "2017-10-01") & (jobs["time"] < "2017-11-01")].reset_index(drop=True)
+    rng = np.random.default_rng(0)
+    reference = kept_inputs(month.iloc[rng.choice(len(month), size=len(month) * 4 // 5, replace=False)])
+    print(f"{len(jobs)} Philly jobs; reference: {len(month) * 4 // 5} jobs of Oct 2017 (kept as "
+          f"{len(reference['gpus'])} quantiles per input), {args.trials} trials per size")
+
+    same = rates(reference, lambda r, m: month.iloc[r.choice(len(month), size=m, replace=False)],
+                 SIZES, args.trials, 1)
+    print_rates("No shift: recent jobs drawn from the same month (every alert is a false one)", same)
+
+    wide = month["gpus"].to_numpy() > 1
+    weight = np.where(wide, 3.0, 1.0)
+    weight /= weight.sum()
+    more_wide = rates(reference, lambda r, m: month.iloc[r.choice(len(month), size=m, replace=False, p=weight)],
+                      SIZES, args.trials, 2)
+    print_rates(f"A real shift: multi-GPU jobs 3x as likely ({wide.mean():.0%} of jobs -> "
+                f"{weight[wide].sum():.0%})", more_wide)
+    hours = month["time"].dt.hour.to_numpy()
+    day = np.flatnonzero((hours >= 9) & (hours < 18))
+    daytime = rates(reference, lambda r, m: month.iloc[r.choice(day, size=m, replace=False)], SIZES, args.trials, 3)
+    print_rates(f"A real shift: submissions only 09:00-18:00 ({len(day) / len(month):.0%} of the month's)", daytime)
+
+    print_daily(jobs)
+
+
+def daily_split(jobs: pd.DataFrame, day: pd.Timestamp, recent_share: float = 0.2) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What a daily Update Engine run on `day` trains on and checks: the finetune window (7 days), split by time
+    into the older rows and the most recent `recent_share` (the DAG's default)."""
+    batch = jobs[(jobs["time"] >= day - pd.Timedelta(days=7)) & (jobs["time"] < day)].reset_index(drop=True)
+    cut = max(1, min(len(batch) - 1, round(len(batch) * (1.0 - recent_share))))
+    return batch.iloc[:cut], batch.iloc[cut:]
+
+
+def daily_alerts(jobs: pd.DataFrame, days: pd.DatetimeIndex,
+                 change: Callable[[pd.DataFrame], pd.DataFrame]) -> dict[str, int]:
+    """Days on which each rule calls an input shifted: the model promoted the day before is checked on the
+    day's recent rows (after `change`), as `update.drift_reports` does."""
+    counts = {"fixed": 0, "noise": 0, "spread": 0}
+    for day in days:
+        older, _ = daily_split(jobs, day - pd.Timedelta(days=1))
+        _, recent = daily_split(jobs, day)
+        recent = change(recent)
+        reference = kept_inputs(older)
+        spread = input_spread(duration_inputs(older), len(recent))
+        fixed, floored = alerts(reference, kept_inputs(recent))
+        report = check_drift("duration", [1.0], [1.0], reference, kept_inputs(recent), 1.25, THRESHOLD, spread)
+        counts["fixed"] += bool(fixed)
+        counts["noise"] += bool(floored)
+        counts["spread"] += bool(report.shifted_features)
+    return counts
+
+
+def print_daily(jobs: pd.DataFrame) -> None:
+    days = pd.date_range("2017-10-10", "2017-11-30", freq="D")
+    wide = lambda frame: frame.assign(gpus=np.where(np.arange(len(frame)) % 4 == 0,  # noqa: E731
+                                                    8.0, frame["gpus"].to_numpy()))
+    later = lambda frame: frame.assign(submit_time=frame["submit_time"] + 8 * 3600.0)  # noqa: E731
+    print("\n### The daily check as the Update Engine runs it (7-day window, the last 20% of its jobs checked "
+          f"against the model promoted the day before), {len(days)} days of Oct 10 - Nov 30\n")
+    print("| recent jobs | days alerted: PSI > 0.2 | + sampling noise | + the training window's own spread |")
+    print("|---|---:|---:|---:|")
+    for label, change in (("as they were (no shift was made)", lambda frame: frame),
+                          ("every 4th job made an 8-GPU job (a real shift)", wide),
+                          ("every submission 8 hours later (a real shift)", later)):
+        counts = daily_alerts(jobs, days, change)
+        print(f"| {label} | {counts['fixed']} | {counts['noise']} | {counts['spread']} |")
+
+if __name__ == "__main__":
+    main()
