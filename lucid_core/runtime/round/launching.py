@@ -321,6 +321,7 @@ class LaunchSteps(RoundBase):
             batches.setdefault(run.host, []).append(
                 lambda a=address, r=run: self.executor.stop(a, r.run_id, r.stop_reason or default_reason, grace))
         results = pair_results(runs, self._fan_out(batches, extra_s=grace))
+        answered: list[tuple[RunRow, RunStatus]] = []
         for run, result in results:
             if run.host in down:
                 continue
@@ -335,6 +336,10 @@ class LaunchSteps(RoundBase):
             if status.state == "UNREADABLE":
                 self._unreadable(run, status, self.clock())
                 continue
+            answered.append((run, status))
+        # the nodes the stop ended first: a node of the same run that had already ended on its own (its peer's
+        # going ended it) is then judged knowing its peer was stopped
+        for run, status in sorted(answered, key=lambda pair: not pair[1].stop_requested):
             self._note_tampering(run, status)
             self._settle(run, status)
         return down

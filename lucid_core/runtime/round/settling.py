@@ -32,6 +32,7 @@ from lucid_core.runtime.store.schema import (
 )
 
 UNREADABLE_STOP = "unreadable"  # the stop reason of a run stopped because its status stayed unreadable
+STOPPED_OUTCOME = "stopped"  # how the outcome of every run that ended of a stop begins
 
 
 def unreadable_since(stored: Any, now: float) -> float:
@@ -182,16 +183,22 @@ class SettlingSteps(MpsFaultChecks):
         no_daemon = None if fault is not None else self._daemon_start_failed(run, status)  # only for exit 97 there
         now = self.clock()
         stopped = status.stop_requested and run.stop_reason is not None
-        if status.state == "MISSING":
+        by_peer = not stopped and self._ended_after_a_peers_stop(run, status)
+        stopped = stopped or by_peer
+        if by_peer:
+            code = "no exit code" if status.exit_code is None else f"code {status.exit_code}"
+            outcome = (f"stopped: it ended on its own ({code}) after the stop of another node of its run, before "
+                       "its own stop reached it")
+        elif status.state == "MISSING":
             outcome = "run directory vanished from the host"
         elif status.state == "VANISHED":
-            outcome = "stopped" if stopped else "process vanished without an exit code"
+            outcome = STOPPED_OUTCOME if stopped else "process vanished without an exit code"
             if status.detail:
                 outcome += f" (its status could not be read: {status.detail!r})"
             if "exit_code" in status.tampered and not stopped:
                 outcome += " (an exit-code file it left was not written by its wrapper and was not believed)"
         else:
-            outcome = "stopped" if stopped else f"exited with code {status.exit_code}"
+            outcome = STOPPED_OUTCOME if stopped else f"exited with code {status.exit_code}"
             if status.disk_full and not stopped:
                 outcome += f"; the disk of host {run.host} was full when it ended: its log may be cut short"
         if status.escaped and run.stop_reason is None:
@@ -245,6 +252,18 @@ class SettlingSteps(MpsFaultChecks):
                 self._requeue(s, job, START_RETRY_EVENT, f"on {run.host}: {no_daemon}", alone=False)
             else:
                 self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run)
+
+    def _ended_after_a_peers_stop(self, run: RunRow, status: RunStatus) -> bool:
+        """A node of a wide run the round is stopping (a yield, a profiling window's end) that ended before its
+        own stop reached it, while another node of the run was stopped: a distributed job's rank ends, often
+        with an error, once its peer is gone. It ended of the stop, not of a failure of the job's own."""
+        if run.stop_reason in (None, "peer_ended") or status.state not in {"EXITED", "VANISHED"}:
+            return False
+        with self.store.session() as s:
+            peer = s.scalar(select(RunRow.host).where(
+                RunRow.run_id == run.run_id, RunRow.host != run.host, RunRow.state == RunState.ENDED,
+                RunRow.outcome.startswith(STOPPED_OUTCOME)).limit(1))
+        return peer is not None
 
     def _end_job(self, s: Any, job: JobRow, state: JobState, exit_code: int | None, why: str, run: RunRow) -> bool:
         """Move a job to a terminal state once (compare-and-set: only from a state that is not terminal);
