@@ -38,7 +38,9 @@ UPDATE_SCHEDULE = None if _SCHEDULE.lower() == "none" else _SCHEDULE
                               description="Most recent share of jobs held out to compare candidate and promoted"),
         "max_quarantine_share": Param(0.05, type="number", minimum=0, maximum=1),
         "drift_mae_ratio": Param(1.25, type="number", minimum=1),
-        "drift_psi": Param(0.2, type="number", minimum=0),
+        "drift_psi": Param(0.2, type="number", minimum=0,
+                           description="An input alerts when its PSI passes this, what chance gives at the recent "
+                                       "window's size, and what such windows reached within the training window"),
         "alert_to": Param("lucid-admins@localhost", type="string", minLength=1,
                           description="Recipients, separated by commas or semicolons"),
         "smtp_conn_id": Param("smtp_default", type="string"),
