@@ -5,10 +5,15 @@ on nodes of its own VC (the partition "" when nodes carry no VC). Compact placem
 of g <= node-size GPUs on one node, choosing the node with the fewest free GPUs that still fits (best fit, which
 keeps whole nodes free for wide jobs); a wider job takes whole free nodes plus one
 best-fit node for the remainder. Fit tests are O(node size), not O(nodes).
+
+Among nodes that fit equally well, the first by name: the choice depends only on what the nodes hold, never
+on the order in which they last changed. A live round rebuilds its pool from the store every round, so an
+order kept in memory (the simulator's) is one the live view cannot have; by name, both place alike.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -146,12 +151,12 @@ class GpuPool:
         chosen: list[GpuRef] = []
         used: set[str] = set()
         whole, rest = divmod(gpus, size) if gpus > size else (0, gpus)
-        for name in list(by_free[size])[:whole]:
+        for name in heapq.nsmallest(whole, by_free[size]):
             used.add(name)
             chosen.extend(GpuRef(name, i) for i in range(size))
         if rest:
             for k in range(rest, size + 1):
-                name = next((n for n in by_free[k] if n not in used), None)
+                name = min((n for n in by_free[k] if n not in used), default=None)
                 if name is not None:
                     chosen.extend(GpuRef(name, i) for i in self.nodes[name].empty_gpus()[:rest])
                     break

@@ -57,10 +57,10 @@ def test_a_job_pairs_on_the_host_whose_key_measured_it_safe_and_nowhere_else():
     config = LucidConfig()
     models = PackingModels({H200_MPS: FixedClass(ShareClass.TINY), H200_SLICED: FixedClass(ShareClass.JUMBO)})
     binder = AffinityBinder(config.binder, packing_models=models)
-    # the time-sliced host is filled first, the MPS host second
+    # equally free hosts are filled first by name: the MPS host first, the time-sliced host second
     view = _view(config, {"sliced": HostSharing(H200_SLICED, "time-slice"), "mps": HostSharing(H200_MPS, "mps")})
-    _running(view, binder, "on-sliced", "sliced")
     _running(view, binder, "on-mps", "mps")
+    _running(view, binder, "on-sliced", "sliced")
     job = _waiting(view, binder)
     assert job.share_class is ShareClass.TINY  # its lightest class over the fleet's keys
     assert binder.class_on(view, job, "sliced") is ShareClass.JUMBO
