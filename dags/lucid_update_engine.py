@@ -41,6 +41,9 @@ UPDATE_SCHEDULE = None if _SCHEDULE.lower() == "none" else _SCHEDULE
         "drift_psi": Param(0.2, type="number", minimum=0,
                            description="An input alerts when its PSI passes this, what chance gives at the recent "
                                        "window's size, and what such windows reached within the training window"),
+        "drift_checks_in_a_row": Param(2, type="integer", minimum=1,
+                                       description="Mail the alert once this many checks of a model in a row "
+                                                   "drifted (1: at the first)"),
         "alert_to": Param("lucid-admins@localhost", type="string", minLength=1,
                           description="Recipients, separated by commas or semicolons"),
         "smtp_conn_id": Param("smtp_default", type="string"),
@@ -111,13 +114,17 @@ def lucid_update_engine():
 
     @task
     def check_drift(decision: dict, params=None, run_id=None) -> dict:
-        """Error ratio and input PSI of the promoted models; kept as drift history."""
+        """Error ratio and input PSI of the promoted models; kept as drift history, which also says how many
+        checks in a row each model drifted (the alert waits for `drift_checks_in_a_row`)."""
         from lucid_airflow.tuning import reports_root
 
-        from lucid_core.update import drift_reports, save_drift_history
+        from lucid_core.update import drift_reports, drifted_checks_before, save_drift_history
 
-        reports = drift_reports(decision, params["drift_mae_ratio"], params["drift_psi"])
-        history = save_drift_history(reports_root() / "drift", run_id, reports)  # the alert task says who it reached
+        root = reports_root() / "drift"
+        reports = drift_reports(decision, params["drift_mae_ratio"], params["drift_psi"],
+                                drifted_before=drifted_checks_before(root, run_id),
+                                checks_to_alert=params["drift_checks_in_a_row"])
+        history = save_drift_history(root, run_id, reports)  # the alert task says who it reached
         return {"reports": reports, "history": str(history)}
 
     @task(retries=3, retry_delay=timedelta(minutes=5))  # a mail server out for a while does not lose the alert

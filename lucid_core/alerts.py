@@ -131,6 +131,13 @@ class DriftReport:
     shifts: tuple[InputShift, ...] = field(default_factory=tuple)
     reference_rows: int = 0
     recent_rows: int = 0
+    in_a_row: int = 1  # checks of this model in a row that drifted, this one included (0: this one did not)
+    checks_to_alert: int = 1  # the alert goes out once that many checks in a row drifted
+
+    @property
+    def alert(self) -> bool:
+        """Drifted in enough checks in a row: one day's burst of odd jobs is not drift, a lasting change is."""
+        return self.drifted and self.in_a_row >= self.checks_to_alert
 
     @property
     def error_drift(self) -> bool:
@@ -151,7 +158,8 @@ class DriftReport:
             causes.append(f"error x{self.mae_ratio:.2f}")
         if self.shifted_features:
             causes.append("input shift in " + ", ".join(self.shifted_features))
-        state = "DRIFT" if self.drifted else "no drift"
+        state = ("DRIFT" if self.alert else
+                 f"drift, {self.in_a_row} of {self.checks_to_alert} checks in a row" if self.drifted else "no drift")
         return f"[Lucid] {state}: {self.model} model" + (f" ({'; '.join(causes)})" if causes else "")
 
     @property
@@ -168,12 +176,15 @@ class DriftReport:
                   for s in self.shifts]
         if not self.shifts:
             lines.append("  (no inputs compared)")
+        if self.drifted:
+            lines.append(f"Checks in a row that drifted: {self.in_a_row} "
+                         f"(the alert goes out at {self.checks_to_alert})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(drifted=self.drifted, error_drift=self.error_drift, shifted_features=self.shifted_features,
-                   subject=self.subject)
+        out.update(drifted=self.drifted, alert=self.alert, error_drift=self.error_drift,
+                   shifted_features=self.shifted_features, subject=self.subject)
         return out
 
 
@@ -244,13 +255,14 @@ def alert_recipients(text: str) -> list[str]:
 
 
 def alert_message(reports: Sequence[Mapping]) -> tuple[str, str] | None:
-    """Subject and HTML body of the drift alert for the drifted ones of `reports` (dicts as
-    `lucid_core.update.drift_reports` returns them: `drifted`, `subject`, `body`); None when none drifted.
+    """Subject and HTML body of the drift alert for the ones of `reports` that alert (dicts as
+    `lucid_core.update.drift_reports` returns them: `alert`, `subject`, `body`; `drifted` where `alert` is
+    absent); None when none does.
 
     Braces are escaped: Airflow's SMTP notifier renders subject and body as Jinja templates."""
     from html import escape
 
-    drifted = [r for r in reports if r.get("drifted")]
+    drifted = [r for r in reports if r.get("alert", r.get("drifted"))]
     if not drifted:
         return None
     subject = "; ".join(str(r["subject"]) for r in drifted)

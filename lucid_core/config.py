@@ -124,6 +124,8 @@ class UpdateConfig:
     cadence: str = _knob("daily", choices=("never", "daily", "weekly"), doc="how often models refit on new logs")
     drift_mae_ratio: float = _knob(1.25, lo=1, doc="alert when recent error exceeds the reference error by this")
     drift_psi: float = _knob(0.2, lo=0, doc="alert when an input's population stability index exceeds this")
+    drift_checks_in_a_row: int = _knob(2, lo=1, doc="the drift alert goes out once this many checks of a model "
+                                       "in a row drifted (1: at the first)")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -537,8 +537,11 @@ def publish_model_pages(directory: str | Path) -> list[str]:
     return written
 
 
-def drift_reports(decision: dict[str, Any], mae_ratio: float, psi: float) -> list[dict[str, Any]]:
-    """Drift of the models that were promoted before this run, on the recent data they served."""
+def drift_reports(decision: dict[str, Any], mae_ratio: float, psi: float, *,
+                  drifted_before: dict[str, int] | None = None, checks_to_alert: int = 1) -> list[dict[str, Any]]:
+    """Drift of the models that were promoted before this run, on the recent data they served. A drifted
+    model alerts once `checks_to_alert` checks in a row drifted, counting `drifted_before` (per model, the
+    checks just before this one that drifted one after another: `drifted_checks_before`)."""
     reports = []
     for kind, entry in decision["evaluation"]["models"].items():
         if "promoted_recent_errors" not in entry or not entry.get("promoted_reference_errors"):
@@ -546,8 +549,37 @@ def drift_reports(decision: dict[str, Any], mae_ratio: float, psi: float) -> lis
         report = check_drift(kind, entry["promoted_reference_errors"], entry["promoted_recent_errors"],
                              entry.get("promoted_reference_inputs", {}), entry["recent_inputs"], mae_ratio, psi,
                              entry.get("promoted_reference_spread", {}))
+        in_a_row = 1 + (drifted_before or {}).get(kind, 0) if report.drifted else 0
+        report = replace(report, in_a_row=in_a_row, checks_to_alert=checks_to_alert)
         reports.append(report.to_dict() | {"body": report.body, "version": entry.get("promoted_version")})
     return reports
+
+
+def drifted_checks_before(directory: str | Path, this_run: str | None = None, most: int = 50) -> dict[str, int]:
+    """Per model, how many of the latest checks in the drift history drifted one after another, newest first
+    (`this_run`'s own record, left by an earlier try of its task, is not one of them). A run that did not check
+    a model says nothing of it and is passed over; a check that did not drift, or a history file that cannot be
+    read (cut short, not one of ours), ends the count. At most `most` files read."""
+    root = Path(directory)
+    files = sorted(root.glob("*.json"), reverse=True)[:most] if root.is_dir() else []
+    counts: dict[str, int] = {}
+    ended: set[str] = set()
+    for path in files:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if this_run is not None and data.get("run_id") == this_run:
+                continue
+            checked = {str(r["model"]): r.get("drifted") is True for r in data.get("reports")}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            break  # nothing after an unreadable record is known to follow on from this run
+        for model, drifted in checked.items():
+            if model in ended:
+                continue
+            if drifted:
+                counts[model] = counts.get(model, 0) + 1
+            else:
+                ended.add(model)
+    return counts
 
 
 def save_drift_history(directory: str | Path, run_id: str | None, reports: list[dict[str, Any]],

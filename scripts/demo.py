@@ -182,7 +182,8 @@ def _sample_jobs(count: int, seed: int) -> list[tuple[float, int, str, str, str,
 def update_conf(recent_share: float | None = None) -> dict[str, Any]:
     """The demo's Update Engine conf: the full window (it holds the seeded history) and the sink's recipient;
     `recent_share` holds out exactly the demo's own jobs on the second run."""
-    conf: dict[str, Any] = {"mode": "full", "full_days": 90, "alert_to": ALERT_TO}
+    # one check: it alerts at the first drifted one (a deployment waits for drift_checks_in_a_row, 2)
+    conf: dict[str, Any] = {"mode": "full", "full_days": 90, "alert_to": ALERT_TO, "drift_checks_in_a_row": 1}
     if recent_share is not None:
         conf["recent_share"] = recent_share
     return conf

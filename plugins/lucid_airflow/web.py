@@ -342,6 +342,15 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             text += f" (bar {bar:.3f})"
         return text + (" shifted" if shift.get("shifted") else "")
 
+    def _drift_state(report: dict[str, Any]) -> str:
+        """ALERT where the check alerted (a record from before checks were counted: where it drifted), else
+        how many checks in a row drifted of how many the alert waits for, else ok."""
+        if report.get("alert", report["drifted"]):
+            return "ALERT"
+        if report["drifted"]:
+            return esc(f"drift ({int(report['in_a_row'])} of {int(report['checks_to_alert'])} checks in a row)")
+        return "ok"
+
     @app.get("/drift", response_class=HTMLResponse)
     def drift() -> HTMLResponse:
         root = reports_root() / "drift"
@@ -353,7 +362,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                     shifts = ", ".join(_shift_text(s, report["psi_threshold"]) for s in report.get("shifts", []))
                     rows.append([esc(str(data.get("run_id", path.stem))), esc(str(report["model"])),
                                  f"{report['reference_mae']:.4g}", f"{report['recent_mae']:.4g}",
-                                 f"{report['mae_ratio']:.3f}", esc(shifts), "ALERT" if report["drifted"] else "ok",
+                                 f"{report['mae_ratio']:.3f}", esc(shifts), _drift_state(report),
                                  esc(str(data.get("alert_sent_to", "")))])
             except (KeyError, TypeError, ValueError, AttributeError):  # cut short, or not one of ours
                 rows.append([esc(path.stem), "", "", "", "", "", "this record cannot be read", ""])

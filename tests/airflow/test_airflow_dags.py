@@ -191,7 +191,8 @@ def test_update_engine_promotes_then_alerts_on_drift_over_smtp(airflow_db, lucid
     dag = _dagbag().dags["lucid_update_engine"]
     now = time.time()
     # separated by a semicolon, as mail clients write it: the second recipient used to be lost
-    conf = {"mode": "full", "full_days": 3650, "alert_to": "ops@example.org; Dev Team <dev@example.org>"}
+    conf = {"mode": "full", "full_days": 3650, "alert_to": "ops@example.org; Dev Team <dev@example.org>",
+            "drift_checks_in_a_row": 1}  # one drifted check here; the counting is test_drift_persistence.py's
     first = dag.test(run_conf=conf, logical_date=None)
     assert _state(first) == "success", _ti_states(first)
     assert smtp_inbox.messages == []  # nothing promoted before: nothing can have drifted

@@ -58,7 +58,7 @@ def test_a_drift_alert_the_mail_server_refused_is_not_recorded_as_sent(airflow_d
     seed_finished_jobs(url)
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["lucid_update_engine"]
     dag.task_dict["alert"].retries = 0  # the run ends at the refusal instead of waiting out the retry delay
-    conf = {"mode": "full", "full_days": 3650, "alert_to": "ops@example.org"}
+    conf = {"mode": "full", "full_days": 3650, "alert_to": "ops@example.org", "drift_checks_in_a_row": 1}
     dag.test(run_conf=conf, logical_date=None)
     seed_finished_jobs(url, scale=20.0, gpus=8, offset_s=3 * 86400.0, prefix="late-")  # the workload changes
     flaky_smtp.down = True
