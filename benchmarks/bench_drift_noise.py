@@ -150,9 +150,18 @@ def input_flags(jobs: pd.DataFrame, days: pd.DatetimeIndex,
     return flags
 
 
-def error_flags(jobs: pd.DataFrame, days: pd.DatetimeIndex) -> list[bool]:
+def error_ratio_noise(reference: list[float], size: int, draws: int = 2000) -> float:
+    """The error ratio that `size` errors drawn from the reference errors themselves pass in 1% of draws."""
+    errors = np.asarray(reference, dtype=float)
+    rng = np.random.default_rng([errors.size, size])
+    means = errors[rng.integers(0, errors.size, size=(draws, size))].mean(axis=1)
+    return float(np.quantile(means / errors.mean(), 0.99))
+
+
+def error_flags(jobs: pd.DataFrame, days: pd.DatetimeIndex, noise: list[float] | None = None) -> list[bool]:
     """Per day, whether the duration model promoted the day before errs more than 1.25x its error at promotion
-    on the day's recent jobs (`update.DurationCandidate`, fitted each day as a daily run fits it)."""
+    on the day's recent jobs (`update.DurationCandidate`, fitted each day as a daily run fits it); `noise` gets
+    each day's `error_ratio_noise`."""
     flags, promoted = [], None
     for day in [days[0] - pd.Timedelta(days=1), *days]:
         older, recent = daily_split(jobs, day)
@@ -160,9 +169,11 @@ def error_flags(jobs: pd.DataFrame, days: pd.DatetimeIndex) -> list[bool]:
         held = np.arange(len(batch)) >= len(older)
         if promoted is not None:
             model, reference = promoted
-            report = check_drift("duration", reference, kept_sample(model.errors(batch, held)), {}, {}, 1.25,
-                                 THRESHOLD)
+            recent = kept_sample(model.errors(batch, held))
+            report = check_drift("duration", reference, recent, {}, {}, 1.25, THRESHOLD)
             flags.append(report.error_drift)
+            if noise is not None:
+                noise.append(error_ratio_noise(reference, len(recent)))
         candidate = DurationCandidate().fit(older)
         promoted = (candidate, kept_sample(candidate.errors(batch, held)))
     return flags
@@ -194,7 +205,8 @@ def print_daily(jobs: pd.DataFrame, with_errors: bool) -> None:
               f"| {in_a_row(spread, 2)} |")
     if not with_errors:
         return
-    errors = error_flags(jobs, days)
+    noise: list[float] = []
+    errors = error_flags(jobs, days, noise)
     either = [a or b for a, b in zip(unchanged, errors, strict=True)]
     print(f"\n### The whole alert, nothing changed ({len(days)} days; error: the duration EBM refitted daily)\n")
     print("| half | days drifted | alerts at 2 checks in a row |")
@@ -203,6 +215,7 @@ def print_daily(jobs: pd.DataFrame, with_errors: bool) -> None:
                          ("either: the alert", either)):
         print(f"| {label} | {sum(flags)} | {in_a_row(flags, 2)} |")
     print("\nerror ratio over 1.25 by day: " + "".join("X" if e else "." for e in errors))
+    print(f"the error ratio chance passes in 1% of draws at these sizes: {min(noise):.2f}-{max(noise):.2f}")
 
 
 if __name__ == "__main__":
