@@ -39,7 +39,8 @@ What is allowed to differ, and why (differences of the drivers, not of the polic
 
 Divergences found with this test: the host among equally free ones (the simulator's pool remembered the order
 in which nodes last changed, which a live view rebuilt from the store cannot; fixed in policy/placement.py, first
-by name) and the partner among equal candidates (still open: see PARTNER_ORDER).
+by name) and the partner among equal candidates (the simulator listed a job profiled in place from its window's
+end; both now keep the candidates in start order, `ClusterView._add_in_start_order`: see PARTNER_ORDER).
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
-import pytest
 from duration_stubs import FixedDurations
 from sqlalchemy import select
 
@@ -395,9 +395,9 @@ def test_a_job_goes_to_the_same_one_of_equally_free_hosts_in_the_simulator_and_l
 #: Y (profiled on the pool) and X (profiled in place) run side by side on node0001, both Tiny; Z, profiled on the
 #: pool while the main hosts are full, then needs a partner and both pass every rule. The binder takes the first
 #: candidate in the view's order (BENCHMARKS.md: "the first in start order"): live, the view is rebuilt in start
-#: order, so X (started at 2 s); the simulator's view lists a job profiled in place from the end of its window
-#: (X at 4 s, after Y, placed at 3 s), so Y. Not fixed here (a change of the binder's rule, to be measured on the
-#: policy matrix); this test fails, and so says the fix was made, once the drivers agree.
+#: order, so X (started at 2 s); the simulator's view listed a job profiled in place from the end of its window
+#: (X at 4 s, after Y, placed at 3 s), so Y. The view now keeps its candidates in start order however they were
+#: added, in both drivers.
 JUMBO, TINY = (90.0, 50.0, 4000.0), (20.0, 20.0, 1000.0)
 PARTNER_ORDER = [
     WorkloadJob("A", 2, 13.0, 0.0, JUMBO),
@@ -408,7 +408,5 @@ PARTNER_ORDER = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="partner order among equal candidates: the simulator lists a job profiled "
-                                       "in place from its window's end, a live round in start order")
 def test_a_job_shares_with_the_same_one_of_equal_partners_in_the_simulator_and_live(tmp_path: Path) -> None:
     compare_on(PARTNER_ORDER, PROFILING_CONFIG, PROFILING_FLEET, tmp_path)

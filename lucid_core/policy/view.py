@@ -271,11 +271,29 @@ class ClusterView:
               and job.gpus <= self.config.cluster.gpus_per_node)
         if ok:
             assert share_class is not None
-            self.share_candidates.setdefault(job.gpus, {})[job_id] = None
+            self._add_in_start_order(self.share_candidates.setdefault(job.gpus, {}), job_id)
             key = (self.placement_vc(job), job.gpus, int(share_class))
-            self.share_candidates_by_class.setdefault(key, {})[job_id] = None
+            self._add_in_start_order(self.share_candidates_by_class.setdefault(key, {}), job_id)
         else:
             self.drop_share_candidate(job_id)
+
+    def _add_in_start_order(self, candidates: dict[str, None], job_id: str) -> None:
+        """Keep `candidates` in the order their runs started (then by id), whenever each was added: the binder
+        takes the first admissible one. A live round adds them in that order as it rebuilds its view; the
+        simulator adds a job profiled in place when its window ends and a pair's job again when its partner
+        leaves, so by insertion alone the two drivers would pair a job with different ones of equal partners."""
+        if job_id in candidates:
+            return
+        previous = next(reversed(candidates), None)
+        candidates[job_id] = None
+        if previous is not None and self._start_key(previous) > self._start_key(job_id):
+            order = sorted(candidates, key=self._start_key)
+            candidates.clear()
+            candidates.update(dict.fromkeys(order))
+
+    def _start_key(self, job_id: str) -> tuple[float, str]:
+        alloc = self.allocations.get(job_id)
+        return (alloc.start if alloc is not None else math.inf, job_id)
 
     def drop_share_candidate(self, job_id: str) -> None:
         job = self.jobs.get(job_id)
