@@ -71,7 +71,8 @@ def _run_until_done(store: Store, settings=SETTINGS, timeout_s: float = 60.0, **
 
 
 # appends to its own run's file through its profiling window: utilizations below zero, and one line whose GPU
-# index no store column holds
+# index no store column holds; then runs on well past its window, so that a round reads the window while it
+# runs however slow the machine (a job that ends before a round reached its window's end keeps no profile)
 POISON = r'''R="$LUCID_WORKDIR/../../$LUCID_RUN_ID/telemetry.jsonl"
 printf '{"t": %s, "gpu": 99999999999999999999, "gpu_util": 50, "mem_util": 5}\n' "$(date +%s)" >> "$R"
 end=$(( $(date +%s) + 4 ))
@@ -81,7 +82,8 @@ while [ "$(date +%s)" -lt "$end" ]; do
       "$(date +%s)" >> "$R"
   done
   sleep 0.1
-done'''
+done
+sleep 4'''
 
 
 def test_a_job_that_writes_impossible_figures_in_its_window_gets_a_true_profile_and_breaks_no_round(tmp_path):
