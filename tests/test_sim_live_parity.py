@@ -46,6 +46,7 @@ end; both now keep the candidates in start order, `ClusterView._add_in_start_ord
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -322,9 +323,24 @@ def compare_on(workload: Sequence[WorkloadJob], config: LucidConfig, fleet: Flee
     assert_same_decisions(replay, run, "replay of the live timeline")
     if not config.profiler.enabled:  # no profiling window: every instant of the replay is one of live's rounds
         assert [m.at for m in replay.moments] == [quantized(m.at) for m in run.moments]
-    assert_same_decisions(nominal, run, "nominal workload")
+    spread = drift_spread(nominal, run)
+    if spread < MARGIN_S:  # no two instants MARGIN_S apart can have changed order (see drift_spread)
+        assert_same_decisions(nominal, run, "nominal workload")
+    else:  # a machine too loaded for the margin (CI's workers on 2 cores): the replay above is the comparison
+        warnings.warn(f"nominal comparison not made: live arrivals and ends lagged the nominal workload's by "
+                      f"amounts {spread:.2f} s apart, more than MARGIN_S ({MARGIN_S} s); the replay of live's own "
+                      "timeline was compared", stacklevel=2)
     assert not any(kind == "Preempt" for m in run.moments for kind, _ in m.decided)
     return run
+
+
+def drift_spread(nominal: Timeline, run: Timeline) -> float:
+    """How far apart the live run's lags behind the nominal workload are, over every job's arrival and end (the
+    largest lag less the smallest). Live never runs ahead, and nominal instants lie at least MARGIN_S apart:
+    two of them can change order only if one lags the other by MARGIN_S more."""
+    lags = [run.submitted[name] - at for name, at in nominal.submitted.items()]
+    lags += [run.ended[name] - at for name, at in nominal.ended.items()]
+    return max(lags) - min(lags)
 
 
 #: two 4-GPU hosts: an 8-GPU job takes both whole. Distinct priorities (GPUs x duration) and submit times,

@@ -17,7 +17,7 @@ from lucid_core.calibration.catalog import PAIR_COLUMNS, SINGLE_COLUMNS
 from lucid_core.calibration.configs import WorkloadConfig, parse_configs
 from lucid_core.calibration.emulation import EmulatedProfiles
 from lucid_core.calibration.harness import CalibrationSettings, CalibrationTarget, Calibrator, Trial
-from lucid_core.calibration.journal import Journal
+from lucid_core.calibration.journal import JOURNAL_NAME, Journal
 from lucid_core.models.datasets import shared_data_dir
 from lucid_core.runtime.hosts.executor import HostAddress
 from lucid_core.runtime.hosts.ssh_executor import ssh_executor
@@ -191,12 +191,15 @@ def test_a_trial_still_on_the_host_is_rejoined_not_launched_again(sshd_hosts, tm
 def test_real_torch_workloads_calibrate_over_ssh(sshd_hosts, tmp_path: Path, artifact: Path) -> None:
     pytest.importorskip("torch", reason="torch is the optional 'workloads' extra (pip install torch==2.13.0)")
     out = tmp_path / "catalog"
-    settings = CalibrationSettings(seconds=1.0, warmup_s=0.2, startup_s=8.0, hold_s=0.2, telemetry_interval_s=0.1,
+    # a 2 s window and a 1 s hold: two torch processes on a 2-core machine under a test run's load still
+    # measure together (a 1 s window with a 0.2 s hold once overlapped too little in CI)
+    settings = CalibrationSettings(seconds=2.0, warmup_s=0.2, startup_s=8.0, hold_s=1.0, telemetry_interval_s=0.1,
                                    threads=1, poll_interval_s=0.1, gpu_memory_mb=24576.0)
     calibrator = _calibrator(sshd_hosts, tmp_path, out, settings)
     report = calibrator.run([WorkloadConfig("ppo", 32)])
     calibrator.executor.close()
-    assert report.failed == [] and len(report.measured) == 2
+    journal_lines = (out / JOURNAL_NAME).read_text().splitlines() if (out / JOURNAL_NAME).exists() else []
+    assert report.failed == [] and len(report.measured) == 2, [line for line in journal_lines if '"failed"' in line]
     journal = Journal.open(out)
     solo = journal.solos["ppo-b32-amp0"]
     assert solo.device == "cpu" and solo.torch_version.startswith("2.") and solo.iters_per_s > 10
