@@ -129,3 +129,28 @@ def fresh_pg_store(throwaway_pg: ThrowawayPostgres):
     store = Store(throwaway_pg.url)
     yield store
     store.dispose()
+
+
+@pytest.fixture
+def live(sshd_hosts, tmp_path):
+    """A store over the session's sshd hosts (prof0, main0, main1); afterwards every host is brought back, every
+    job still active cancelled and a round run, so no test leaves a process or a stopped sshd to the next."""
+    from lucid_invariants import TERMINAL
+    from runtime_helpers import fast_config, jobs_by_id, one_round, register
+
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    register(store, sshd_hosts, tmp_path / "hosts")
+    yield store, sshd_hosts, tmp_path
+    for host in sshd_hosts.hosts.values():  # the hosts are shared by the session: bring them all back
+        if host.process is None:
+            host.start()
+    for job_id, row in jobs_by_id(store).items():
+        if row.state not in TERMINAL:
+            cancel(store, job_id)
+    try:
+        one_round(store, sshd_hosts, fast_config())
+    finally:
+        store.dispose()

@@ -15,33 +15,15 @@ from dataclasses import replace
 
 import pytest
 from lucid_invariants import TERMINAL, check_invariants, ledger_command
-from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, pid_alive, register, runs_of
+from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, pid_alive, runs_of
 from sqlalchemy import select
 
 from lucid_core.runtime.hosts.loss import LOST_RUN_STATE
 from lucid_core.runtime.round.scheduling_round import RoundSettings
 from lucid_core.runtime.store.schema import JobEventRow, RunRow
-from lucid_core.runtime.store.store import Store
-from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 pytestmark = pytest.mark.ssh
-
-
-@pytest.fixture
-def live(sshd_hosts, tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
-    register(store, sshd_hosts, tmp_path / "hosts")
-    yield store, sshd_hosts, tmp_path
-    for host in sshd_hosts.hosts.values():  # the hosts are shared by the session: bring them all back
-        if host.process is None:
-            host.start()
-    for job_id, row in jobs_by_id(store).items():
-        if row.state not in TERMINAL:
-            cancel(store, job_id)
-    try:
-        one_round(store, sshd_hosts, fast_config())
-    finally:
-        store.dispose()
 
 
 def drive(store, cluster, done, timeout_s=40.0, hook=None, pause_s=0.25, settings=SETTINGS):

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from duration_stubs import FixedDurations
 from lucid_invariants import check_invariants, ledger_command, ledger_starts
-from runtime_helpers import SETTINGS, fast_config, jobs_by_id, marked_processes, one_round, register, runs_of
+from runtime_helpers import SETTINGS, YIELD_NOW, fast_config, jobs_by_id, marked_processes, one_round, runs_of
 
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.runtime.hosts.inventory import HostSpec, add_host, drain_host
@@ -21,23 +21,6 @@ from lucid_core.runtime.round.scheduling_round import SchedulingRound
 from lucid_core.runtime.round.settings import InjectedCrash
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
-
-#: yielding at once in a test: a job may be stopped after 1 s of run, checked every round
-YIELD_NOW = {"profiler.enabled": False, "binder.sharing": "off", "tiresias.checkpoint_cost_s": 0.1,
-             "tiresias.checkpoint_cost_wide_s": 0.1,
-             "orchestrator.yield_interval_s": 0, "orchestrator.yield_min_run": 1}
-
-
-
-@pytest.fixture
-def live(sshd_hosts, tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
-    register(store, sshd_hosts, tmp_path / "hosts")
-    yield store, sshd_hosts, tmp_path
-    for host in sshd_hosts.hosts.values():  # the hosts are shared by the session: bring them all back
-        if host.process is None:
-            host.start()
-    store.dispose()
 
 
 @pytest.mark.ssh

@@ -10,7 +10,7 @@ import time
 import pytest
 from duration_stubs import FixedDurations
 from lucid_invariants import check_invariants
-from runtime_helpers import fast_config, jobs_by_id, one_round, register, runs_of
+from runtime_helpers import YIELD_NOW, fast_config, jobs_by_id, one_round, register, runs_of
 
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.runtime.store.store import Store
@@ -18,9 +18,6 @@ from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
 pytestmark = pytest.mark.ssh
 
-YIELD_NOW = {"profiler.enabled": False, "binder.sharing": "off", "tiresias.checkpoint_cost_s": 0.1,
-             "tiresias.checkpoint_cost_wide_s": 0.1, "orchestrator.yield_interval_s": 0,
-             "orchestrator.yield_min_run": 1}
 
 
 def test_a_wide_job_whose_node_dies_of_its_peers_yield_stop_waits_again(sshd_hosts, tmp_path):

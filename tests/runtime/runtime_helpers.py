@@ -21,6 +21,12 @@ SETTINGS = RoundSettings(stop_grace_s=1.0, telemetry_interval_s=0.25, launch_gra
                          holder="test-round")
 
 
+#: yielding at once in a test: a job may be stopped after 1 s of run (checkpoints cost 0.1 s), checked every round
+YIELD_NOW = {"profiler.enabled": False, "binder.sharing": "off", "tiresias.checkpoint_cost_s": 0.1,
+             "tiresias.checkpoint_cost_wide_s": 0.1, "orchestrator.yield_interval_s": 0,
+             "orchestrator.yield_min_run": 1}
+
+
 def fast_config(**overrides: object) -> LucidConfig:
     return LucidConfig().with_overrides({**FAST, **overrides})
 

@@ -4,7 +4,6 @@ checked records, and each job's fate once its run ended (one terminal state, com
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from sqlalchemy import select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, JobState, RunState, left_alone
+from lucid_core.policy.view import saved_number
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
     HostUnreachable,
@@ -38,9 +38,7 @@ STOPPED_OUTCOME = "stopped"  # how the outcome of every run that ended of a stop
 def unreadable_since(stored: Any, now: float) -> float:
     """When a run's unreadable streak began: the stored time where it is a finite time not after `now`
     (another controller or a hand edit may have written anything), else now."""
-    if isinstance(stored, (int, float)) and not isinstance(stored, bool) and math.isfinite(stored) and stored <= now:
-        return float(stored)
-    return now
+    return float(stored) if saved_number(stored) and stored <= now else now
 
 
 class SettlingSteps(MpsFaultChecks):
