@@ -56,8 +56,31 @@ def test_job_that_ends_inside_profiling_ends_there(live):
     jobs = rounds_until(store, cluster, fast_config(), terminal(job))
     row = jobs[job]
     assert row.state == "COMPLETED" and row.exit_code == 0 and row.ended_in_profiling
+    assert not row.profiled  # it ended inside its window: no profile, as in the simulator
     runs = runs_of(store, job)
     assert [r.kind for r in runs] == ["profiling"] and runs[0].host == "prof0"
+
+
+def test_a_job_that_outlives_its_window_but_ends_before_a_round_reads_it_is_profiled(live):
+    """The simulator profiles every job that outlives its window; live, one that ends between the window's end
+    and the next round must not lose its profile (the Update Engine trains on stored profiles)."""
+    store, cluster, root = live
+    job = submit(store, JobRequest("sleep 2", 1, "alice", "vc-a", name="just-past-window"))  # window: 1 s
+    rounds_until(store, cluster, fast_config(), lambda j: any(r.started_at for r in runs_of(store, job)))
+    run = runs_of(store, job)[0]
+    exit_file = root / "hosts" / run.host / run.run_id / "exit_code"
+    deadline = time.monotonic() + 30
+    while not exit_file.exists():  # no round meanwhile: the job ends unread, past its window
+        assert time.monotonic() < deadline, f"{exit_file} never written"
+        time.sleep(0.1)
+    one_round(store, cluster, fast_config())
+    row = jobs_by_id(store)[job]
+    assert row.state == "COMPLETED" and row.profiled and row.profile_emulated and row.gpu_util > 0
+    with store.session() as s:
+        samples = s.scalars(select(ProfileSampleRow).where(ProfileSampleRow.job_id == job)).all()
+        events = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == job))]
+    assert samples and "profiled" in events
+    assert max(x.time for x in samples) - min(x.time for x in samples) >= 0.75  # the whole 1 s window, a sample less
 
 
 def test_long_job_is_profiled_then_placed_on_the_main_cluster(live):

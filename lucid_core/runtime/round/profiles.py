@@ -54,13 +54,21 @@ class ProfileSteps(RoundBase):
 
         Run again right before deciding, with the decision's clock, so that the policy never sees a
         window closed whose profile was not collected (also when reconcile and decide run apart).
+        A run that outlived its window but ended on its own before a round read it (settled this round) is
+        profiled too, from the samples it left, as the simulator profiles every job that outlives its window.
         """
         with self.store.session() as s:
             due = list(s.scalars(
                 select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
                 .where(RunRow.state == RunState.RUNNING, RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
                        RunRow.profiling_until <= now, RunRow.stop_reason.is_(None), JobRow.profiled.is_(False))))
-        due = [run for run in due if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
+            ended = set(s.scalars(
+                select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
+                .where(RunRow.state == RunState.ENDED, RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
+                       RunRow.started_at.is_not(None), RunRow.ended_at >= self.now, RunRow.stop_reason.is_(None),
+                       JobRow.profiled.is_(False))))
+        due = [run for run in [*due, *ended]
+               if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
         batches: dict[str, list[Callable[[], str]]] = {}
         for run in due:
             # the window sits at the file's front (a watching agent's file stays under this bound): read it
@@ -76,20 +84,25 @@ class ProfileSteps(RoundBase):
                 self._host_failed(run.host, result.error)
                 continue
             if isinstance(result.error, HostCommandFailed):  # judged again next round; the others' are collected
-                self.report.errors.append(f"telemetry of run {run.run_id} (job {run.job_id}) on {run.host}: "
-                                          f"{result.error}")
+                if run not in ended:  # an ended run's files may be gone: its profile is not owed
+                    self.report.errors.append(f"telemetry of run {run.run_id} (job {run.job_id}) on {run.host}: "
+                                              f"{result.error}")
                 continue
-            self._collect_profile(run, call_value(result))
+            self._collect_profile(run, call_value(result), ended=run in ended)
 
-    def _collect_profile(self, run: RunRow, text: str) -> None:
-        """Record the job's profile (once) from the window's telemetry read from the host."""
+    def _collect_profile(self, run: RunRow, text: str, ended: bool = False) -> None:
+        """Record the job's profile (once) from the window's telemetry read from the host. Of a run that
+        `ended`, only a whole window counts: one that ended inside its window ended in profiling."""
         with self.store.session() as s:
             job = s.get(JobRow, run.job_id)
             if job is None or job.profiled:
                 return
         # an agent that also watches the job's speed samples past the window: profile the window only
-        samples = first_window(parse_samples(text), self._window_s(run) + self.settings.telemetry_margin_s)
+        window_s = self._window_s(run)
+        samples = first_window(parse_samples(text), window_s + self.settings.telemetry_margin_s)
         summary = summarize(samples)
+        if ended and (summary["samples"] == 0 or summary["window_s"] < window_s - self.settings.telemetry_interval_s):
+            return
         with self.store.session() as s:
             job = s.get(JobRow, run.job_id)
             if summary["samples"] == 0:
