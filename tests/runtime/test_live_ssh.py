@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from runtime_helpers import (
+    SETTINGS,
     fast_config,
     jobs_by_id,
     one_round,
@@ -61,26 +63,41 @@ def test_job_that_ends_inside_profiling_ends_there(live):
     assert [r.kind for r in runs] == ["profiling"] and runs[0].host == "prof0"
 
 
-def test_a_job_that_outlives_its_window_but_ends_before_a_round_reads_it_is_profiled(live):
-    """The simulator profiles every job that outlives its window; live, one that ends between the window's end
-    and the next round must not lose its profile (the Update Engine trains on stored profiles)."""
+def _ends_unread(live, command: str, settings=None):
+    """Submit `command`, launch it, let it end with no round between (its 1 s window over), then one round."""
     store, cluster, root = live
-    job = submit(store, JobRequest("sleep 2", 1, "alice", "vc-a", name="just-past-window"))  # window: 1 s
-    rounds_until(store, cluster, fast_config(), lambda j: any(r.started_at for r in runs_of(store, job)))
+    kwargs = {} if settings is None else {"settings": settings}
+    job = submit(store, JobRequest(command, 1, "alice", "vc-a", name="ends-unread"))
+    rounds_until(store, cluster, fast_config(), lambda j: any(r.started_at for r in runs_of(store, job)), **kwargs)
     run = runs_of(store, job)[0]
     exit_file = root / "hosts" / run.host / run.run_id / "exit_code"
     deadline = time.monotonic() + 30
-    while not exit_file.exists():  # no round meanwhile: the job ends unread, past its window
+    while not exit_file.exists() or time.time() < run.profiling_until + 0.2:
         assert time.monotonic() < deadline, f"{exit_file} never written"
         time.sleep(0.1)
-    one_round(store, cluster, fast_config())
-    row = jobs_by_id(store)[job]
+    one_round(store, cluster, fast_config(), **kwargs)
+    return job, jobs_by_id(store)[job]
+
+
+def test_a_job_that_outlives_its_window_but_ends_before_a_round_reads_it_is_profiled(live):
+    """The simulator profiles every job that outlives its window; live, one that ends between the window's end
+    and the next round must not lose its profile (the Update Engine trains on stored profiles)."""
+    store = live[0]
+    job, row = _ends_unread(live, "sleep 2")  # window: 1 s
     assert row.state == "COMPLETED" and row.profiled and row.profile_emulated and row.gpu_util > 0
+    assert not row.ended_in_profiling  # it outlived its window (the simulator stops it there; it ends later)
     with store.session() as s:
         samples = s.scalars(select(ProfileSampleRow).where(ProfileSampleRow.job_id == job)).all()
         events = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == job))]
     assert samples and "profiled" in events
     assert max(x.time for x in samples) - min(x.time for x in samples) >= 0.75  # the whole 1 s window, a sample less
+
+
+def test_a_job_that_ended_inside_a_window_no_longer_than_a_sample_gets_no_profile(live):
+    """A 1 s window sampled once a second: the agent's sample after the job's end must not pass for a whole
+    window (the samples of a window no longer than an interval cannot tell)."""
+    _, row = _ends_unread(live, "sleep 0.3", settings=replace(SETTINGS, telemetry_interval_s=1.0))
+    assert row.state == "COMPLETED" and row.ended_in_profiling and not row.profiled
 
 
 def test_long_job_is_profiled_then_placed_on_the_main_cluster(live):

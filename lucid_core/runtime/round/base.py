@@ -91,6 +91,7 @@ class RoundBase:
         self._hosts: dict[str, HostRow] = {}
         self._speeds: dict[str, SpeedEstimate] = {}  # this round's pair speed estimates, per job
         self._recorded_states: dict[str, str] = {}  # job states this round's decisions just set
+        self._ended_read: set[tuple[str, str]] = set()  # ended runs whose window this round already read
         self.now = self.clock()
 
     def close(self) -> None:

@@ -50,12 +50,13 @@ class ProfileSteps(RoundBase):
     """Profile and pair-speed collection steps of a round."""
 
     def collect_due_profiles(self, now: float) -> None:
-        """Read telemetry of every running window that ended by `now` and has no profile yet.
+        """Read the telemetry of every window that ended by `now` and has no profile yet: of running runs, and
+        of runs that outlived their window but ended on its own before a round read them (settled since this
+        round object's start, read once), from the samples they left, as the simulator profiles every job that
+        outlives its window.
 
         Run again right before deciding, with the decision's clock, so that the policy never sees a
         window closed whose profile was not collected (also when reconcile and decide run apart).
-        A run that outlived its window but ended on its own before a round read it (settled this round) is
-        profiled too, from the samples it left, as the simulator profiles every job that outlives its window.
         """
         with self.store.session() as s:
             due = list(s.scalars(
@@ -65,8 +66,11 @@ class ProfileSteps(RoundBase):
             ended = set(s.scalars(
                 select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
                 .where(RunRow.state == RunState.ENDED, RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
-                       RunRow.started_at.is_not(None), RunRow.ended_at >= self.now, RunRow.stop_reason.is_(None),
+                       RunRow.started_at.is_not(None), RunRow.ended_at >= self.now,
+                       RunRow.ended_at >= RunRow.profiling_until, RunRow.stop_reason.is_(None),
                        JobRow.profiled.is_(False))))
+            ended = {run for run in ended if (run.run_id, run.host) not in self._ended_read}
+            self._ended_read.update((run.run_id, run.host) for run in ended)
         due = [run for run in [*due, *ended]
                if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
         batches: dict[str, list[Callable[[], str]]] = {}
@@ -84,7 +88,10 @@ class ProfileSteps(RoundBase):
                 self._host_failed(run.host, result.error)
                 continue
             if isinstance(result.error, HostCommandFailed):  # judged again next round; the others' are collected
-                if run not in ended:  # an ended run's files may be gone: its profile is not owed
+                if run in ended:  # not read again: say so where the job's profile would have been
+                    self._event_once(run.job_id, "profile_missing", f"telemetry of run {run.run_id}, which ended "
+                                     f"after its window, could not be read on {run.host}: {result.error}")
+                else:
                     self.report.errors.append(f"telemetry of run {run.run_id} (job {run.job_id}) on {run.host}: "
                                               f"{result.error}")
                 continue
@@ -92,7 +99,8 @@ class ProfileSteps(RoundBase):
 
     def _collect_profile(self, run: RunRow, text: str, ended: bool = False) -> None:
         """Record the job's profile (once) from the window's telemetry read from the host. Of a run that
-        `ended`, only a whole window counts: one that ended inside its window ended in profiling."""
+        `ended`, only when its samples show it lived through its window (`lived_through`); such a job then did
+        not end in profiling (the simulator stops it at its window's end, and it ends later)."""
         with self.store.session() as s:
             job = s.get(JobRow, run.job_id)
             if job is None or job.profiled:
@@ -101,7 +109,7 @@ class ProfileSteps(RoundBase):
         window_s = self._window_s(run)
         samples = first_window(parse_samples(text), window_s + self.settings.telemetry_margin_s)
         summary = summarize(samples)
-        if ended and (summary["samples"] == 0 or summary["window_s"] < window_s - self.settings.telemetry_interval_s):
+        if ended and not lived_through(samples, window_s, self.settings.telemetry_interval_s):
             return
         with self.store.session() as s:
             job = s.get(JobRow, run.job_id)
@@ -109,6 +117,8 @@ class ProfileSteps(RoundBase):
                 self._event(s, run.job_id, "profile_missing", f"no telemetry samples from run {run.run_id}")
                 return
             job.profiled = True
+            if ended:
+                job.ended_in_profiling = False
             job.gpu_util, job.mem_util = summary["gpu_util"], summary["mem_util"]
             job.gpu_mem_mb, job.profile_emulated = summary["gpu_mem_mb"], summary["emulated"]
             s.add(ProfileRow(job_id=job.job_id, run_id=run.run_id, gpu_util=summary["gpu_util"],
@@ -144,3 +154,12 @@ class ProfileSteps(RoundBase):
         self._speeds = observed.estimates
         self.report.pair_speeds = {job_id: e.speed for job_id, e in observed.estimates.items()}
         snapshot.speed_reports = observed.reports
+
+
+def lived_through(samples: list[dict], window_s: float, interval_s: float) -> bool:
+    """Whether a run that ended lived through its profiling window, by its agent's samples. The agent samples
+    every `interval_s` while the job lives and once more after it ended, so the last sampling time says
+    nothing of its life; the one before is at most its end and, for a job that lived through, within one
+    interval of the window's end. A window no longer than an interval cannot be told from a shorter life."""
+    ticks = sorted({float(r["t"]) for r in samples if "t" in r})
+    return window_s > interval_s and len(ticks) >= 2 and ticks[-2] - ticks[0] >= window_s - interval_s
