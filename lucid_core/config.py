@@ -151,6 +151,9 @@ class RuntimeConfig:
     unreadable_stop_after_s: float = _knob(
         600.0, lo=0, doc="a run whose status its host answers as garbage this long (its job forged its own "
         "records) is stopped and its job fails, freeing its GPUs; 0 holds it until cancelled")
+    keep_ended_runs_days: float = _knob(
+        14.0, lo=0, hi=36500, doc="a run's files on its host (logs, telemetry, the job's working directory) are "
+        "removed once it has been over this long, so hosts' disks do not fill; 0 keeps them for ever")
     host_parallelism: int = _knob(32, lo=1, doc="hosts a round calls at once (polls, launches, stops, reads)")
     host_call_deadline_s: float = _knob(
         20.0, lo=0.5, doc="one host call's deadline (connecting, retries and the script; a stop adds stop_grace_s): "
@@ -191,6 +194,16 @@ class LucidConfig:
                 for f in fields(self)}
 
 
+def _shown_value(value: Any) -> str:
+    """A refused value for an error message, cut to a readable length (an integer of thousands of digits has
+    no repr at all: Python refuses to print one)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "an integer of thousands of digits"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _coerce(section: str, knob: str, value: Any, typ: type, meta: Mapping[str, Any]) -> Any:
     where = f"{section}.{knob}"
     try:
@@ -214,8 +227,8 @@ def _coerce(section: str, knob: str, value: Any, typ: type, meta: Mapping[str, A
                 raise ValueError
         elif typ is str and not isinstance(value, str):
             raise ValueError
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected {typ.__name__}, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer past a float's range
+        raise ConfigError(f"{where}: expected {typ.__name__}, got {_shown_value(value)}") from None
     lo, hi, choices = meta.get("lo"), meta.get("hi"), meta.get("choices")
     if lo is not None and value < lo:
         raise ConfigError(f"{where}: {value!r} is below the minimum {lo}")

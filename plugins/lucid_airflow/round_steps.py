@@ -134,7 +134,7 @@ def _summary(rnd, step: str, **extra: Any) -> dict[str, Any]:
     return {"step": step, "holder": rnd.settings.holder, "launched": list(report.launched),
             "ended": dict(report.ended), "requeued": list(report.requeued), "unreachable": list(report.unreachable),
             "errors": list(report.errors), "conflicts": list(report.conflicts),
-            "removed_hosts": list(report.removed_hosts), **extra}
+            "removed_hosts": list(report.removed_hosts), "pruned": list(report.pruned), **extra}
 
 
 def reconcile(url: str) -> dict[str, Any]:

@@ -393,3 +393,19 @@ def test_the_api_answers_422_naming_user_for_a_name_a_submitter_host_cannot_run(
     assert client.post("/jobs", json={"command": "true", "gpus": 1, "vc": "vc-a", "user": "ana"}).status_code == 201
     assert len(jobs_by_id(store)) == 1
     store.dispose()
+
+
+def test_the_files_of_a_run_long_over_are_removed_from_the_submitters_home_too(store, submitter_host, run_root):
+    from dataclasses import replace
+
+    job = submit(store, JobRequest("echo done > result.txt; mkdir locked; chmod 000 locked", 1, USER_A, "vc-u"))
+    rounds_until(store, submitter_host, lambda jobs: jobs[job].state in TERMINAL)
+    (run,) = runs_of(store, job)
+    work = Path(pwd.getpwnam(USER_A).pw_dir) / ".lucid-work" / run.run_id
+    assert as_user(USER_A, f"test -f {work}/result.txt").returncode == 0 and (run_root / run.run_id).is_dir()
+    time.sleep(0.6)
+    executor = ssh_executor(str(submitter_host.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
+    report = SchedulingRound(store, executor, CONFIG, replace(SETTINGS, keep_ended_runs_s=0.5)).run()
+    assert report.pruned == [run.run_id], report.errors
+    assert as_user(USER_A, f"test -e {work}").returncode != 0  # the job's room in its user's home
+    assert not (run_root / run.run_id).exists()  # and the control directory

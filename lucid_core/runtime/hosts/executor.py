@@ -13,6 +13,7 @@ from typing import Protocol
 
 from lucid_core.runtime.hosts import launch as host_launch
 from lucid_core.runtime.hosts import mps as host_mps
+from lucid_core.runtime.hosts import prune as host_prune
 from lucid_core.runtime.hosts import reads as host_reads
 from lucid_core.runtime.hosts import stop as host_stop
 from lucid_core.runtime.hosts.claims import CONFLICT, LaunchClaim
@@ -260,6 +261,20 @@ class HostExecutor:
             return RunStatus("UNREADABLE", detail=f"stop answered nothing (status {result.exit_status}): "
                                                   f"{result.stderr.strip()[-150:]}")
         return stopped_status(lines[-1].split())
+
+    def prune(self, host: HostAddress, runs: Mapping[str, str | None]) -> dict[str, str]:
+        """Remove the files of ended runs (run id -> the user it ran as on a submitter host, else None) from
+        the host; the host's answer per run (`prune.PRUNE_ANSWERS`). A run whose wrapper still lives is LIVE."""
+        if not runs:
+            return {}
+        as_users = {run_id: (user if host.run_as == "submitter" and os_user_problem(user) is None else None)
+                    for run_id, user in runs.items()}
+        result = self._run(host, host_prune.prune_script(host.workdir, as_users))
+        answers = host_prune.parse_prune(result.stdout, list(runs))
+        if answers is None:
+            raise HostCommandFailed(f"host {host.name}: prune output cut short (status {result.exit_status}): "
+                                    f"{(result.stdout + result.stderr).strip()[-300:]!r}")
+        return answers
 
     def read(self, host: HostAddress, run_id: str, name: str, max_bytes: int = 1 << 20) -> str:
         return self._run(host, host_reads.read_script(host.workdir, run_id, name, max_bytes)).stdout

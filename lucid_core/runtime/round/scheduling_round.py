@@ -7,7 +7,7 @@ that dies between any two steps leaves rows the next round finishes, and nothing
 A lease row keeps two rounds from deciding at once.
 
 The steps live in modules of this room named for what they do (launching, settling, profiles, decisions,
-inventory_steps, on base); this module composes them.
+inventory_steps, pruning, on base); this module composes them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from lucid_core.runtime.round.decisions import DecisionSteps
 from lucid_core.runtime.round.inventory_steps import HostInventorySteps
 from lucid_core.runtime.round.launching import LaunchSteps
 from lucid_core.runtime.round.profiles import ProfileSteps
+from lucid_core.runtime.round.pruning import PruneSteps
 from lucid_core.runtime.round.settings import (  # noqa: F401 - the round's public names
     InjectedCrash,
     RoundReport,
@@ -30,7 +31,7 @@ from lucid_core.runtime.round.settling import SettlingSteps
 from lucid_core.runtime.store import lease
 
 
-class SchedulingRound(LaunchSteps, SettlingSteps, ProfileSteps, DecisionSteps, HostInventorySteps):
+class SchedulingRound(LaunchSteps, SettlingSteps, ProfileSteps, DecisionSteps, HostInventorySteps, PruneSteps):
     """Runs one round against a store and hosts. Build one per round (it holds no state between)."""
 
     # ------------------------------------------------------------------------------ driver
@@ -79,7 +80,9 @@ class SchedulingRound(LaunchSteps, SettlingSteps, ProfileSteps, DecisionSteps, H
         self.give_up_lost_hosts()
 
     def execute(self) -> None:
-        """Carry out what `decide` recorded (launches, stops), then delete drained hosts once empty."""
+        """Carry out what `decide` recorded (launches, stops), then delete drained hosts once empty and remove
+        the files of runs long over from their hosts."""
         self.carry_out_pending()
         self._crash("after_execute")
         self.remove_drained_hosts()
+        self.prune_ended_runs()

@@ -52,6 +52,9 @@ class RoundSettings:
     requeue_lost: bool = RuntimeConfig.requeue_lost
     # stop a run whose status has read as garbage this long (its job fails); None: hold it until cancelled
     unreadable_stop_after_s: float | None = RuntimeConfig.unreadable_stop_after_s or None
+    # remove a run's files from its host this long after it ended; None: keep them for ever
+    keep_ended_runs_s: float | None = RuntimeConfig.keep_ended_runs_days * 86400.0
+    prune_batch: int = 64  # runs whose files one round removes at most (the rest: later rounds)
     host_parallelism: int = RuntimeConfig.host_parallelism  # hosts called at once
     host_call_deadline_s: float = RuntimeConfig.host_call_deadline_s  # one host call's deadline (a stop: + grace)
     # workload catalog (Lucid artifact format) behind emulated telemetry; None: the synthetic one
@@ -64,6 +67,8 @@ class RoundSettings:
         values: dict[str, Any] = {f.name: getattr(config.runtime, f.name) for f in fields(config.runtime)}
         values["host_lost_after_s"] = values["host_lost_after_s"] or None  # 0 in the config: wait forever
         values["unreadable_stop_after_s"] = values["unreadable_stop_after_s"] or None  # 0: until cancelled
+        days = values.pop("keep_ended_runs_days")
+        values["keep_ended_runs_s"] = days * 86400.0 if days else None  # 0: keep for ever
         values["lease_ttl_s"] = lease_ttl_for(config.runtime)  # 0 in the config: outlasts a fan-out of host calls
         return cls(**{**values, **overrides})
 
@@ -80,6 +85,7 @@ class RoundReport:
     pair_speeds: dict[str, float] = field(default_factory=dict)  # job id -> speed observed while sharing
     conflicts: list[str] = field(default_factory=list)  # writes that found the row changed under them
     removed_hosts: list[str] = field(default_factory=list)  # drained hosts deleted once empty
+    pruned: list[str] = field(default_factory=list)  # runs whose files were removed from their hosts
     host_calls: int = 0  # calls made on hosts (polls, launches, stops, reads)
     decide_ms: float = 0.0
     total_ms: float = 0.0

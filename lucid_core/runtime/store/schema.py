@@ -152,6 +152,8 @@ class RunRow(Base):
     # when its status began to read as garbage on its host (None: readable); a round stops it once that has
     # lasted runtime.unreadable_stop_after_s
     unreadable_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # when the run's files were removed from its host (runtime.keep_ended_runs_days after it ended)
+    pruned_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ProfileRow(Base):

@@ -186,6 +186,22 @@ def _new_output(seen: str, now: str) -> str:
     return now
 
 
+def _pruned_note(store, job_id: str) -> str | None:
+    """What to say when the job's latest run's files were removed from its host (None when they were not)."""
+    from lucid_core.runtime.surfaces.queries import latest_run
+
+    found = latest_run(store, job_id)
+    if found is None or found[0].pruned_at is None:
+        return None
+    run = found[0]
+    from lucid_core.policy.view import saved_number
+
+    stamp = run.pruned_at if saved_number(run.pruned_at) and run.pruned_at < 253402300800 else None  # year 9999
+    when = "on " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(stamp)) if stamp is not None else "earlier"
+    return (f"(the files of run {run.run_id} were removed from host {run.host} {when}: runs' logs and working "
+            "directories are kept runtime.keep_ended_runs_days after they end)")
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from lucid_core.domain import TERMINAL_STATES
     from lucid_core.runtime.surfaces.queries import logs, status
@@ -206,7 +222,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
         text = now
         if ended:
             break
-    if not text and stream == "stdout":
+    pruned = _pruned_note(store, args.job) if not text else None
+    if pruned:
+        print(pruned, file=sys.stderr)
+    elif not text and stream == "stdout":
         data = status(store, args.job)
         other = logs(store, executor_of(args), args.job, "stderr", max_bytes=4096)
         if other:

@@ -49,6 +49,8 @@ def _one_round(args: argparse.Namespace, report: Any) -> int:
     lines += [f"  unreachable: {h}" for h in report.unreachable]
     lines += [f"  conflict: {c}" for c in report.conflicts]
     lines += [f"  removed drained host: {h}" for h in report.removed_hosts]
+    if report.pruned:
+        lines.append(f"  removed the files of {len(report.pruned)} run(s) over for runtime.keep_ended_runs_days")
     lines += [f"  error: {e}" for e in report.errors]
     if report.fenced:
         lines.append(f"  FENCED: {report.fenced}")
