@@ -359,7 +359,19 @@ def finite_numbers(values: Any) -> list[float]:
     failed the drift check of every later run, and the other model's alert with it)."""
     if not isinstance(values, list) or not all(type(v) in (int, float) for v in values):
         return []
-    return [float(v) for v in values if math.isfinite(v)]
+    return [f for f in map(finite_float, values) if f is not None]
+
+
+def finite_float(value: Any) -> float | None:
+    """A stored int or float as a finite float, else None: JSON holds integers of any size, and one past a
+    float's range (10**400) raised OverflowError, failing every later Update Engine run."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def reference_inputs(inputs: Any) -> dict[str, list[float]]:
@@ -375,8 +387,8 @@ def reference_spread(spread: Any) -> dict[str, float]:
     promoted before the spread was kept has none: its check uses the threshold and the sampling noise)."""
     if not isinstance(spread, dict):
         return {}
-    return {str(feature): float(value) for feature, value in spread.items()
-            if type(value) in (int, float) and math.isfinite(value) and value >= 0}
+    kept = {str(feature): finite_float(value) for feature, value in spread.items()}
+    return {feature: value for feature, value in kept.items() if value is not None and value >= 0}
 
 
 def served_version(store_url: str, registry: Any, name: str) -> int | None:
@@ -555,31 +567,46 @@ def drift_reports(decision: dict[str, Any], mae_ratio: float, psi: float, *,
     return reports
 
 
-def drifted_checks_before(directory: str | Path, this_run: str | None = None, most: int = 50) -> dict[str, int]:
+def drifted_checks_before(directory: str | Path, this_run: str | None = None, most: int = 50,
+                          versions: dict[str, Any] | None = None) -> dict[str, int]:
     """Per model, how many of the latest checks in the drift history drifted one after another, newest first
-    (`this_run`'s own record, left by an earlier try of its task, is not one of them). A run that did not check
-    a model says nothing of it and is passed over; a check that did not drift, or a history file that cannot be
-    read (cut short, not one of ours), ends the count. At most `most` files read."""
+    (`this_run`'s own record, left by an earlier try of its task, is not one of them; a run with two records, its
+    check retried, counts once, by its newest). A run that did not check a model says nothing of it and is passed
+    over; a check that did not drift, a check of another version than `versions` names for the model (the one
+    checked now: a replaced version's drift is not the new one's), or a history file that cannot be read (cut
+    short, not one of ours) ends the count. At most `most` files read."""
     root = Path(directory)
     files = sorted(root.glob("*.json"), reverse=True)[:most] if root.is_dir() else []
     counts: dict[str, int] = {}
     ended: set[str] = set()
+    seen_runs: set[str] = set()
     for path in files:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            if this_run is not None and data.get("run_id") == this_run:
+            run = data.get("run_id")
+            if (this_run is not None and run == this_run) or (isinstance(run, str) and run in seen_runs):
                 continue
-            checked = {str(r["model"]): r.get("drifted") is True for r in data.get("reports")}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            checked = {str(r["model"]): (r.get("drifted") is True, r.get("version")) for r in data.get("reports")}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             break  # nothing after an unreadable record is known to follow on from this run
-        for model, drifted in checked.items():
+        if isinstance(run, str):
+            seen_runs.add(run)
+        for model, (drifted, version) in checked.items():
             if model in ended:
                 continue
-            if drifted:
+            now_checked = (versions or {}).get(model)
+            if drifted and (now_checked is None or str(version) == str(now_checked)):
                 counts[model] = counts.get(model, 0) + 1
             else:
                 ended.add(model)
     return counts
+
+
+def checked_versions(decision: dict[str, Any]) -> dict[str, Any]:
+    """Per model, the promoted version this run's drift check is of (what `drifted_checks_before` counts for)."""
+    models = decision.get("evaluation", {}).get("models", {})
+    return {str(kind): entry.get("promoted_version") for kind, entry in models.items()
+            if isinstance(entry, dict) and entry.get("promoted_version") is not None}
 
 
 def save_drift_history(directory: str | Path, run_id: str | None, reports: list[dict[str, Any]],

@@ -8,23 +8,24 @@ import json
 from pathlib import Path
 
 from lucid_core.alerts import alert_message
-from lucid_core.update import drift_reports, drifted_checks_before, save_drift_history
+from lucid_core.update import checked_versions, drift_reports, drifted_checks_before, save_drift_history
 
 REFERENCE = [0.5] * 40
 
 
-def decision(recent_error: float) -> dict:
+def decision(recent_error: float, version: int = 3) -> dict:
     """An evaluation whose promoted duration model errs `recent_error` on the recent jobs (0.5 when trained)."""
-    entry = {"promoted_version": 3, "promoted_recent_errors": [recent_error] * 40,
+    entry = {"promoted_version": version, "promoted_recent_errors": [recent_error] * 40,
              "promoted_reference_errors": REFERENCE, "promoted_reference_inputs": {"gpus": [1.0] * 40},
              "recent_inputs": {"gpus": [1.0] * 40}}
     return {"evaluation": {"models": {"duration": entry}}, "decisions": {}}
 
 
-def check(root: Path, run_id: str, recent_error: float, checks_to_alert: int = 2) -> dict:
+def check(root: Path, run_id: str, recent_error: float, checks_to_alert: int = 2, version: int = 3) -> dict:
     """One Update Engine check as the DAG runs it: count from the history, report, keep the report."""
-    (report,) = drift_reports(decision(recent_error), 1.25, 0.2, drifted_before=drifted_checks_before(root, run_id),
-                              checks_to_alert=checks_to_alert)
+    made = decision(recent_error, version)
+    before = drifted_checks_before(root, run_id, versions=checked_versions(made))
+    (report,) = drift_reports(made, 1.25, 0.2, drifted_before=before, checks_to_alert=checks_to_alert)
     save_drift_history(root, run_id, [report])
     return report
 
@@ -67,3 +68,30 @@ def test_a_retried_check_does_not_count_its_own_earlier_record(tmp_path):
     kept = check(tmp_path, "run2", 1.0)
     assert kept["alert"]
     assert drifted_checks_before(tmp_path, "run2") == {"duration": 1}
+
+
+def test_a_check_kept_twice_by_one_run_counts_once(tmp_path):
+    """run1's check ran again (cleared by hand, or retried after it kept its record): two records of run1."""
+    import time
+
+    check(tmp_path, "run1", 1.0, 3)
+    time.sleep(1.1)  # history files are named by the second
+    check(tmp_path, "run1", 1.0, 3)
+    time.sleep(1.1)
+    third = check(tmp_path, "run2", 1.0, 3)
+    assert third["in_a_row"] == 2 and not third["alert"]
+
+
+def test_a_replaced_versions_drift_is_not_in_a_row_with_the_new_versions(tmp_path):
+    """run1 checked v3 (drifted) and promoted v4; run2's check of v4 is v4's first drifted check."""
+    check(tmp_path, "run1", 1.0, version=3)
+    second = check(tmp_path, "run2", 1.0, version=4)
+    assert second["in_a_row"] == 1 and not second["alert"]
+    assert check(tmp_path, "run3", 1.0, version=4)["alert"]
+
+
+def test_a_history_record_nested_past_the_parser_ends_the_count_and_fails_nothing(tmp_path):
+    check(tmp_path, "run1", 1.0)
+    deep = sorted(tmp_path.glob("*.json"))[-1].with_name("99999999T999999-deep.json")
+    deep.write_text('{"reports": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert drifted_checks_before(tmp_path) == {}

@@ -265,6 +265,16 @@ def test_stored_reference_values_are_taken_only_as_finite_numbers():
     assert reference_inputs([1, 2]) == {}
 
 
+def test_an_integer_past_a_floats_range_in_a_stored_reference_is_left_out():
+    """JSON (and both stores) keep 10**400 as an integer: float() of it raised OverflowError, failing every
+    later Update Engine run before any model was trained."""
+    from lucid_core.update import finite_numbers, reference_inputs, reference_spread
+
+    assert finite_numbers([1, 10**400, 2.0]) == [1.0, 2.0]
+    assert reference_inputs({"gpus": [10**400], "hour": [3, 10**400]}) == {"hour": [3.0]}
+    assert reference_spread({"gpus": 10**400, "hour": 0.1, "util": -1}) == {"hour": 0.1}
+
+
 def _within(seconds: float, call) -> tuple[bool, object]:
     """(finished, result) of `call()` run on a daemon thread given `seconds` (a hang leaves the thread behind)."""
     import threading

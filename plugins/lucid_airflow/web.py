@@ -320,7 +320,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                 rows.append([link, esc(summary["objective"]), str(summary["configurations"]),
                              str(summary["failed"]), esc(proposal_text(summary)),
                              esc(", ".join(map(str, summary.get("workers", []))))])
-            except (KeyError, TypeError, ValueError, AttributeError):  # a report cut short, or not one of ours
+            except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):  # cut short, not one of ours
                 rows.append([link, "", "", "", "its report.json cannot be read", ""])
         return page("System Tuner reports", table(["run", "objective", "configurations", "failed", "proposal",
                                                    "workers"], rows, "tuner-reports"), prefix)
@@ -364,7 +364,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                                  f"{report['reference_mae']:.4g}", f"{report['recent_mae']:.4g}",
                                  f"{report['mae_ratio']:.3f}", esc(shifts), _drift_state(report),
                                  esc(str(data.get("alert_sent_to", "")))])
-            except (KeyError, TypeError, ValueError, AttributeError):  # cut short, or not one of ours
+            except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):  # cut short, not one of ours,
+                # or numbers past a float's range (a 400-digit integer, an infinite count)
                 rows.append([esc(path.stem), "", "", "", "", "", "this record cannot be read", ""])
         hint = ("" if rows else "<p class='hint' id='drift-hint'>No drift check yet. Each run of the "
                 "<code>lucid_update_engine</code> DAG that has a promoted model compares its error on recent jobs "
@@ -676,7 +677,7 @@ def _report_json(path: Path) -> dict:
     bad file is shown as unreadable, never a 500 for the page that lists them all."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return {}
     return data if isinstance(data, dict) else {}
 
