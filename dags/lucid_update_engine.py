@@ -37,11 +37,11 @@ UPDATE_SCHEDULE = None if _SCHEDULE.lower() == "none" else _SCHEDULE
         "recent_share": Param(0.2, type="number", exclusiveMinimum=0, exclusiveMaximum=1,
                               description="Most recent share of jobs held out to compare candidate and promoted"),
         "max_quarantine_share": Param(0.05, type="number", minimum=0, maximum=1),
-        "drift_mae_ratio": Param(1.25, type="number", minimum=1),
-        "drift_psi": Param(0.2, type="number", minimum=0,
+        "drift_mae_ratio": Param(1.25, type="number", minimum=1, maximum=1000),
+        "drift_psi": Param(0.2, type="number", minimum=0, maximum=100,
                            description="An input alerts when its PSI passes this, what chance gives at the recent "
                                        "window's size, and what such windows reached within the training window"),
-        "drift_checks_in_a_row": Param(2, type="integer", minimum=1,
+        "drift_checks_in_a_row": Param(2, type="integer", minimum=1, maximum=365,
                                        description="Mail the alert once this many checks of a model in a row "
                                                    "drifted (1: at the first)"),
         "alert_to": Param("lucid-admins@localhost", type="string", minLength=1,
@@ -55,13 +55,14 @@ def lucid_update_engine():
         """Job log and submissions per slot from the store, written as the run's batch files. The run's inputs
         are checked first: a typo in its conf, or recipients no alert could reach, fail before any training."""
         from lucid_airflow.connections import store_url
-        from lucid_airflow.run_inputs import refuse_unknown_conf
+        from lucid_airflow.run_inputs import refuse_non_finite, refuse_unknown_conf
         from lucid_airflow.tuning import reports_root, safe_name
 
         from lucid_core.alerts import alert_recipients
         from lucid_core.update import extract_batch
 
         refuse_unknown_conf(getattr(dag_run, "conf", None), dag.params.keys())  # params: conf merged in
+        refuse_non_finite(params)
         alert_recipients(params["alert_to"])
 
         batch = extract_batch(store_url(), reports_root() / "update" / safe_name(run_id), params["mode"],

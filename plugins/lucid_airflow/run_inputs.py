@@ -22,6 +22,25 @@ def refuse_unknown_conf(conf: Mapping[str, Any] | None, known: Iterable[str]) ->
         raise ValueError(f"run conf key {key!r} is not a parameter of this DAG{hint}; it takes: {', '.join(names)}")
 
 
+def refuse_non_finite(params: Mapping[str, Any]) -> None:
+    """ValueError naming the first number parameter that is NaN or infinite, or an integer past a float's range:
+    a form's schema checks ranges, and NaN passes every range check (`x > NaN` is never true), so a NaN
+    threshold silently turned a check off."""
+    import math
+
+    for name in sorted(params):
+        value = params[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:
+            finite = False
+        if not finite:
+            shown = "an integer past a float's range" if isinstance(value, int) else repr(value)
+            raise ValueError(f"parameter {name!r} must be a finite number, got {shown}")
+
+
 def trace_folders() -> list[Path]:
     """The folders a tuner run may read a trace from: LUCID_TRACES_DIR (several joined by the path separator),
     else LUCID_HOME/traces."""

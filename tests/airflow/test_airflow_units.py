@@ -404,3 +404,16 @@ def test_a_trace_path_must_lie_in_the_trace_folders_even_through_a_link(tmp_path
     monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
     with pytest.raises(ValueError, match=str(tmp_path / "home" / "traces")):  # the default folder
         checked_trace_path(str(folder / "t.csv"))
+
+
+@pytest.mark.parametrize(("value", "said"), [(float("nan"), "got nan"), (float("inf"), "got inf"),
+                                             (10**400, "got an integer past a float's range")],
+                         ids=["nan", "inf", "huge-integer"])
+def test_a_run_parameter_that_is_no_finite_number_is_refused_naming_it(value, said):
+    """A form's schema checks ranges, and NaN passes every one (`x > NaN` is never true): a NaN drift threshold
+    turned the drift check off without a word."""
+    from lucid_airflow.run_inputs import refuse_non_finite
+
+    refuse_non_finite({"drift_psi": 0.2, "mode": "full", "drift_checks_in_a_row": 2, "strict": True})
+    with pytest.raises(ValueError, match=f"parameter 'drift_mae_ratio' must be a finite number, {said}"):
+        refuse_non_finite({"drift_psi": 0.2, "drift_mae_ratio": value})
