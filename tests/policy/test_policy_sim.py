@@ -246,6 +246,9 @@ def test_config_rejects_bad_values_by_name(tmp_path):
     for inf in ("inf", float("inf"), "-inf"):  # no knob means "never" by infinity: it made the clock NaN
         with pytest.raises(ConfigError, match=r"orchestrator\.guard_slowdown: expected float"):
             LucidConfig().with_overrides({"orchestrator.guard_slowdown": inf})
+    for huge in (10**400, 10**5000):  # past a float's range (OverflowError), past what Python will print
+        with pytest.raises(ConfigError, match=r"orchestrator\.guard_slowdown: expected float, got (1000|an integer)"):
+            LucidConfig().with_overrides({"orchestrator.guard_slowdown": huge})
     with pytest.raises(ConfigError, match=r"tiresias\.checkpoint_cost_s: .* above the maximum"):
         LucidConfig().with_overrides({"tiresias.checkpoint_cost_s": 1e8})  # hung Tiresias's simulation
     path = tmp_path / "lucid.toml"
