@@ -122,7 +122,8 @@ class RunRow(Base):
     """One launch of a job on one host (a profiling window or a main run; wide jobs span hosts)."""
 
     __tablename__ = "runs"
-    __table_args__ = (Index("ix_runs_active", "state"), Index("ix_runs_partner", "partner"))
+    __table_args__ = (Index("ix_runs_active", "state"), Index("ix_runs_partner", "partner"),
+                      Index("ix_runs_unpruned", "pruned_at", "ended_at"))
 
     run_id: Mapped[str] = mapped_column(String(96), primary_key=True)
     host: Mapped[str] = mapped_column(String(128), primary_key=True)
