@@ -11,7 +11,8 @@ import html
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,12 @@ OBJECTIVES: dict[str, tuple[str, bool]] = {
 #: How often the duration model's history refreshes under each update cadence, in seconds.
 CADENCE_REFRESH_S = {"daily": 86400.0, "weekly": 7 * 86400.0, "never": math.inf}
 
+
+#: The longest stored run the tuner replays, in seconds: the Update Engine's job-log suite (include/gx/job_log.json,
+#: column "duration") refuses longer ones too, so such a row is a corrupt one, not a job.
+MAX_RUN_S = 30 * 86400.0
+#: Why `records_from_jobs` leaves a stored job out as odd, in words for the report.
+ODD_JOBS_REASON = "non-finite or impossible times or GPU counts"
 
 #: Seeds the current configuration is replayed with to measure the run-to-run noise of the objective.
 NOISE_SEEDS = 3
@@ -85,6 +92,7 @@ class ConfigResult:
     role: str = "candidate"  # "current": the live configuration, replayed under several seeds for the noise
     seed: int = 0
     left_out: int = 0  # jobs wider than the fleet could run, not replayed
+    odd_jobs: int = 0  # stored jobs with impossible times or GPU counts, not replayed (`records_from_jobs`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,7 +224,7 @@ def run_configuration(records: Sequence[TraceRecord], overrides: Mapping[str, An
     from lucid_core.sim.fleet import simulate_on_fleet
 
     seed = settings.seed if seed is None else seed
-    outcome = ConfigResult(index, dict(overrides), role=role, seed=seed)
+    outcome = ConfigResult(index, dict(overrides), role=role, seed=seed, odd_jobs=getattr(records, "odd_jobs", 0))
     try:
         config = (base or LucidConfig()).with_overrides(dict(overrides))
         catalog = catalog or WorkloadCatalog.synthetic(settings.seed)
@@ -620,6 +628,7 @@ def write_report(results: Sequence[ConfigResult], settings: TunerSettings, direc
         "fleet": settings.fleet.to_dict() if settings.fleet is not None else None,
         "cluster": cluster,
         "left_out": left_out,
+        "odd_jobs": max((r.odd_jobs for r in results), default=0),
         "dropped": grid.dropped if grid else 0,
         "dropped_text": grid.dropped_text() if grid else "",
         "configurations": len(candidates),
@@ -664,6 +673,8 @@ def report_markdown(summary: Mapping[str, Any], header: Sequence[str], rows: Seq
     md = [f"# System Tuner report ({summary['objective']})", "", f"Cluster: {summary['cluster']}."]
     if summary.get("left_out"):
         md.append(f"{summary['left_out']} job(s) wider than the cluster could run were left out.")
+    if summary.get("odd_jobs"):
+        md.append(f"{odd_jobs_text(summary['odd_jobs'])}.")
     if summary.get("dropped_text"):
         md.append(f"{summary['dropped_text']}.")
     md += ["", summary["verdict"], "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -693,6 +704,8 @@ def report_html(summary: Mapping[str, Any], header: Sequence[str], rows: Sequenc
     lines.append(f"<p class='muted'>Cluster: {esc(str(summary.get('cluster', '')))}."
                  + (f" {summary['left_out']} job(s) wider than it could run were left out." if summary.get("left_out")
                     else "") + "</p>")
+    if summary.get("odd_jobs"):
+        lines.append(f"<p class='muted'>{esc(odd_jobs_text(summary['odd_jobs']))}.</p>")
     if summary.get("dropped_text"):
         lines.append(f"<p class='muted'>{esc(str(summary['dropped_text']))}.</p>")
     return (f"<h2>System Tuner: objective {esc(str(summary['objective']))}</h2>{''.join(lines)}"
@@ -700,20 +713,67 @@ def report_html(summary: Mapping[str, Any], header: Sequence[str], rows: Sequenc
             f"<tbody>{body}</tbody></table></div>")
 
 
-def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[TraceRecord]:
+def odd_jobs_text(count: int) -> str:
+    """The stored jobs `records_from_jobs` left out as odd, in words for the report."""
+    return f"{count} stored job{'' if count == 1 else 's'} left out: {ODD_JOBS_REASON}"
+
+
+class StoredRecords(list):
+    """Trace records replayed from the store, and how many stored jobs were left out as odd: a list, so a
+    caller that only replays it need not know; `run_configuration` carries the count to the report."""
+
+    def __init__(self, records: Iterable[TraceRecord] = (), odd_jobs: int = 0) -> None:
+        super().__init__(records)
+        self.odd_jobs = odd_jobs
+
+
+def _never_ran(job: Mapping[str, Any]) -> bool:
+    """No start or no end (None, or NaN: how a pandas frame holds a NULL): a job cancelled before it ran,
+    not replayed and not odd."""
+    return any(v is None or (isinstance(v, float) and math.isnan(v))
+               for v in (job.get("start_time"), job.get("end_time")))
+
+
+def _finite(value: Any) -> float | None:
+    """A stored number as a finite float; None when it is not a number (text, None, a flag) or not finite."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _gpu_count(value: Any) -> int | None:
+    """A stored GPU count as a positive int (2.0 from a float column too); None for anything else."""
+    number = _finite(value)
+    return int(number) if number is not None and number >= 1 and number.is_integer() else None
+
+
+def _replayable(job: Mapping[str, Any]) -> tuple[float, float, int] | None:
+    """A finished stored job's submit time, run length and GPU count; None when the row is odd (a hand edit,
+    another controller): a time not a finite number, an end before the start, a run over MAX_RUN_S, or gpus
+    not a positive integer. One such row failed, or made meaningless, every configuration of a sweep."""
+    submit, start, end = (_finite(job.get(k)) for k in ("submit_time", "start_time", "end_time"))
+    gpus = _gpu_count(job.get("gpus"))
+    if submit is None or start is None or end is None or gpus is None or not 0 <= end - start <= MAX_RUN_S:
+        return None
+    return submit, end - start, gpus
+
+
+def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> StoredRecords:
     """Finished jobs of the store (dict rows) as trace records on a clock starting at the first submit; each
-    keeps its own `preemptible` flag, so the replay yields only the jobs the live round could have stopped."""
-    done = [j for j in jobs if j.get("end_time") is not None and j.get("start_time") is not None]
-    if not done:
-        return []
-    origin = min(float(j["submit_time"]) for j in done)
-    records = [TraceRecord(job_id=str(j["job_id"]), submit_time=float(j["submit_time"]) - origin,
-                           duration=max(1.0, float(j["end_time"]) - float(j["start_time"])),
-                           gpus=int(j["gpus"]), vc=str(j.get("vc") or "default"), user=str(j.get("user") or ""),
+    keeps its own `preemptible` flag, so the replay yields only the jobs the live round could have stopped.
+    Odd rows (`_replayable`) are left out and counted in `odd_jobs`, so one never fails a whole sweep."""
+    done = [j for j in jobs if not _never_ran(j)]
+    kept = [(j, times) for j in done if (times := _replayable(j)) is not None]
+    if not kept:
+        return StoredRecords([], odd_jobs=len(done))
+    origin = min(submit for _, (submit, _, _) in kept)
+    records = [TraceRecord(job_id=str(j["job_id"]), submit_time=submit - origin, duration=max(1.0, run), gpus=gpus,
+                           vc=str(j.get("vc") or "default"), user=str(j.get("user") or ""),
                            name=str(j.get("name") or ""), state=str(j.get("state") or ""),
                            preemptible=stored_flag(j.get("preemptible")))
-               for j in done]
-    return sorted(records, key=lambda r: (r.submit_time, r.job_id))
+               for j, (submit, run, gpus) in kept]
+    return StoredRecords(sorted(records, key=lambda r: (r.submit_time, r.job_id)), odd_jobs=len(done) - len(kept))
 
 
 def chosen_overrides(summary: Mapping[str, Any]) -> dict[str, Any]:
