@@ -109,7 +109,7 @@ def lucid_system_tuner():
         """One item per configuration of the grid (the unit each mapped task simulates); the run's inputs are
         checked first, so a typo or a file it may not read fails before any simulating."""
         from lucid_airflow.run_inputs import checked_trace_path, refuse_unknown_conf, refuse_window_without_trace
-        from lucid_airflow.tuning import current_config, tuner_fleet
+        from lucid_airflow.tuning import current_config, tuner_fleet, tuner_window
 
         from lucid_core.tuner import GRID_KNOBS, sweep_grid_with_configurations, sweep_items
 
@@ -122,8 +122,9 @@ def lucid_system_tuner():
                                                  most=params["max_configurations"]).configs
         if len(configs) > params["max_configurations"]:
             raise ValueError(f"{len(configs)} configurations exceed max_configurations={params['max_configurations']}")
-        fleet = tuner_fleet(params)  # one snapshot of the inventory for every mapped task
-        return [{**item, "fleet": fleet} for item in sweep_items(configs)]
+        fleet = tuner_fleet(params)  # one snapshot of the inventory and of the window for every mapped task
+        window = tuner_window(params)
+        return [{**item, "fleet": fleet, "window": window} for item in sweep_items(configs)]
 
     @task(map_index_template="{{ lucid_config_label }}")
     def simulate_configuration(item: dict, params=None) -> dict:
@@ -139,7 +140,7 @@ def lucid_system_tuner():
         role = item.get("role", "candidate")
         get_current_context()["lucid_config_label"] = item_label(item)
 
-        records = load_tuner_trace(params)
+        records = load_tuner_trace(params, item.get("window"))
         settings = tuner_settings(params, item.get("fleet"))
         result = run_configuration(records, item["overrides"], settings, index=item["index"], base=current_config(),
                                    seed=item.get("seed"), role=role)

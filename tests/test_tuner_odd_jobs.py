@@ -163,3 +163,30 @@ def test_the_report_takes_the_count_from_the_configurations_it_ran(tmp_path):
                          tmp_path / "clean")
     assert clean["odd_jobs"] == 0
     assert "stored job" not in (tmp_path / "clean" / "report.md").read_text(encoding="utf-8")
+
+
+def test_every_task_of_a_sweep_replays_the_same_jobs_though_one_finishes_between_them(store_url, monkeypatch):
+    """The window is fixed once for the sweep (`tuner_window`, in expand_grid): each mapped task computing its own
+    "now" replayed 20 jobs in one task and 21 in the next when a job finished between them."""
+    monkeypatch.syspath_prepend(str(REPO / "plugins"))
+    import lucid_airflow.connections
+    from lucid_airflow.tuning import load_tuner_trace, tuner_window
+
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import Store
+
+    _seed(store_url, {})
+    monkeypatch.setattr(lucid_airflow.connections, "store_url", lambda *_: store_url)
+    params = {"window_days": 7}
+    window = tuner_window(params)
+    first = sorted(r.job_id for r in load_tuner_trace(params, window))
+    store = Store(store_url)
+    now = store.now()
+    with store.session() as s:  # a job submitted in the window finishes after the sweep began
+        s.add(JobRow(job_id="late", seq=999, name="n", user="ann", vc="a", gpus=1, command="true", env={},
+                     state="COMPLETED", submit_time=window["until"] - 60, start_time=window["until"] - 50,
+                     end_time=max(now, window["until"]) + 1))
+    store.dispose()
+    assert len(first) == NORMAL
+    assert sorted(r.job_id for r in load_tuner_trace(params, window)) == first  # the late job is not in it
+    assert tuner_window({"trace_path": "x.csv"}) is None  # a trace file's window is the form's

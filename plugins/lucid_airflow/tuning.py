@@ -28,8 +28,22 @@ def report_directory(run_id: str) -> Path:
     return reports_root() / "tuner" / safe_name(run_id)
 
 
-def load_tuner_trace(params: Mapping[str, Any]):
-    """The trace records a sweep replays: a file window, or the store's finished jobs of the last days."""
+def tuner_window(params: Mapping[str, Any]) -> dict[str, float] | None:
+    """The store window a sweep replays, fixed once for every mapped task (None for a trace file): the jobs
+    submitted and finished in [since, until). Each task computing its own "now" replayed a different job set
+    when a job finished between two tasks, so the configurations were not compared on the same jobs."""
+    if params.get("trace_path"):
+        return None
+    from lucid_airflow.connections import store_url
+    from lucid_core.update import store_time
+
+    until = store_time(store_url())
+    return {"since": until - float(params.get("window_days", 7)) * 86400.0, "until": until}
+
+
+def load_tuner_trace(params: Mapping[str, Any], window: Mapping[str, float] | None = None):
+    """The trace records a sweep replays: a file window, or the store's finished jobs of `window` (by default
+    the last window_days up to now)."""
     if params.get("trace_path"):
         from lucid_airflow.run_inputs import checked_trace_path
         from lucid_core.sim.traces import read_trace
@@ -39,10 +53,12 @@ def load_tuner_trace(params: Mapping[str, Any]):
         return trace.records
     from lucid_airflow.connections import store_url
     from lucid_core.tuner import records_from_jobs
-    from lucid_core.update import extract_job_log, store_time
+    from lucid_core.update import extract_job_log
 
-    since = store_time(store_url()) - float(params.get("window_days", 7)) * 86400.0
-    frame = extract_job_log(store_url(), since=since)
+    window = window or tuner_window(params)
+    since, until = float(window["since"]), float(window["until"])
+    frame = extract_job_log(store_url(), since=since, until=until)
+    frame = frame[frame["end_time"] < until]  # finished by the window's end: the same jobs for every task
     records = records_from_jobs(frame.to_dict("records"))
     if not records:
         raise ValueError(f"the store has no finished job since {time.ctime(since)}: nothing to replay")
