@@ -32,6 +32,8 @@ JOB_COLUMNS = ["job_id", "user", "vc", "name", "gpus", "submit_time", "start_tim
 SLOT_S = 600.0
 REFERENCE_SAMPLE = 512  # input values kept per feature to compute PSI later
 DURATION_INPUTS = ("gpus", "submit_hour", "gpu_util")
+#: the job log's number columns, as numbers whatever the store holds (text there is missing)
+NUMBER_COLUMNS = ("gpus", "submit_time", "start_time", "end_time", "gpu_util", "mem_util", "gpu_mem_mb")
 #: the batch files' text columns: read as text whatever they hold ("NA", "None" and "nan" can be user names)
 TEXT_COLUMNS = ("job_id", "user", "vc", "name", "state")
 #: end states a job reaches without ever starting (cancelled in the queue, refused at every launch)
@@ -82,6 +84,8 @@ def extract_job_log(store_url: str, since: float | None = None, until: float | N
     with _opened(store_url) as store:
         rows = finished_job_log(store, since, until)
     frame = pd.DataFrame.from_records(rows, columns=list(JOB_LOG_FIELDS), coerce_float=True)
+    for column in NUMBER_COLUMNS:  # SQLite keeps text a hand edit put in a number column: it failed every run
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")  # now NaN, which validation quarantines
     frame["duration"] = frame["end_time"] - frame["start_time"]
     frame["amp"] = frame["amp"].astype(bool)
     frame["preemptible"] = frame["preemptible"].fillna(False).astype(bool)

@@ -50,6 +50,23 @@ def test_jobs_cancelled_while_queued_count_as_submissions_not_as_bad_rows(tmp_pa
     assert checked["job_log"]["quarantined_rows"] == 0
 
 
+def test_text_in_a_number_column_quarantines_its_row_and_fails_no_run(tmp_path: Path):
+    """SQLite keeps text a hand edit puts in a Float column: one such end time failed every later Update Engine
+    run in its first task (str - float), before validation could quarantine the row."""
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    now = seed_jobs(url)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET end_time = 'abc' WHERE job_id = 'job3'"))
+        conn.execute(sa.text("UPDATE jobs SET gpus = 'two' WHERE job_id = 'job5'"))
+    engine.dispose()
+    checked = validate_batch(extract_batch(url, tmp_path / "batch", "full", now + 1, full_days=30))
+    assert checked["refused"] == ""
+    assert checked["job_log"]["quarantined_rows"] == 2 and checked["job_log"]["clean_rows"] == 38
+
+
 def test_a_completed_job_without_a_start_is_still_quarantined(tmp_path: Path):
     url = f"sqlite:///{tmp_path / 'lucid.db'}"
 
