@@ -116,6 +116,10 @@ def _stored_odd_rows(url: str, now: float) -> dict[str, dict[str, Any]]:
     return odd
 
 
+#: odd rows of `_stored_odd_rows` the window a sweep replays (jobs submitted and finished in it) leaves out
+AFTER_THE_WINDOW = {"end-inf", "end-1e300", "end-31-days", "submit-nan"}
+
+
 def test_a_sweep_replays_a_real_store_with_odd_rows(store_url, monkeypatch, tmp_path):
     """The tuner's own trace loading (`load_tuner_trace`, the store's last 7 days) on SQLite and PostgreSQL:
     the odd rows are left out and counted, the normal ones all replayed, one configuration simulates, and
@@ -135,7 +139,9 @@ def test_a_sweep_replays_a_real_store_with_odd_rows(store_url, monkeypatch, tmp_
 
     records = load_tuner_trace({"window_days": 7})
     assert sorted(r.job_id for r in records) == [f"j{k:02d}" for k in range(NORMAL)]
-    assert records.odd_jobs == len(odd)
+    # rows that end (or, NaN, are submitted) after the sweep's window are outside it before they could be odd
+    odd = {job: values for job, values in odd.items() if job not in AFTER_THE_WINDOW}
+    assert records.odd_jobs == len(odd) >= 4
 
     settings = TunerSettings(main_nodes=4, objective="avg_jct")
     result = run_configuration(records, {}, settings)
