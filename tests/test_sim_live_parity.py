@@ -31,8 +31,10 @@ What is allowed to differ, and why (differences of the drivers, not of the polic
 - submissions: the test runs a round after each one, as the simulator decides after each arrival (a burst
   submitted between two rounds is seen at once live and one by one in the simulator: the rounds' cadence);
 - profiling windows: the simulator ends one at its instant, a round at the first round after it (and a live
-  window counts from the launch, `launching.py`), so with profiling the replay's times differ after a window's
-  end by up to a round, and only the sequence is compared;
+  window counts from the launch, `launching.py`). The replay takes each window as long as live's, from the
+  round that began it to the round that ended it: under load that round may also see another job end, and a
+  window of the policy's own length would end first, apart. The nominal comparison keeps the policy's windows,
+  and with profiling only sequences are compared;
 - decisions without a job (SetSharingMode, SetProfilerParams) are left out of the moments: both drivers make
   them at their first decision and whenever the mode-check interval has passed, which is not a moment of the
   workload's.
@@ -148,9 +150,12 @@ class Fleet:
 class RecordingLucid(LucidPolicy):
     """LucidPolicy that keeps what it decided and when (the simulator's log has no GPUs); decides as its base."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, windows: dict[str, float] | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.decided: list[tuple[float, Decision]] = []
+        if windows:  # the replay: each window as long as live's, from the round that began it to the one that ended it
+            nominal = self.profiler.window_for
+            self.profiler.window_for = lambda view, job: windows.get(job.job_id) or nominal(view, job)  # type: ignore[method-assign]
 
     def schedule(self, view: ClusterView) -> list[Decision]:
         decisions = super().schedule(view)
@@ -164,15 +169,16 @@ def predictions(workload: Sequence[WorkloadJob]) -> FixedDurations:
 
 
 def simulated(workload: Sequence[WorkloadJob], config: LucidConfig, fleet: Fleet,
-              runs: dict[str, float] | None = None, arrivals: dict[str, float] | None = None) -> Timeline:
+              runs: dict[str, float] | None = None, arrivals: dict[str, float] | None = None,
+              windows: dict[str, float] | None = None) -> Timeline:
     """The simulator's timeline: jobs arrive at `arrivals` (default: their submit times) and run `runs`
-    seconds (default: their nominal durations); predictions are always the nominal durations, profiles
-    each job's own (live: its emulated telemetry)."""
+    seconds (default: their nominal durations), profiling windows last `windows` (default: the policy's);
+    predictions are always the nominal durations, profiles each job's own (live: its emulated telemetry)."""
     jobs = sorted(workload, key=lambda job: ((arrivals or {}).get(job.name, job.submit_s), job.name))
     records = [TraceRecord(job.name, (arrivals or {}).get(job.name, job.submit_s), (runs or {}).get(job.name,
                            job.duration_s), job.gpus, vc=VC, user=USER, name=job.name) for job in jobs]
     workloads = [Workload(job.name, *job.profile, amp=False) for job in jobs]
-    policy = RecordingLucid(config, duration_model=predictions(workload))
+    policy = RecordingLucid(config, duration_model=predictions(workload), windows=windows)
     result = simulate(records, policy, config, main_nodes=len(fleet.main), profiling_nodes=len(fleet.profiling),
                       workloads=workloads)
     ends: dict[float, set[str]] = {}
@@ -280,12 +286,18 @@ def quantized(seconds: float) -> float:
     return round(seconds / QUANTUM_S) * QUANTUM_S
 
 
-def replay_inputs(run: Timeline) -> tuple[dict[str, float], dict[str, float]]:
-    """(arrivals, run times) of the live run on the replay's grain: a job arrives when a round first saw it and
-    runs from the round that started its last run to the round that saw it end."""
+def replay_inputs(run: Timeline) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """(arrivals, run times, profiling windows) of the live run on the replay's grain: a job arrives when a round
+    first saw it, runs from the round that started its last run to the round that saw it end, and is profiled
+    from the round that started its window to the one that ended it (a round ends a window at the first round
+    after it: under load, the same round that sees another job end, which the simulator's own window end
+    would come before)."""
     arrivals = {name: quantized(at) for name, at in run.submitted.items()}
     runs = {name: quantized(end) - quantized(run.started_at(name)) for name, end in run.ended.items()}
-    return arrivals, runs
+    began = {job: m.at for m in run.moments for kind, job in m.decided if kind == "StartProfiling"}
+    windows = {job: quantized(m.at) - quantized(began[job]) for m in run.moments for kind, job in m.decided
+               if kind == "StopProfiling" and job in began}
+    return arrivals, runs, windows
 
 
 def near_ties(timeline: Timeline, workload: Iterable[WorkloadJob]) -> list[tuple[float, float]]:
@@ -318,8 +330,8 @@ def compare_on(workload: Sequence[WorkloadJob], config: LucidConfig, fleet: Flee
         run = live(workload, config, store)
     finally:
         store.dispose()
-    arrivals, runs = replay_inputs(run)
-    replay = simulated(workload, config, fleet, runs=runs, arrivals=arrivals)
+    arrivals, runs, windows = replay_inputs(run)
+    replay = simulated(workload, config, fleet, runs=runs, arrivals=arrivals, windows=windows)
     assert_same_decisions(replay, run, "replay of the live timeline")
     if not config.profiler.enabled:  # no profiling window: every instant of the replay is one of live's rounds
         assert [m.at for m in replay.moments] == [quantized(m.at) for m in run.moments]
