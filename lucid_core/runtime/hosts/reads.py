@@ -10,7 +10,13 @@ from lucid_core.runtime.hosts.run_records import RECORD_CHECKS
 
 
 def _stop_flag() -> str:
-    return 'stopflag() { if [ -f "$1/stop_requested" ] && [ -f "$1/term_received" ]; then echo " stopped"; fi; }'
+    """A run ended by a stop: the stop wrote stop_requested and its wrapper caught the TERM. On a host that runs
+    jobs as their submitter (a run_as file) the stop signals the user's processes before the account's wrapper,
+    and a job that dies of it can take the wrapper down before its TERM arrives: there stop_requested alone
+    counts (the job's user cannot write the account's control directory). Else a cancelled job could end FAILED,
+    "exited with code 143", when the stop's own answer was lost."""
+    return ('stopflag() { if [ -f "$1/stop_requested" ] && { [ -f "$1/term_received" ] || [ -f "$1/run_as" ]; }; '
+            'then echo " stopped"; fi; }')
 
 
 def poll_script(workdir: str, run_ids: Sequence[str]) -> str:
