@@ -11,13 +11,13 @@ import html
 import itertools
 import json
 import math
-import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lucid_core.config import ConfigError, LucidConfig, check_knob, load_config_file, load_live_config
+from lucid_core.policy.view import saved_float
 from lucid_core.sim.fleet import Fleet, FleetCatalogs
 from lucid_core.sim.records import TraceRecord, stored_flag
 from lucid_core.tuner_grid import (
@@ -734,17 +734,9 @@ def _never_ran(job: Mapping[str, Any]) -> bool:
                for v in (job.get("start_time"), job.get("end_time")))
 
 
-def _finite(value: Any) -> float | None:
-    """A stored number as a finite float; None when it is not a number (text, None, a flag) or not finite."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
 def _gpu_count(value: Any) -> int | None:
     """A stored GPU count as a positive int (2.0 from a float column too); None for anything else."""
-    number = _finite(value)
+    number = saved_float(value)
     return int(number) if number is not None and number >= 1 and number.is_integer() else None
 
 
@@ -752,7 +744,7 @@ def _replayable(job: Mapping[str, Any]) -> tuple[float, float, int] | None:
     """A finished stored job's submit time, run length and GPU count; None when the row is odd (a hand edit,
     another controller): a time not a finite number, an end before the start, a run over MAX_RUN_S, or gpus
     not a positive integer. One such row failed, or made meaningless, every configuration of a sweep."""
-    submit, start, end = (_finite(job.get(k)) for k in ("submit_time", "start_time", "end_time"))
+    submit, start, end = (saved_float(job.get(k)) for k in ("submit_time", "start_time", "end_time"))
     gpus = _gpu_count(job.get("gpus"))
     if submit is None or start is None or end is None or gpus is None or not 0 <= end - start <= MAX_RUN_S:
         return None

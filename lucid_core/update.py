@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from lucid_core.alerts import check_drift, window_spread
+from lucid_core.policy.view import saved_float
 
 if TYPE_CHECKING:
     from lucid_core.runtime.store.store import Store
@@ -363,19 +364,7 @@ def finite_numbers(values: Any) -> list[float]:
     failed the drift check of every later run, and the other model's alert with it)."""
     if not isinstance(values, list) or not all(type(v) in (int, float) for v in values):
         return []
-    return [f for f in map(finite_float, values) if f is not None]
-
-
-def finite_float(value: Any) -> float | None:
-    """A stored int or float as a finite float, else None: JSON holds integers of any size, and one past a
-    float's range (10**400) raised OverflowError, failing every later Update Engine run."""
-    if type(value) not in (int, float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
+    return [f for f in map(saved_float, values) if f is not None]  # 10**400 too: it failed every later run
 
 
 def reference_inputs(inputs: Any) -> dict[str, list[float]]:
@@ -391,7 +380,7 @@ def reference_spread(spread: Any) -> dict[str, float]:
     promoted before the spread was kept has none: its check uses the threshold and the sampling noise)."""
     if not isinstance(spread, dict):
         return {}
-    kept = {str(feature): finite_float(value) for feature, value in spread.items()}
+    kept = {str(feature): saved_float(value) for feature, value in spread.items()}
     return {feature: value for feature, value in kept.items() if value is not None and value >= 0}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -360,6 +361,18 @@ class ClusterView:
 def _saved_time(value: Any) -> float | None:
     """A saved round time, or None (never) when what was saved is not a finite number."""
     return float(value) if saved_number(value) else None
+
+
+def saved_float(value: Any) -> float | None:
+    """A stored number as a finite float, else None: text, a flag, NaN, an infinity, or an integer past a float's
+    range (JSON keeps 10**400, and float() of it raises OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def saved_number(value: Any) -> bool:

@@ -26,17 +26,13 @@ def refuse_non_finite(params: Mapping[str, Any]) -> None:
     """ValueError naming the first number parameter that is NaN or infinite, or an integer past a float's range:
     a form's schema checks ranges, and NaN passes every range check (`x > NaN` is never true), so a NaN
     threshold silently turned a check off."""
-    import math
+    from lucid_core.policy.view import saved_float
 
     for name in sorted(params):
         value = params[name]
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        try:
-            finite = math.isfinite(value)
-        except OverflowError:
-            finite = False
-        if not finite:
+        if saved_float(value) is None:
             shown = "an integer past a float's range" if isinstance(value, int) else repr(value)
             raise ValueError(f"parameter {name!r} must be a finite number, got {shown}")
 

@@ -27,21 +27,6 @@ from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 pytestmark = pytest.mark.ssh
 
 
-@pytest.fixture
-def live(sshd_hosts, tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
-    register(store, sshd_hosts, tmp_path / "hosts")
-    yield store, sshd_hosts, tmp_path
-    # leave no job processes behind: cancel whatever still runs
-    for job_id, row in jobs_by_id(store).items():
-        if row.state not in ("COMPLETED", "FAILED", "CANCELLED"):
-            cancel(store, job_id)
-    try:
-        one_round(store, sshd_hosts, fast_config())
-    finally:
-        store.dispose()
-
-
 def gated(root, then: str = "true") -> tuple[str, object]:
     """A command that runs until the test opens its gate (a file), then `then`: no race with round timing."""
     gate = root / f"gate-{time.monotonic_ns()}"

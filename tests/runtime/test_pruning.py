@@ -7,33 +7,18 @@ import time
 from dataclasses import replace
 
 import pytest
-from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, register, rounds_until, runs_of
+from runtime_helpers import SETTINGS, fast_config, one_round, rounds_until, runs_of
 from sqlalchemy import update
 
 from lucid_core.config import LucidConfig
 from lucid_core.runtime.round.settings import RoundSettings
 from lucid_core.runtime.store.schema import RunRow
-from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.cli.jobs import _pruned_note
-from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 pytestmark = pytest.mark.ssh
 
 NO_PROFILING = {"profiler.enabled": False}
-
-
-@pytest.fixture
-def live(sshd_hosts, tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
-    register(store, sshd_hosts, tmp_path / "hosts")
-    yield store, sshd_hosts, tmp_path
-    for job_id, row in jobs_by_id(store).items():
-        if row.state not in ("COMPLETED", "FAILED", "CANCELLED"):
-            cancel(store, job_id)
-    try:
-        one_round(store, sshd_hosts, fast_config(**NO_PROFILING))
-    finally:
-        store.dispose()
 
 
 def _keep(seconds: float | None) -> RoundSettings:

@@ -58,18 +58,15 @@ class ProfileSteps(RoundBase):
         Run again right before deciding, with the decision's clock, so that the policy never sees a
         window closed whose profile was not collected (also when reconcile and decide run apart).
         """
+        unprofiled = (select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
+                      .where(RunRow.node_rank == 0, RunRow.profiling_until.is_not(None), RunRow.stop_reason.is_(None),
+                             JobRow.profiled.is_(False)))
         with self.store.session() as s:
-            due = list(s.scalars(
-                select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
-                .where(RunRow.state == RunState.RUNNING, RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
-                       RunRow.profiling_until <= now, RunRow.stop_reason.is_(None), JobRow.profiled.is_(False))))
-            ended = set(s.scalars(
-                select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
-                .where(RunRow.state == RunState.ENDED, RunRow.node_rank == 0, RunRow.profiling_until.is_not(None),
-                       RunRow.started_at.is_not(None), RunRow.ended_at >= self.now,
-                       RunRow.ended_at >= RunRow.profiling_until, RunRow.stop_reason.is_(None),
-                       JobRow.profiled.is_(False))))
-            ended = {run for run in ended if (run.run_id, run.host) not in self._ended_read}
+            due = list(s.scalars(unprofiled.where(RunRow.state == RunState.RUNNING, RunRow.profiling_until <= now)))
+            ended = {run for run in s.scalars(unprofiled.where(
+                         RunRow.state == RunState.ENDED, RunRow.started_at.is_not(None), RunRow.ended_at >= self.now,
+                         RunRow.ended_at >= RunRow.profiling_until))
+                     if (run.run_id, run.host) not in self._ended_read}
             self._ended_read.update((run.run_id, run.host) for run in ended)
         due = [run for run in [*due, *ended]
                if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]
