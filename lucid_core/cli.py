@@ -7,6 +7,7 @@ import difflib
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from lucid_core.config import ConfigError, check_overrides, load_config, parse_overrides
@@ -46,6 +47,10 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                    help="mark a seeded share P (0..1) of the jobs preemptible, the rest not, whatever the trace "
                         "says (default: as the trace's preemptible column says; a trace without one has none, "
                         "so Lucid stops no job). Tiresias preempts every job regardless")
+    p.add_argument("--round-interval", type=_seconds, default=0.0, metavar="S",
+                   help="let every policy decide only at rounds S seconds apart, as a live deployment's scheduling "
+                        "rounds do (60 for the scheduling DAG's default of one a minute); default 0: at every "
+                        "event, as the papers' simulators")
     p.add_argument("--check-invariants", action="store_true", help="verify GPU invariants after every event")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_simulate, format_flag_defaults={dest: p.get_default(dest) for dest in FORMAT_FLAGS})
@@ -57,6 +62,7 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
 FORMAT_FLAGS: dict[str, tuple[str, bool]] = {
     "start": ("--start", False), "end": ("--end", False), "preemptible_share": ("--preemptible-share", False),
     "vc_config": ("--vc-config", False), "seed": ("--seed", False), "check_invariants": ("--check-invariants", False),
+    "round_interval": ("--round-interval", False),
     "history": ("--history", True), "profiles": ("--profiles", True),
 }
 
@@ -96,6 +102,17 @@ def _share(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number between 0 and 1") from None
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds >= 0 for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number of seconds >= 0")
     return value
 
 
@@ -165,8 +182,11 @@ def _simulate_size(args: argparse.Namespace, nodes: int, config, catalog, vc_nod
     exp, problems = load_experiment(args.trace, args.format, args.start, args.end, nodes=nodes, catalog=catalog,
                                     config=config, seed=args.seed, vc_nodes=vc_nodes,
                                     preemptible_share=args.preemptible_share)
+    exp = replace(exp, round_interval_s=args.round_interval)
+    cadence = (f"; policies decide at rounds {args.round_interval:g} s apart" if args.round_interval > 0
+               else "; policies decide at every event")
     print(f"{problems}\nsimulating {len(exp.records)} jobs ({len(exp.history)} earlier jobs as history) "
-          f"on {nodes} nodes x {config.cluster.gpus_per_node} GPUs")
+          f"on {nodes} nodes x {config.cluster.gpus_per_node} GPUs{cadence}")
     metrics, outcomes, timelines = {}, {}, {}
     for name in policies:
         bar = None if args.no_progress else tqdm(total=len(exp.records), desc=f"{name:>9} @{nodes}",
@@ -185,6 +205,7 @@ def _simulate_size(args: argparse.Namespace, nodes: int, config, catalog, vc_nod
     drawn = plots.draw(outcomes, timelines, target)  # drawn while the files are written
     write_results(target, outcomes, metrics, {"trace": args.trace, "start": args.start, "end": args.end,
                                               "nodes": nodes, "catalog": args.catalog, "seed": args.seed,
+                                              "round_interval_s": args.round_interval,
                                               "config": config.to_dict()})
     drawn.result()
     print(f"results, per-job CSVs and plots in {target}/")

@@ -25,6 +25,7 @@ from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling, checkpoint_cost_s
 from lucid_core.policy.view import ClusterView
 from lucid_core.sim.records import JobOutcome, TraceRecord, Workload
+from lucid_core.sim.rounds import RoundCadence
 from lucid_core.sim.start import StartState, Until
 
 SpeedFn = Callable[[Workload, Workload], tuple[float, float]]
@@ -95,16 +96,18 @@ def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: L
              check_invariants: bool = False, keep_log: bool = False,
              progress: Callable[[int, int], None] | None = None,
              start: StartState | None = None, until: Until | None = None,
-             host_catalogs: HostCatalogs | None = None) -> SimResult:
+             host_catalogs: HostCatalogs | None = None, rounds: RoundCadence | None = None) -> SimResult:
     """Run `policy` over `records` on `main_nodes` nodes (+ a profiling pool when it profiles).
 
     With `start`, the run continues the cluster of `start.view` (whose jobs `policy` already
     knows) from `start.now`, and `records` are later submissions. With `until`, it may stop
     before every job has ended (see `SimResult.stopped_by`); without, unfinished jobs are an error.
+    With `rounds`, the policy decides only when a live deployment's round would (`sim/rounds.py`).
     """
     return Simulation(records, policy, config, main_nodes=main_nodes, profiling_nodes=profiling_nodes,
                       workloads=workloads, speeds=speeds, check_invariants=check_invariants, keep_log=keep_log,
-                      progress=progress, start=start, until=until, host_catalogs=host_catalogs).run()
+                      progress=progress, start=start, until=until, host_catalogs=host_catalogs,
+                      rounds=rounds).run()
 
 
 class Simulation:
@@ -117,7 +120,7 @@ class Simulation:
                  check_invariants: bool = False, keep_log: bool = False,
                  progress: Callable[[int, int], None] | None = None,
                  start: StartState | None = None, until: Until | None = None,
-                 host_catalogs: HostCatalogs | None = None) -> None:
+                 host_catalogs: HostCatalogs | None = None, rounds: RoundCadence | None = None) -> None:
         self.started = wallclock.perf_counter()
         if workloads is not None and len(workloads) != len(records):
             raise ValueError(f"{len(workloads)} workloads for {len(records)} trace records")
@@ -128,7 +131,7 @@ class Simulation:
             raise ValueError("give per-host catalogs or one set of workloads and speeds, not both")
         self.index = {r.job_id: i for i, r in enumerate(records)} if host_catalogs is not None else {}
         self.check_invariants, self.keep_log, self.progress = check_invariants, keep_log, progress
-        self.start, self.until = start, until
+        self.start, self.until, self.rounds = start, until, rounds
         # profiles measured before the run (a live start state's); a trace job's come from its workload
         self._measured_profile: Callable[[str], Profile | None] = lambda job_id: None
         self.view = self._initial_view(main_nodes, profiling_nodes)
@@ -366,8 +369,8 @@ class Simulation:
         return changed, stop
 
     def run(self) -> SimResult:
-        """Advance from event to event, asking the policy to decide after each instant, until every job
-        has ended (or `until` says stop)."""
+        """Advance from event to event, asking the policy to decide after each instant (on a round cadence:
+        at each round), until every job has ended (or `until` says stop)."""
         view, until, start = self.view, self.until, self.start
         if start is not None:
             self.original.update((r.job_id, r.duration) for r in self.carried)
@@ -387,12 +390,17 @@ class Simulation:
             changed, job_done = self._take_events(now, stop_job)
             if job_done:
                 stopped_by = "job"
+            if self.rounds is not None and self.rounds.next_round(now) != now:  # between rounds: seen at the next
+                self._wake(self.rounds.next_round(now))
+                self._note_busy(now, changed)
+                if stopped_by is not None:
+                    break
+                continue
             decisions = self.policy.schedule(view)
             rounds += 1
             for d in decisions:
                 self._apply(d, now)
-            if (decisions or changed) and self.timeline[-1][1] != view.main.busy_gpus:
-                self.timeline.append((now, view.main.busy_gpus))
+            self._note_busy(now, bool(decisions) or changed)
             nxt = self.policy.next_wakeup(view)
             if nxt is not None and nxt > now:
                 self._wake(nxt)
@@ -407,6 +415,11 @@ class Simulation:
                 stopped_by = "rounds"
                 break
         return self._result(stopped_by, rounds)
+
+    def _note_busy(self, now: float, changed: bool) -> None:
+        """Extend the busy-GPU timeline when the cluster changed at `now`."""
+        if changed and self.timeline[-1][1] != self.view.main.busy_gpus:
+            self.timeline.append((now, self.view.main.busy_gpus))
 
     def _result(self, stopped_by: StopCause | None, rounds: int) -> SimResult:
         if self.until is not None and stopped_by is None and len(self.outcomes) != self.total:

@@ -26,6 +26,7 @@ from lucid_core.sim.catalog import WorkloadCatalog
 from lucid_core.sim.engine import SimResult, simulate
 from lucid_core.sim.metrics import compute_metrics
 from lucid_core.sim.records import TraceRecord, with_preemptible_share
+from lucid_core.sim.rounds import RoundCadence
 from lucid_core.sim.traces import ParsedTrace, parse_trace
 
 POLICIES = ("fifo", "sjf", "qssf", "horus", "tiresias", "lucid")
@@ -48,6 +49,7 @@ class Experiment:
     nodes: int
     seed: int = 0
     vc_nodes: dict[str, int] | None = None  # virtual clusters: each VC's jobs run on its own nodes
+    round_interval_s: float = 0.0  # > 0: the policy decides only at rounds this far apart, as live (sim/rounds.py)
 
 
 def read_vc_config(path: str | Path) -> dict[str, int]:
@@ -137,7 +139,8 @@ def run_policy(name: str, exp: Experiment, *, check_invariants: bool = False, ke
     workloads = exp.catalog.assign(exp.records, seed=exp.seed)
     result = simulate(exp.records, policy, config, main_nodes=exp.nodes - pool, profiling_nodes=pool,
                       workloads=workloads, speeds=exp.catalog.colocated_speeds,
-                      check_invariants=check_invariants, keep_log=keep_log, progress=progress)
+                      check_invariants=check_invariants, keep_log=keep_log, progress=progress,
+                      rounds=RoundCadence.every(exp.round_interval_s) if exp.round_interval_s > 0 else None)
     metrics = compute_metrics(result.outcomes, result.busy_timeline, result.total_gpus)
     metrics["wall_s"] = result.wall_seconds
     metrics["profiling_pool_gpus"] = pool * config.cluster.gpus_per_node
