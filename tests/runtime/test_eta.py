@@ -8,6 +8,7 @@ simulator's engine, so the pair slows down from its measured profiles.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,10 @@ from lucid_core.config import LucidConfig
 from lucid_core.domain import GpuRef, Job, Pool, Profile
 from lucid_core.policy.lucid import LucidPolicy
 from lucid_core.policy.view import ClusterView
-from lucid_core.runtime.surfaces.eta import estimate_in_view
+from lucid_core.runtime.store.schema import RoundRow
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.eta import estimate_in_view, recent_cadence
+from lucid_core.sim.rounds import RoundCadence
 
 NOW = 1000.0
 # 1 main node and 1 profiling node of 2 GPUs; 300 s windows; sharing always on
@@ -112,3 +116,37 @@ def test_eta_says_when_the_job_is_never_placed_or_not_within_the_horizon():
     # one round decides nothing; the starvation guard may ask for one more when W would become overdue
     assert (eta.start, eta.end) == (None, None) and eta.steps <= 2
     assert eta.note == "never placed: nothing running ends and the policy waits for nothing"
+
+
+def test_eta_waits_for_the_rounds_as_the_scheduler_runs_them():
+    """The same cluster with rounds every 60 s, the last at 970: R's window closing at 1200 is seen at 1210, C's
+    GPU freed at 1700 is reused at the round at 1750 (Q 1750..2350) and R starts at the round at 2350."""
+    rounds = RoundCadence.every(60.0, origin_s=970.0)
+    expected = {**EXPECTED, "Q": (1750.0, 2350.0), "R": (2350.0, 3350.0)}
+    for job_id in sorted(expected):
+        view, policy = _cluster()
+        eta = estimate_in_view(view, policy, job_id, rounds=rounds)
+        assert (eta.start, eta.end) == pytest.approx(expected[job_id], abs=1e-6), (job_id, eta)
+
+
+def _rounds_store(tmp_path: Path, starts: Sequence[float]) -> Store:
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    with store.session() as s:
+        s.add_all(RoundRow(holder="h", started_at=t) for t in starts)
+    return store
+
+
+@pytest.mark.parametrize(("starts", "now", "expected"), [
+    ([1000.0, 1060.0, 1121.0, 1180.0, 1239.0], 1250.0, (59.5, 1239.0)),  # the median gap, from the last round
+    ([1000.0, 1060.0, 1120.0, 5000.0], 1130.0, (60.0, 1120.0)),  # a round stamped in the future is left out
+    ([1000.0, 1060.0], 1070.0, None),  # one gap says nothing of a cadence
+    ([1000.0, 1060.0, 1120.0], 1120.0 + 601.0, None),  # paused for over ten gaps: no cadence to go by
+    ([], 10.0, None),
+])
+def test_the_cadence_is_the_median_gap_of_the_recent_rounds(tmp_path: Path, starts, now, expected):
+    store = _rounds_store(tmp_path, starts)
+    try:
+        cadence = recent_cadence(store, now)
+    finally:
+        store.dispose()
+    assert (None if cadence is None else (cadence.interval_s, cadence.origin_s)) == expected

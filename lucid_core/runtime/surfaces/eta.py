@@ -5,14 +5,21 @@ simulator's own engine runs the same policy forward from it until the asked-for 
 a what-if and a trace replay share one forward loop (pair slowdowns, profiling windows, wake-ups).
 Jobs are assumed to run for their predicted durations and nobody else submits: it is a what-if,
 not a promise. A running pair member whose speed the round has measured runs at that speed
-until its pair changes, not at the speed its profile predicts.
+until its pair changes, not at the speed its profile predicts. The policy decides only at rounds,
+as often as the scheduler's recent rounds ran (`recent_cadence`): a job waits for the round after
+its GPUs free, as live.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import pairwise
+
+from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool, RunState
@@ -24,11 +31,14 @@ from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
 from lucid_core.runtime.round.snapshot import Snapshot as StoreSnapshot
 from lucid_core.runtime.round.snapshot import load_snapshot
 from lucid_core.runtime.round.view_builder import HOLD_PREFIX, build_view
+from lucid_core.runtime.store.schema import RoundRow
 from lucid_core.runtime.store.store import Store
 from lucid_core.sim.engine import simulate
+from lucid_core.sim.rounds import RoundCadence
 from lucid_core.sim.start import StartState, Until
 
 MIN_MEASURED_RATE = 0.01  # a pair measured as stalled still ends in the what-if (at 100x its duration)
+CADENCE_ROUNDS = 20  # the recent rounds whose starts give the what-if its round interval
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,22 @@ def measured_rates(snapshot: StoreSnapshot) -> dict[str, float]:
             and r.observed_speed is not None}
 
 
+def recent_cadence(store: Store, now: float, rounds: int = CADENCE_ROUNDS) -> RoundCadence | None:
+    """Rounds as the scheduler has been running them: the median gap between the starts of its last `rounds`
+    rounds, from the last one; None (decide at every event) with fewer than three, or when the last started
+    more than ten gaps ago (the scheduler is paused: its cadence says nothing of when it resumes)."""
+    with store.session() as s:
+        starts = sorted(t for t in s.scalars(select(RoundRow.started_at).order_by(RoundRow.id.desc()).limit(rounds))
+                        if type(t) in (float, int) and math.isfinite(t) and t <= now)  # a row is untrusted
+    gaps = [b - a for a, b in pairwise(starts) if b > a]
+    if len(gaps) < 2:
+        return None
+    interval = statistics.median(gaps)
+    if now - starts[-1] > 10 * interval:
+        return None
+    return RoundCadence.every(interval, origin_s=starts[-1])
+
+
 def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
              policy_factory: PolicyFactory | None = None, horizon_s: float = 30 * 86400.0,
              max_steps: int = 100000) -> Eta:
@@ -85,15 +111,18 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
     built = build_view(snapshot, config, now, policy_factory or default_policy)
     held = [j for j in built.view.allocations if j.startswith(HOLD_PREFIX)]
     return estimate_in_view(built.view, built.policy, job_id, state=state.value, held=held,
-                            horizon_s=horizon_s, max_steps=max_steps, rates=rates)
+                            horizon_s=horizon_s, max_steps=max_steps, rates=rates,
+                            rounds=recent_cadence(store, now))
 
 
 def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *, state: str | None = None,
                      held: Collection[str] = (), horizon_s: float = 30 * 86400.0,
-                     max_steps: int = 100000, rates: Mapping[str, float] | None = None) -> Eta:
+                     max_steps: int = 100000, rates: Mapping[str, float] | None = None,
+                     rounds: RoundCadence | None = None) -> Eta:
     """Start and end of `job_id` when the simulator's engine runs `policy` on from `view` (at
     `view.now`, which the run changes): no submissions, `held` allocations never end, running
-    pair members in `rates` run at those measured speeds (see `StartState`).
+    pair members in `rates` run at those measured speeds (see `StartState`), the policy decides at
+    `rounds` (None: at every event).
 
     `steps` is the number of scheduling rounds the what-if took.
     """
@@ -108,7 +137,7 @@ def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *
     if duration is None:
         return Eta(job_id, state, target.start_time, target.end_time, target.predicted_duration, 0,
                    "neither running nor waiting in the scheduler's view")
-    result = simulate([], policy, view.config, start=start,
+    result = simulate([], policy, view.config, start=start, rounds=rounds,
                       until=Until(job_finished=job_id, time=start.now + horizon_s, rounds=max_steps))
     outcome = next((o for o in result.outcomes if o.job_id == job_id), None)
     if outcome is not None:
