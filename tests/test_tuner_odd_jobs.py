@@ -196,3 +196,24 @@ def test_every_task_of_a_sweep_replays_the_same_jobs_though_one_finishes_between
     assert len(first) == NORMAL
     assert sorted(r.job_id for r in load_tuner_trace(params, window)) == first  # the late job is not in it
     assert tuner_window({"trace_path": "x.csv"}) is None  # a trace file's window is the form's
+
+
+def test_a_window_of_only_odd_jobs_says_they_were_left_out_not_that_there_were_none(store_url, monkeypatch):
+    """Every finished job of the window odd (0 GPUs, a hand edit): the sweep stops saying how many were left out
+    and why, not "the store has no finished job" (which sent a user looking for jobs that were there)."""
+    monkeypatch.syspath_prepend(str(REPO / "plugins"))
+    import lucid_airflow.connections
+    import sqlalchemy as sa
+    from lucid_airflow.tuning import load_tuner_trace
+
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import Store
+
+    _seed(store_url, {})
+    store = Store(store_url)
+    with store.session() as s:
+        s.execute(sa.update(JobRow).values(gpus=0))
+    store.dispose()
+    monkeypatch.setattr(lucid_airflow.connections, "store_url", lambda *_: store_url)
+    with pytest.raises(ValueError, match=f"can be replayed: {NORMAL} stored jobs left out: non-finite or impossible"):
+        load_tuner_trace({"window_days": 7})

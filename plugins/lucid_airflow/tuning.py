@@ -61,6 +61,11 @@ def load_tuner_trace(params: Mapping[str, Any], window: Mapping[str, float] | No
     frame = frame[frame["end_time"] < until]  # finished by the window's end: the same jobs for every task
     records = records_from_jobs(frame.to_dict("records"))
     if not records:
+        odd = getattr(records, "odd_jobs", 0)
+        if odd:  # finished jobs there were, but none the simulator can replay: say so, not "none"
+            from lucid_core.tuner import odd_jobs_text
+
+            raise ValueError(f"no finished job since {time.ctime(since)} can be replayed: {odd_jobs_text(odd)}")
         raise ValueError(f"the store has no finished job since {time.ctime(since)}: nothing to replay")
     return records
 
