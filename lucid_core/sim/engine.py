@@ -17,6 +17,7 @@ import time as wallclock
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from numbers import Integral, Real
 from typing import Literal
 
 from lucid_core.config import LucidConfig
@@ -90,6 +91,17 @@ def default_speeds(a: Workload, b: Workload) -> tuple[float, float]:
     return s, s
 
 
+def record_problem(record: TraceRecord) -> str | None:
+    """Why the simulator cannot replay `record` (a non-finite time, a negative duration, no GPU), or None."""
+    if not (isinstance(record.submit_time, Real) and math.isfinite(record.submit_time)):
+        return f"submit time {record.submit_time!r} is not a finite number"
+    if not (isinstance(record.duration, Real) and math.isfinite(record.duration) and record.duration >= 0):
+        return f"duration {record.duration!r} is not a finite number of seconds >= 0"
+    if not (isinstance(record.gpus, Integral) and not isinstance(record.gpus, bool) and record.gpus >= 1):
+        return f"GPU count {record.gpus!r} is not a positive integer"
+    return None
+
+
 def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: LucidConfig, *,
              main_nodes: int = 0, profiling_nodes: int | None = None,
              workloads: Sequence[Workload] | None = None, speeds: SpeedFn | None = None,
@@ -136,6 +148,10 @@ class Simulation:
         self._measured_profile: Callable[[str], Profile | None] = lambda job_id: None
         self.view = self._initial_view(main_nodes, profiling_nodes)
         self.carried = start.jobs if start is not None else ()
+        for rec in records:
+            problem = record_problem(rec)
+            if problem is not None:  # a NaN time once looped for ever: the heap cannot order it
+                raise ValueError(f"trace record {rec.job_id!r}: {problem}")
         too_wide = [r.job_id for r in records if r.gpus > self.view.main.total_gpus]
         if too_wide:
             raise ValueError(f"{len(too_wide)} job(s) need more GPUs than the {self.view.main.total_gpus} of the "

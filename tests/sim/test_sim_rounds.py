@@ -90,3 +90,25 @@ def test_simulate_refuses_a_round_interval_that_is_not_seconds(tmp_path: Path, c
         main(["simulate", "--policy", "fifo", "--round-interval", value, "--out", str(tmp_path)])
     assert stop.value.code == 2
     assert "--round-interval" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("bad", "said"), [
+    (TraceRecord("B", float("nan"), 50, 1), "submit time nan"),
+    (TraceRecord("B", 10, float("nan"), 1), "duration nan"),
+    (TraceRecord("B", 10, float("inf"), 1), "duration inf"),
+    (TraceRecord("B", 10, -5, 1), "duration -5"),
+    (TraceRecord("B", 10, 5, 0), "GPU count 0"),
+    (TraceRecord("B", 10, 5, 1.5), "GPU count 1.5"),  # type: ignore[arg-type]
+])
+def test_a_record_the_simulator_cannot_replay_is_refused_by_name(bad: TraceRecord, said: str):
+    """A NaN submit time fed to the library directly looped for ever (the event heap cannot order it)."""
+    with pytest.raises(ValueError, match=f"trace record 'B': {said}"):
+        simulate([TraceRecord("A", 0, 100, 1), bad], FifoPolicy(ONE_GPU), ONE_GPU, main_nodes=1)
+
+
+def test_numpy_numbers_are_replayable():
+    import numpy as np
+
+    result = simulate([TraceRecord("A", np.float64(0.0), np.float64(100.0), np.int64(1))], FifoPolicy(ONE_GPU),
+                      ONE_GPU, main_nodes=1)
+    assert _jcts(result) == {"A": 100.0}
