@@ -47,7 +47,7 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                    help="mark a seeded share P (0..1) of the jobs preemptible, the rest not, whatever the trace "
                         "says (default: as the trace's preemptible column says; a trace without one has none, "
                         "so Lucid stops no job). Tiresias preempts every job regardless")
-    p.add_argument("--round-interval", type=_seconds, default=0.0, metavar="S",
+    p.add_argument("--round-interval", type=_round_interval, default=0.0, metavar="S",
                    help="let every policy decide only at rounds S seconds apart, as a live deployment's scheduling "
                         "rounds do (60 for the scheduling DAG's default of one a minute); default 0: at every "
                         "event, as the papers' simulators")
@@ -105,14 +105,14 @@ def _share(text: str) -> float:
     return value
 
 
-def _seconds(text: str) -> float:
-    """A finite number of seconds >= 0 for argparse."""
+def _round_interval(text: str) -> float:
+    """A round interval for argparse: 0 (at every event) or a finite number of seconds >= 0.001."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number of seconds >= 0")
+    if not (value == 0 or 1e-3 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text} is neither 0 nor a finite number of seconds >= 0.001")
     return value
 
 

@@ -43,6 +43,9 @@ class RunState(StrEnum):
 
 
 ACTIVE_RUN_STATES = (RunState.PLANNED, RunState.RUNNING)  # runs that hold GPUs
+#: a run profiled in place that ends this soon after its window's end still ended in profiling (live, a round
+#: sees the window close a little after it; the simulator on a round cadence, up to a round after it)
+PROFILING_END_SLACK_S = 1.0
 
 
 class ShareClass(IntEnum):

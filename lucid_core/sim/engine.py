@@ -21,7 +21,7 @@ from numbers import Integral, Real
 from typing import Literal
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import JobState, Pool, Profile
+from lucid_core.domain import PROFILING_END_SLACK_S, JobState, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling, checkpoint_cost_s
 from lucid_core.policy.view import ClusterView
@@ -311,10 +311,14 @@ class Simulation:
         run.profiled = True
         self._begin(decision.job_id, now)
         self.view.jobs[decision.job_id].start_time = now
-        if run.remaining <= decision.window_s:
+        if run.remaining <= decision.window_s or self.rounds is not None:
+            # on a round cadence a run may outlive its window until the next round, and its work end there; a stop
+            # drops the planned end (`_halt`). At every event the stop comes at the window's end: no end is planned,
+            # as a stale end would still be an instant the policy decides at
             self._plan_end(decision.job_id, now)
         else:
             run.version += 1
+        if run.remaining > decision.window_s:
             self._wake(now + decision.window_s)
 
     def _place(self, decision: Place, now: float) -> None:
@@ -347,7 +351,8 @@ class Simulation:
         job = view.jobs[job_id]
         alloc = view.allocations[job_id]
         in_profiling = alloc.pool is Pool.PROFILING or (
-            alloc.profiling_until is not None and self.original[job_id] <= (now - alloc.start) + 1e-9)
+            alloc.profiling_until is not None and now <= alloc.profiling_until + PROFILING_END_SLACK_S
+            and self.original[job_id] <= (now - alloc.start) + 1e-9)
         self._halt(job_id, now)
         partner = alloc.partner
         view.stop(job_id)
@@ -391,7 +396,8 @@ class Simulation:
         if start is not None:
             self.original.update((r.job_id, r.duration) for r in self.carried)
             self.submitted_at.update((r.job_id, r.submit_time) for r in self.carried)
-            _resume(start, self.runs, self._pair_speeds(None), self._workload_of, self._plan_end, self._wake)
+            _resume(start, self.runs, self._pair_speeds(None), self._workload_of, self._plan_end, self._wake,
+                    on_cadence=self.rounds is not None)
         stop_job = until.job_finished if until is not None else None
         stop_time = until.time if until is not None and until.time is not None else math.inf
         max_rounds = until.rounds if until is not None else None
@@ -451,13 +457,13 @@ class Simulation:
 
 def _resume(start: StartState, runs: dict[str, _Run], speeds: SpeedFn,
             workload_of: Callable[[str], Workload | None], plan_end: Callable[[str, float], None],
-            wake: Callable[[float], None]) -> None:
+            wake: Callable[[float], None], on_cadence: bool = False) -> None:
     """Bring the start state's running jobs into the engine as if it had started them itself.
 
     A pair runs at its co-located speeds from now on (a member's measured rate in `start.rates`
-    taking the place of its workload's speed); a profiling-pool run that outlives its
-    window gets no end, only a wake-up when the window closes (the policy then stops it); the
-    policy is asked to decide at `start.now` first.
+    taking the place of its workload's speed); a profiling-pool run that outlives its window
+    is stopped by the policy when the window closes (a wake-up; `on_cadence`, at the round after, unless
+    its work ends first); the policy is asked to decide at `start.now` first.
     """
     view, now = start.view, start.now
     view.now = now
@@ -476,8 +482,9 @@ def _resume(start: StartState, runs: dict[str, _Run], speeds: SpeedFn,
     for job_id in start.remaining:
         run, alloc = runs[job_id], view.allocations[job_id]
         window_end = alloc.profiling_until
-        if alloc.pool is Pool.PROFILING and window_end is not None and run.remaining > window_end - now:
-            run.version += 1
+        if (alloc.pool is Pool.PROFILING and window_end is not None and run.remaining > window_end - now
+                and not on_cadence):
+            run.version += 1  # stopped at its window's end (see `Simulation._start_profiling`)
         else:
             plan_end(job_id, now)
         if window_end is not None:

@@ -13,6 +13,10 @@ import bisect
 import math
 from dataclasses import dataclass
 
+#: the shortest round interval a cadence takes: below it, rounds are no cadence a scheduler keeps (and a
+#: quotient of times by it may overflow)
+MIN_INTERVAL_S = 1e-3
+
 
 @dataclass(frozen=True)
 class RoundCadence:
@@ -26,9 +30,10 @@ class RoundCadence:
     def __post_init__(self) -> None:
         if (self.interval_s > 0) == bool(self.instants):
             raise ValueError("a round cadence is an interval or a list of instants, exactly one of the two")
-        if not math.isfinite(self.interval_s) or self.interval_s < 0 or not math.isfinite(self.origin_s):
-            raise ValueError(f"round interval must be a finite number of seconds >= 0 (origin finite), got "
-                             f"{self.interval_s!r} from {self.origin_s!r}")
+        if not (self.interval_s == 0 or MIN_INTERVAL_S <= self.interval_s < math.inf) or not math.isfinite(
+                self.origin_s):
+            raise ValueError(f"round interval must be 0 or a finite number of seconds >= {MIN_INTERVAL_S:g} (origin "
+                             f"finite), got {self.interval_s!r} from {self.origin_s!r}")
         if any(not math.isfinite(t) for t in self.instants) or list(self.instants) != sorted(self.instants):
             raise ValueError("round instants must be finite and sorted")
 
@@ -46,7 +51,10 @@ class RoundCadence:
         if self.instants:
             i = bisect.bisect_left(self.instants, t)
             return self.instants[i] if i < len(self.instants) else t
-        k = math.floor((t - self.origin_s) / self.interval_s)
+        rounds = (t - self.origin_s) / self.interval_s
+        if not math.isfinite(rounds):  # times at the ends of the float range: no round to find, decide at t
+            return t
+        k = math.floor(rounds)
         for step in (k, k + 1):  # float division may land a hair either side of a multiple
             if self.origin_s + step * self.interval_s >= t:
                 return self.origin_s + step * self.interval_s

@@ -137,10 +137,14 @@ def _rounds_store(tmp_path: Path, starts: Sequence[float]) -> Store:
 
 
 @pytest.mark.parametrize(("starts", "now", "expected"), [
-    ([1000.0, 1060.0, 1121.0, 1180.0, 1239.0], 1250.0, (59.5, 1239.0)),  # the median gap, from the last round
-    ([1000.0, 1060.0, 1120.0, 5000.0], 1130.0, (60.0, 1120.0)),  # a round stamped in the future is left out
-    ([1000.0, 1060.0], 1070.0, None),  # one gap says nothing of a cadence
-    ([1000.0, 1060.0, 1120.0], 1120.0 + 601.0, None),  # paused for over ten gaps: no cadence to go by
+    ([1000.0, 1060.0, 1121.0, 1180.0, 1239.0], 1250.0, (59.0, 1239.0)),  # the lower median gap, from the last round
+    ([1000.0, 1060.0, 1120.0, 1180.0, 5000.0], 1190.0, (60.0, 1180.0)),  # a round stamped in the future: left out
+    ([1000.0, 87400.0, 87460.0, 87520.0], 87530.0, (60.0, 87520.0)),  # a day's pause, then rounds a minute apart
+    ([0.0, 60.0, 1.7e9, 1.7e9 + 60, 1.7e9 + 120], 1.7e9 + 130, (60.0, 1.7e9 + 120)),  # a clock set at boot
+    ([-1e308, -5e307, 990.0, 1050.0], 1060.0, None),  # odd rows: the median gap is no cadence
+    ([1000.0, 4700.0, 8400.0, 12100.0], 12110.0, None),  # rounds over an hour apart: no cadence to go by
+    ([1000.0, 1060.0, 1120.0], 1130.0, None),  # two gaps say little of a cadence
+    ([1000.0, 1060.0, 1120.0, 1180.0], 1180.0 + 601.0, None),  # paused for over ten gaps
     ([], 10.0, None),
 ])
 def test_the_cadence_is_the_median_gap_of_the_recent_rounds(tmp_path: Path, starts, now, expected):

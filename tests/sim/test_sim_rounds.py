@@ -58,7 +58,8 @@ def test_the_next_round_is_at_or_after_the_time_and_a_rounds_own_instant_is_itse
 
 @pytest.mark.parametrize("kwargs", [{}, {"interval_s": 5.0, "instants": (1.0,)}, {"interval_s": -1.0},
                                     {"interval_s": float("inf")}, {"instants": (3.0, 1.0)},
-                                    {"instants": (float("nan"),)}, {"interval_s": 1.0, "origin_s": float("nan")}])
+                                    {"instants": (float("nan"),)}, {"interval_s": 1.0, "origin_s": float("nan")},
+                                    {"interval_s": 1e-310}, {"interval_s": 9e-4}])
 def test_a_cadence_is_one_finite_interval_or_sorted_instants(kwargs):
     with pytest.raises(ValueError):
         RoundCadence(**kwargs)
@@ -84,7 +85,7 @@ def test_simulate_takes_a_round_interval_and_says_so(tmp_path: Path, capsys):
     assert json.loads((out / "nodes3" / "metrics.json").read_text())["run"]["round_interval_s"] == 60.0
 
 
-@pytest.mark.parametrize("value", ["-1", "inf", "nan", "soon"])
+@pytest.mark.parametrize("value", ["-1", "inf", "nan", "soon", "1e-310"])
 def test_simulate_refuses_a_round_interval_that_is_not_seconds(tmp_path: Path, capsys, value: str):
     with pytest.raises(SystemExit) as stop:
         main(["simulate", "--policy", "fifo", "--round-interval", value, "--out", str(tmp_path)])
@@ -112,3 +113,37 @@ def test_numpy_numbers_are_replayable():
     result = simulate([TraceRecord("A", np.float64(0.0), np.float64(100.0), np.int64(1))], FifoPolicy(ONE_GPU),
                       ONE_GPU, main_nodes=1)
     assert _jcts(result) == {"A": 100.0}
+
+
+def _profiled_alone(in_place: bool, rounds: RoundCadence | None):
+    """One 320 s job, a 300 s profiling window on the pool or in place, one main and one pool node."""
+    from lucid_core.policy.lucid import LucidPolicy
+    from lucid_core.sim.records import Workload
+
+    config = LucidConfig().with_overrides({"cluster.gpus_per_node": 1, "profiler.tprof_s": 300,
+                                           "profiler.in_place": in_place, "profiler.autoscale": False,
+                                           "profiler.pool_nodes": 1})
+    result = simulate([TraceRecord("J", 0.0, 320.0, 1)], LucidPolicy(config), config, main_nodes=1,
+                      profiling_nodes=1, workloads=[Workload("J", 50.0, 30.0, 4000.0, False)], rounds=rounds)
+    (outcome,) = result.outcomes
+    return outcome
+
+
+def test_a_pool_run_whose_work_ends_before_the_round_after_its_window_ends_there():
+    """Window 0..300; rounds at 0, 70, ..., 350: the job's 320 s of work end in the pool at 320, as live (the pool
+    run ends COMPLETED), not restarted from scratch on the main node at 350. At every event it is stopped at 300."""
+    assert (_profiled_alone(False, RoundCadence.every(70)).end_time, _profiled_alone(False, None).end_time) == (
+        320.0, 620.0)
+    assert _profiled_alone(False, RoundCadence.every(70)).ended_in_profiling
+
+
+def test_a_job_profiled_in_place_that_ends_a_round_after_its_window_did_not_end_in_profiling():
+    """Live counts an end in profiling only up to PROFILING_END_SLACK_S after the window's end; a cadence leaves the
+    window open until the next round (350), past the job's end at 320."""
+    outcome = _profiled_alone(True, RoundCadence.every(70))
+    assert outcome.end_time == 320.0 and not outcome.ended_in_profiling
+
+
+@pytest.mark.parametrize(("interval", "origin", "t"), [(1e-3, -1e308, 1e308), (1.0, -1e308, 1e308)])
+def test_times_at_the_ends_of_the_float_range_decide_at_once(interval: float, origin: float, t: float):
+    assert RoundCadence.every(interval, origin).next_round(t) == t

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, JobState, RunState, left_alone
+from lucid_core.domain import ACTIVE_RUN_STATES, PROFILING_END_SLACK_S, JobState, RunState, left_alone
 from lucid_core.policy.view import saved_number
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
@@ -269,7 +269,7 @@ class SettlingSteps(MpsFaultChecks):
         now = self.clock()
         ran = run.started_at is not None
         in_window = ran and (run.kind == "profiling" or (run.profiling_until is not None
-                                                           and now <= run.profiling_until + 1))
+                                                           and now <= run.profiling_until + PROFILING_END_SLACK_S))
         in_profiling = in_window and state is not JobState.CANCELLED
         ended = s.execute(update_unsynced(JobRow)
             .where(JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES))

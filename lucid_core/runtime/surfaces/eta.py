@@ -34,11 +34,12 @@ from lucid_core.runtime.round.view_builder import HOLD_PREFIX, build_view
 from lucid_core.runtime.store.schema import RoundRow
 from lucid_core.runtime.store.store import Store
 from lucid_core.sim.engine import simulate
-from lucid_core.sim.rounds import RoundCadence
+from lucid_core.sim.rounds import MIN_INTERVAL_S, RoundCadence
 from lucid_core.sim.start import StartState, Until
 
 MIN_MEASURED_RATE = 0.01  # a pair measured as stalled still ends in the what-if (at 100x its duration)
 CADENCE_ROUNDS = 20  # the recent rounds whose starts give the what-if its round interval
+MAX_CADENCE_S = 3600.0  # a longer median gap between rounds is no cadence the what-if goes by
 
 
 @dataclass(frozen=True)
@@ -78,17 +79,18 @@ def measured_rates(snapshot: StoreSnapshot) -> dict[str, float]:
 
 
 def recent_cadence(store: Store, now: float, rounds: int = CADENCE_ROUNDS) -> RoundCadence | None:
-    """Rounds as the scheduler has been running them: the median gap between the starts of its last `rounds`
-    rounds, from the last one; None (decide at every event) with fewer than three, or when the last started
-    more than ten gaps ago (the scheduler is paused: its cadence says nothing of when it resumes)."""
+    """Rounds as the scheduler has been running them: the median gap (the lower middle one: a gap that was
+    measured) between the starts of its last `rounds` rounds, from the last one. None (decide at every event)
+    with fewer than three gaps, a median gap outside [MIN_INTERVAL_S, MAX_CADENCE_S] (a pause, a clock set at
+    boot, an odd row: no cadence to go by), or when the last round started over ten gaps ago (paused)."""
     with store.session() as s:
         starts = sorted(t for t in s.scalars(select(RoundRow.started_at).order_by(RoundRow.id.desc()).limit(rounds))
                         if type(t) in (float, int) and math.isfinite(t) and t <= now)  # a row is untrusted
     gaps = [b - a for a, b in pairwise(starts) if b > a]
-    if len(gaps) < 2:
+    if len(gaps) < 3:
         return None
-    interval = statistics.median(gaps)
-    if now - starts[-1] > 10 * interval:
+    interval = statistics.median_low(gaps)
+    if not MIN_INTERVAL_S <= interval <= MAX_CADENCE_S or now - starts[-1] > 10 * interval:
         return None
     return RoundCadence.every(interval, origin_s=starts[-1])
 
