@@ -112,7 +112,9 @@ def test_round_stalled_past_its_lease_is_fenced_and_jobs_run_once(tmp_path, back
     def in_process_round() -> None:  # the set-up and wind-down rounds (a process start each would be slow)
         SchedulingRound(store, local_executor(), config, RoundSettings.from_config(config, holder="setup")).run()
 
-    blockers = [submit(store, JobRequest(ledger_job(ledger, 10), 1, "u", "vc-a", name=f"block{i}"))
+    # 20 s: the four waiting jobs are profiled and queued while the blockers run (10 s was too short twice in
+    # loaded CI runs: "a blocker ended before the waiting jobs queued")
+    blockers = [submit(store, JobRequest(ledger_job(ledger, 20), 1, "u", "vc-a", name=f"block{i}"))
                 for i in range(4)]
     deadline = time.monotonic() + 60
     while not all(jobs_by_id(store)[j].state == "RUNNING" for j in blockers):
