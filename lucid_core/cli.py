@@ -106,13 +106,15 @@ def _share(text: str) -> float:
 
 
 def _round_interval(text: str) -> float:
-    """A round interval for argparse: 0 (at every event) or a finite number of seconds >= 0.001."""
+    """A round interval for argparse: 0 (at every event) or a finite number of seconds >= MIN_INTERVAL_S."""
+    from lucid_core.sim.rounds import MIN_INTERVAL_S
+
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (value == 0 or 1e-3 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"{text} is neither 0 nor a finite number of seconds >= 0.001")
+    if not (value == 0 or MIN_INTERVAL_S <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text} is neither 0 nor a finite number of seconds >= {MIN_INTERVAL_S:g}")
     return value
 
 

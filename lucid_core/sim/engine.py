@@ -17,7 +17,6 @@ import time as wallclock
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from numbers import Integral, Real
 from typing import Literal
 
 from lucid_core.config import LucidConfig
@@ -25,7 +24,7 @@ from lucid_core.domain import PROFILING_END_SLACK_S, JobState, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling, checkpoint_cost_s
 from lucid_core.policy.view import ClusterView
-from lucid_core.sim.records import JobOutcome, TraceRecord, Workload
+from lucid_core.sim.records import JobOutcome, TraceRecord, Workload, replay_problem
 from lucid_core.sim.rounds import RoundCadence
 from lucid_core.sim.start import StartState, Until
 
@@ -91,17 +90,6 @@ def default_speeds(a: Workload, b: Workload) -> tuple[float, float]:
     return s, s
 
 
-def record_problem(record: TraceRecord) -> str | None:
-    """Why the simulator cannot replay `record` (a non-finite time, a negative duration, no GPU), or None."""
-    if not (isinstance(record.submit_time, Real) and math.isfinite(record.submit_time)):
-        return f"submit time {record.submit_time!r} is not a finite number"
-    if not (isinstance(record.duration, Real) and math.isfinite(record.duration) and record.duration >= 0):
-        return f"duration {record.duration!r} is not a finite number of seconds >= 0"
-    if not (isinstance(record.gpus, Integral) and not isinstance(record.gpus, bool) and record.gpus >= 1):
-        return f"GPU count {record.gpus!r} is not a positive integer"
-    return None
-
-
 def simulate(records: Sequence[TraceRecord], policy: SchedulingPolicy, config: LucidConfig, *,
              main_nodes: int = 0, profiling_nodes: int | None = None,
              workloads: Sequence[Workload] | None = None, speeds: SpeedFn | None = None,
@@ -149,7 +137,7 @@ class Simulation:
         self.view = self._initial_view(main_nodes, profiling_nodes)
         self.carried = start.jobs if start is not None else ()
         for rec in records:
-            problem = record_problem(rec)
+            problem = replay_problem(rec)
             if problem is not None:  # a NaN time once looped for ever: the heap cannot order it
                 raise ValueError(f"trace record {rec.job_id!r}: {problem}")
         too_wide = [r.job_id for r in records if r.gpus > self.view.main.total_gpus]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from numbers import Integral, Real
 from typing import Any
 
 from lucid_core.domain import Job
@@ -30,6 +32,17 @@ class TraceRecord:
         """The job a policy sees: what a submission says (never the duration); a user-less trace's VC as user."""
         return Job(job_id=self.job_id, user=self.user or self.vc, vc=self.vc, gpus=self.gpus,
                    submit_time=self.submit_time, name=self.name, preemptible=self.preemptible)
+
+
+def replay_problem(record: TraceRecord) -> str | None:
+    """Why the simulator cannot replay `record` (a non-finite time, a negative duration, no GPU), or None."""
+    if not (isinstance(record.submit_time, Real) and math.isfinite(record.submit_time)):
+        return f"submit time {record.submit_time!r} is not a finite number"
+    if not (isinstance(record.duration, Real) and math.isfinite(record.duration) and record.duration >= 0):
+        return f"duration {record.duration!r} is not a finite number of seconds >= 0"
+    if not (isinstance(record.gpus, Integral) and not isinstance(record.gpus, bool) and record.gpus >= 1):
+        return f"GPU count {record.gpus!r} is not a positive integer"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

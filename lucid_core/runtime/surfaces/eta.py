@@ -12,7 +12,6 @@ its GPUs free, as live.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool, RunState
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.orchestrator import floored_prediction
 from lucid_core.policy.predictors import DEFAULT_DURATION_S
-from lucid_core.policy.view import ClusterView
+from lucid_core.policy.view import ClusterView, saved_number
 from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
 from lucid_core.runtime.round.snapshot import Snapshot as StoreSnapshot
 from lucid_core.runtime.round.snapshot import load_snapshot
@@ -85,7 +84,7 @@ def recent_cadence(store: Store, now: float, rounds: int = CADENCE_ROUNDS) -> Ro
     boot, an odd row: no cadence to go by), or when the last round started over ten gaps ago (paused)."""
     with store.session() as s:
         starts = sorted(t for t in s.scalars(select(RoundRow.started_at).order_by(RoundRow.id.desc()).limit(rounds))
-                        if type(t) in (float, int) and math.isfinite(t) and t <= now)  # a row is untrusted
+                        if saved_number(t) and t <= now)  # a row is untrusted
     gaps = [b - a for a, b in pairwise(starts) if b > a]
     if len(gaps) < 3:
         return None
