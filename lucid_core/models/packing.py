@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
-if TYPE_CHECKING:  # scikit-learn is imported where a tree is fitted: a saved tree is read and applied without it
+if TYPE_CHECKING:  # scikit-learn and pandas are imported where a tree is fitted or a catalog read: a saved tree is
+    # read and applied without them (the simulator's start pays for neither)
+    import pandas as pd
     from sklearn.model_selection import GridSearchCV, StratifiedKFold
     from sklearn.tree import DecisionTreeClassifier
 
@@ -48,6 +49,8 @@ def load_packing_catalog(directory: str | Path) -> PackingCatalog:
     speeds are no measurement of sharing is refused (`domain.pair_speed_problem`): averaged in, one huge speed
     would label its configuration Tiny and make an unsafe pair look safe. A speed that is not a number is left
     out, as not measured."""
+    import pandas as pd
+
     directory = Path(directory)
     single = pd.read_csv(directory / "single_data.csv")
     pairs_raw = pd.read_csv(directory / "colocate_info.csv", index_col=0)
@@ -165,6 +168,8 @@ def speed_labels(mean_speed: np.ndarray, tiny_threshold: float = 0.95, medium_th
 
 def profiles_frame(profiles: Sequence[Profile]) -> pd.DataFrame:
     """Model inputs from profiles, in FEATURES order."""
+    import pandas as pd
+
     return pd.DataFrame({"gpu_util": [p.gpu_util for p in profiles], "mem_util": [p.mem_util for p in profiles],
                          "gpu_mem_mb": [p.gpu_mem_mb for p in profiles], "amp": [int(p.amp) for p in profiles]},
                         columns=list(FEATURES))
@@ -217,6 +222,7 @@ class PackingTree:
         return search.fit(X, y)
 
     def fit(self, X: pd.DataFrame, y: Sequence[int]) -> PackingTree:
+        import pandas as pd
         from sklearn.tree import DecisionTreeClassifier
 
         X = pd.DataFrame(X)[list(FEATURES)].astype(float)
@@ -243,6 +249,7 @@ class PackingTree:
 
     def nested_cv_accuracy(self, X: pd.DataFrame, y: Sequence[int]) -> float:
         """Accuracy with alpha re-chosen inside every outer fold: an unbiased estimate."""
+        import pandas as pd
         from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_score
         from sklearn.tree import DecisionTreeClassifier
 
@@ -259,6 +266,7 @@ class PackingTree:
 
     def out_of_fold_labels(self, X: pd.DataFrame, y: Sequence[int]) -> np.ndarray:
         """Each configuration labelled by a tree that never saw it (chosen alpha, same folds)."""
+        import pandas as pd
         from sklearn.model_selection import cross_val_predict
         from sklearn.tree import DecisionTreeClassifier
 
@@ -281,6 +289,8 @@ class PackingTree:
         return node, path
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
+        import pandas as pd
+
         rows = pd.DataFrame(X)[list(FEATURES)].astype(float).to_numpy()
         return np.array([self.nodes_[self._leaf(r)[0]]["label"] for r in rows], dtype=int)
 

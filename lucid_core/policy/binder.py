@@ -151,9 +151,9 @@ class AffinityBinder:
                 or job.gpus > view.config.cluster.gpus_per_node):
             return None
         found: str | None = None
+        vc, candidates = view.placement_vc(job), view.share_candidates_by_class
         for partner_class in range(capacity - int(job.share_class) + 1):  # lightest partners first
-            key = (view.placement_vc(job), job.gpus, partner_class)
-            for partner_id in view.share_candidates_by_class.get(key, ()):
+            for partner_id in candidates.get((vc, job.gpus, partner_class), ()):
                 if self._rule_failure(view, job, view.allocations[partner_id], capacity) is None:
                     found = partner_id
                     break

@@ -30,15 +30,18 @@ class NodeState:
     borrowed: bool = False
     vc: str = ""
     held: bool = False  # reserved for one waiting job during a scan: no other placement sees it
+    empty: int = field(init=False, default=0)  # GPUs with no occupant, kept by the pool's occupy/release
 
     def __post_init__(self) -> None:
         if not self.occupants:
             self.occupants = [[] for _ in range(self.gpus)]
             self.mem_used_mb = [0.0] * self.gpus
+        self.empty = sum(1 for o in self.occupants if not o)
 
     @property
     def free(self) -> int:
-        return sum(1 for o in self.occupants if not o)
+        """GPUs with no occupant (asked at every fit-index move: counted as they change, not recounted)."""
+        return self.empty
 
     def empty_gpus(self) -> list[int]:
         return [i for i, o in enumerate(self.occupants) if not o]
@@ -202,6 +205,7 @@ class GpuPool:
                 raise ValueError(f"GPU {ref} already holds two jobs")
             if not slot:
                 self.busy_gpus += 1
+                node.empty -= 1
             slot.append(job_id)
             node.mem_used_mb[ref.index] += mem_mb
             self._move(node, before)
@@ -215,6 +219,7 @@ class GpuPool:
             node.mem_used_mb[ref.index] = max(0.0, node.mem_used_mb[ref.index] - mem_mb)
             if not slot:
                 self.busy_gpus -= 1
+                node.empty += 1
             self._move(node, before)
 
     def mem_free_on(self, gpus: tuple[GpuRef, ...]) -> float:
@@ -223,6 +228,7 @@ class GpuPool:
     def check_invariants(self) -> None:
         """Raise AssertionError if any GPU holds more than two jobs or more memory than it has."""
         for node in self.nodes.values():
+            assert node.empty == sum(1 for o in node.occupants if not o), f"{node.name}: empty-GPU count out of date"
             for i, slot in enumerate(node.occupants):
                 assert len(slot) <= 2, f"{node.name}:{i} holds {len(slot)} jobs"
                 assert len(set(slot)) == len(slot), f"{node.name}:{i} lists a job twice"

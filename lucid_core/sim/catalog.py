@@ -213,21 +213,35 @@ class WorkloadCatalog:
         if self._packing_tree is None:
             from lucid_core.models.packing import PackingTree
 
-            catalog = self.packing_catalog()
-            path = packing_tree_cache_path(catalog)
+            path = self.packing_tree_cache_path()
             tree = _cached_tree(path)
             if tree is None:
-                tree = PackingTree().fit_catalog(catalog)
+                tree = PackingTree().fit_catalog(self.packing_catalog())
                 _save_tree(tree, path)
             self._packing_tree = tree
         return self._packing_tree
+
+    def packing_tree_cache_path(self) -> Path:
+        """Where the tree fitted on this catalog is kept: keyed by its folder's two files as they are (read
+        without pandas, so a run that finds its tree kept never imports it), else by its trainer form."""
+        folder = self._catalog_folder()
+        if folder is None:
+            return packing_tree_cache_path(self.packing_catalog())
+        return _tree_cache_path([b"files", (folder / SINGLE_FILE).read_bytes(), (folder / COLOCATE_FILE).read_bytes()])
+
+    def _catalog_folder(self) -> Path | None:
+        """The measured folder this catalog was read from; None for a synthetic one."""
+        folder = Path(self.source) if self.source and not self.synthetic else None
+        if folder is not None and (folder / SINGLE_FILE).is_file() and (folder / COLOCATE_FILE).is_file():
+            return folder
+        return None
 
     def packing_catalog(self) -> PackingCatalog:
         """Profiles and measured pairs in the packing trainer's form (read again from the folder it came from)."""
         from lucid_core.models.packing import PackingCatalog, load_packing_catalog
 
-        folder = Path(self.source) if self.source and not self.synthetic else None
-        if folder is not None and (folder / SINGLE_FILE).is_file() and (folder / COLOCATE_FILE).is_file():
+        folder = self._catalog_folder()
+        if folder is not None:
             return load_packing_catalog(folder)
         import pandas as pd
 
@@ -422,11 +436,17 @@ def packing_tree_cache_path(catalog: PackingCatalog) -> Path:
     """Where the tree fitted on `catalog` is kept between runs: keyed by the catalog's profiles and pairs and
     by the trainer's source, so a changed catalog or trainer fits anew (a fit is deterministic: the kept tree
     is the one a fit would give). Under $XDG_CACHE_HOME (default ~/.cache)/lucid/packing-trees."""
+    return _tree_cache_path([b"frames", catalog.profiles.to_csv(index=False).encode(),
+                             catalog.pairs.to_csv(index=False).encode()])
+
+
+def _tree_cache_path(parts: list[bytes]) -> Path:
+    """The kept tree's path for a catalog given as byte strings, with the trainer's source in the key."""
     import lucid_core.models.packing as trainer
 
     digest = hashlib.sha256(Path(trainer.__file__).read_bytes())
-    digest.update(catalog.profiles.to_csv(index=False).encode())
-    digest.update(catalog.pairs.to_csv(index=False).encode())
+    for part in parts:  # each length-prefixed: two catalogs never run together into one key
+        digest.update(len(part).to_bytes(8, "big") + part)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "lucid" / "packing-trees" / f"{digest.hexdigest()[:32]}.json"
 

@@ -207,8 +207,26 @@ def _check_encoding(row: dict[str, str | None]) -> None:
 
 
 def _philly_row(row: dict[str, str | None], line: int) -> _Row | None:
+    fast = _philly_fast(row, line)  # most rows: every cell well formed, read in one go
+    if fast is not None:
+        return fast
     return _Row(line, f"philly-{line:06d}", _timestamp(row, "timestamp"), _duration(row, "duration"),
                 _gpus(row, "num_gpus"), _cell(row, "cluster", required=False) or "default", "", "", "")
+
+
+def _philly_fast(row: dict[str, str | None], line: int) -> _Row | None:
+    """A Philly row whose cells all pass the checks of `_timestamp`, `_duration` and `_gpus`, read without
+    them; None for any other (the careful path then names what is wrong)."""
+    try:
+        submit = datetime.fromisoformat(row["timestamp"].strip())  # type: ignore[union-attr]
+        duration = float(row["duration"])  # type: ignore[arg-type]
+        gpus = float(row["num_gpus"])  # type: ignore[arg-type]
+    except (KeyError, AttributeError, ValueError, TypeError):
+        return None
+    if not (0 < duration <= MAX_DURATION_S and 1 <= gpus <= MAX_GPUS and gpus == int(gpus)):
+        return None  # NaN and infinities fail these too
+    cluster = (row.get("cluster") or "").strip() or "default"
+    return _Row(line, f"philly-{line:06d}", _naive(submit), duration, int(gpus), cluster, "", "", "")
 
 
 def _helios_row(row: dict[str, str | None], line: int) -> _Row | None:
@@ -268,23 +286,30 @@ _BAD_ROW = object()  # what `_rows` yields for a row it reported as a problem
 
 def _rows(handle, parse, problems: list[RowProblem], columns: list[str],
           check_encoding: bool = True) -> Iterator[_Row | object | None]:
-    """Parse each data row after the header: a `_Row`, None for a non-GPU job, or `_BAD_ROW`.
-    `check_encoding=False` when the text is known to be ASCII (no byte can have failed to decode)."""
-    reader = csv.DictReader(handle, fieldnames=columns, strict=True)  # strict: a quote left open is an error
+    """Parse each data row after the header: a `_Row`, None for a non-GPU job, or `_BAD_ROW`; blank lines are
+    skipped. `check_encoding=False` when the text is known to be ASCII (no byte can have failed to decode).
+    Read with `csv.reader` (a quote left open is an error), each row made a dict by the header here (what
+    `csv.DictReader` does, in a third of its time)."""
+    reader = csv.reader(handle, strict=True)
+    width = len(columns)
     while True:
         try:
-            row = next(reader)
+            cells = next(reader)
         except StopIteration:
             return
         except csv.Error as error:  # e.g. a field larger than the csv module allows
-            # DictReader.line_num lags on errors; the underlying reader has counted the bad line
-            problems.append(RowProblem(reader.reader.line_num + 1, "*", "", f"malformed CSV: {error}"))
+            problems.append(RowProblem(reader.line_num + 1, "*", "", f"malformed CSV: {error}"))
             yield _BAD_ROW
+            continue
+        if not cells:
             continue
         line = reader.line_num + 1  # the header line was read before the reader started
         try:
-            if None in row:  # more cells than header columns
-                raise _BadValue("*", ",".join(row[None] or []), "more cells than header columns")
+            if len(cells) > width:
+                raise _BadValue("*", ",".join(cells[width:]), "more cells than header columns")
+            row: dict[str, str | None] = dict(zip(columns, cells, strict=False))
+            if len(cells) < width:  # fewer cells: the rest are missing values
+                row.update(dict.fromkeys(columns[len(cells):]))
             if check_encoding:
                 _check_encoding(row)
             yield parse(row, line)

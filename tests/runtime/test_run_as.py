@@ -167,7 +167,9 @@ CONFIG = fast_config(**{"profiler.enabled": False, "cluster.gpus_per_node": 2}) 
 
 
 def one_round(store: Store, host: SubmitterHost) -> RoundReport:
-    executor = ssh_executor(str(host.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
+    # 5 s to connect: on 2 loaded cores (4 test workers) a handshake took over 2 s and the round called the host
+    # unreachable until the test's deadline
+    executor = ssh_executor(str(host.known_hosts), connect_timeout_s=5, retries=1, timeout_s=20)
     return SchedulingRound(store, executor, CONFIG, SETTINGS).run()
 
 

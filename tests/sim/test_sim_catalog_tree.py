@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from lucid_core.config import LucidConfig
@@ -19,6 +21,7 @@ def _profile(w) -> Profile:
 
 
 H200 = shared_data_dir() / "gpu_calibration_h200"
+ARTIFACT = shared_data_dir() / "lucid_artifact"
 
 
 def _catalog(folder: str) -> WorkloadCatalog:
@@ -134,12 +137,12 @@ def test_the_fitted_tree_is_kept_between_runs_and_read_back_identical(tmp_path, 
     changed catalog fits anew."""
     from lucid_core.domain import Profile
     from lucid_core.models import packing
-    from lucid_core.sim.catalog import WorkloadCatalog, packing_tree_cache_path
+    from lucid_core.sim.catalog import WorkloadCatalog
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     first = WorkloadCatalog.synthetic()
     fitted = first.packing_tree()
-    path = packing_tree_cache_path(first.packing_catalog())
+    path = first.packing_tree_cache_path()
     assert path.is_file() and path.is_relative_to(tmp_path / "cache" / "lucid" / "packing-trees")
     calls = []
     monkeypatch.setattr(packing.PackingTree, "fit_catalog", lambda self, c: calls.append(c) or fitted)
@@ -150,3 +153,40 @@ def test_the_fitted_tree_is_kept_between_runs_and_read_back_identical(tmp_path, 
     path.write_text("{not json")  # a damaged file is fitted again, never believed
     WorkloadCatalog.synthetic().packing_tree()
     assert len(calls) == 1
+
+
+def test_a_folder_catalogs_kept_tree_is_read_without_pandas_and_a_changed_file_fits_anew(tmp_path):
+    """A run that finds its tree kept imports neither pandas nor scikit-learn (the simulator's start pays for
+    neither); one changed measurement in the folder is another catalog, fitted anew."""
+    import shutil
+    import subprocess
+    import sys
+
+    if not (ARTIFACT / "single_data.csv").exists():
+        pytest.skip(f"the Lucid artifact's catalog not found at {ARTIFACT}")
+    folder = tmp_path / "catalog"
+    shutil.copytree(ARTIFACT, folder)
+    script = ("import sys; from lucid_core.sim.catalog import WorkloadCatalog; "
+              f"c = WorkloadCatalog.from_artifact({str(folder)!r}); t = c.packing_tree(); "
+              "print(c.packing_tree_cache_path().name, len(t.nodes_), "
+              "'pandas' in sys.modules, 'sklearn' in sys.modules)")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def run() -> list[str]:
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    fitted = run()
+    assert fitted[2:] == ["True", "True"]  # nothing kept yet: read with pandas, fitted with scikit-learn
+    kept = run()
+    assert kept[:2] == fitted[:2] and kept[2:] == ["False", "False"]
+    pairs = folder / "colocate_info.csv"
+    lines = pairs.read_text().splitlines()
+    cells = lines[1].split(",")
+    header = lines[0].split(",")
+    speed = header.index("speed1")
+    cells[speed] = f"{float(cells[speed]) * 0.9:.6f}"
+    pairs.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    changed = run()
+    assert changed[0] != fitted[0] and changed[2:] == ["True", "True"]

@@ -224,3 +224,37 @@ def test_header_names_are_trimmed_and_a_bom_is_ignored(tmp_path):
     trace = read_trace(write(tmp_path, "g.csv", text), "generic")
     assert [(r.job_id, r.duration) for r in trace.records] == [("job-2", 5.0)]
     assert [(p.row, p.column) for p in trace.problems] == [(4, "gpus")]  # blank line 3 is skipped
+
+
+def test_philly_fast_path_reads_a_row_as_the_careful_checks_do_or_leaves_it_to_them():
+    """Every Philly row is read by the fast path only when each cell passes the careful checks, to the same
+    values; any odd cell (blank, spaced, NaN, infinite, fractional, out of range, a time zone) goes the careful
+    way, which names the problem."""
+    from lucid_core.sim import traces
+
+    def careful(row: dict[str, str | None]) -> object:
+        try:
+            return (traces._timestamp(row, "timestamp"), traces._duration(row, "duration"),
+                    traces._gpus(row, "num_gpus"), traces._cell(row, "cluster", required=False) or "default")
+        except traces._BadValue as bad:
+            return bad.reason
+
+    stamps = ["2017-10-01 00:00:00", " 2017-10-01 00:00:00 ", "2017-10-01T02:00:00+02:00", "", "yesterday", None]
+    durations = ["60", " 60 ", "0", "-1", "nan", "inf", "1e12", "3.5", "1_000", "", None]
+    gpus = ["1", " 8 ", "1.0", "1.5", "0", "nan", "1e9", "-inf", "2e0", "", None]
+    clusters = ["c1", " c2 ", "", None]
+    fast_rows = 0
+    for stamp in stamps:
+        for duration in durations:
+            for count in gpus:
+                for cluster in clusters:
+                    row = {"timestamp": stamp, "duration": duration, "num_gpus": count, "cluster": cluster}
+                    expected = careful(row)
+                    fast = traces._philly_fast(row, 2)
+                    if fast is None:
+                        continue
+                    fast_rows += 1
+                    assert not isinstance(expected, str), (row, expected)  # a row the checks refuse never passes
+                    assert (fast.submit, fast.duration, fast.gpus, fast.vc) == expected, row
+                    assert traces._philly_row(row, 2) == fast
+    assert fast_rows > 50  # the common forms do take the fast path
