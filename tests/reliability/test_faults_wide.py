@@ -185,3 +185,79 @@ def test_a_wide_job_a_host_keeps_refusing_fails_after_bounded_tries_with_nothing
         check_invariants(store, [job], ledger, allow_states=("FAILED",))
     finally:
         store.dispose()
+
+
+@pytest.mark.parametrize("requeue", [False, True], ids=["fail", "requeue"])
+def test_a_started_node_whose_host_never_answers_the_stop_is_lost_after_the_timeout(sshd_hosts, tmp_path, requeue):
+    """As above, but main0 stays away past `host_lost_after_s`: its node is marked lost (its GPUs stay held, the
+    process may live on behind the partition) and the job, queued again after the failed launch, ends FAILED as
+    lost, once, or with `requeue_lost` stays queued and runs once when main0 is back. When main0 answers again,
+    the first round stops what is left of the lost node before anything new lands there."""
+    from lucid_core.runtime.hosts.loss import LOST_RUN_STATE
+
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    main0 = sshd_hosts.hosts["main0"]
+    settings = replace(WIDE_SETTINGS, host_lost_after_s=2.0, requeue_lost=requeue)
+    try:
+        workroot = tmp_path / "hosts"
+        workroot.mkdir()
+        register(store, sshd_hosts, workroot)
+        blocker = workroot / "main1"
+        blocker.write_text("not a directory\n")
+        ledger = tmp_path / "ledger"
+        job = submit(store, JobRequest(ledger_command(ledger, "sleep 12"), 4, "alice", "vc-a", name="wide"))
+
+        executor = ssh_executor(str(sshd_hosts.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
+        report = HostDiesOnLaunchFailure(store, executor, CONFIG, settings, host=main0).run()
+        down_at = time.time()
+        assert main0.process is None, "main1's launch did not fail: the fault was not injected"
+        assert job in report.requeued and "main0" in report.unreachable, report
+        first = next(r for r in runs_of(store, job) if r.host == "main0")
+        assert (first.state, first.stop_reason) == ("running", "peer_ended"), (first.state, first.outcome)
+        assert pid_alive(first.pid), "the node stopped without its host: the test no longer covers an unreachable one"
+        blocker.unlink()  # main1 could take the job now; main0 cannot answer
+
+        deadline = time.monotonic() + 30
+        while True:
+            one_round(store, sshd_hosts, CONFIG, settings=settings)
+            node = next(r for r in runs_of(store, job) if r.run_id == first.run_id and r.host == "main0")
+            state = jobs_by_id(store)[job].state
+            if node.state == LOST_RUN_STATE:
+                break
+            assert time.time() - down_at < settings.host_lost_after_s + 20, "the node was never marked lost"
+            assert state == "QUEUED", state  # frozen, not placed again, while its node may run
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert node.ended_at - down_at >= settings.host_lost_after_s - 0.5, (node.ended_at, down_at)
+        assert pid_alive(first.pid)  # still alive behind the partition: its GPUs stay held
+        row = jobs_by_id(store)[job]
+        with store.session() as s:
+            kinds = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == job))]
+        if requeue:
+            assert row.state == "QUEUED", (row.state, row.end_reason)
+            one_round(store, sshd_hosts, CONFIG, settings=settings)  # main0's GPUs held by the lost node
+            assert jobs_by_id(store)[job].state == "QUEUED"
+        else:
+            assert row.state == "FAILED" and row.end_reason.startswith("lost: host main0"), (row.state, row.end_reason)
+            assert kinds.count("failed") == 1 and "requeued" not in kinds[kinds.index("lost"):], kinds
+
+        main0.start()
+        one_round(store, sshd_hosts, CONFIG, settings=settings)
+        node = next(r for r in runs_of(store, job) if r.run_id == first.run_id and r.host == "main0")
+        assert node.state == "ended" and "reaped" in node.outcome, (node.state, node.outcome)
+        time.sleep(0.3)
+        assert not live_pids(pgid=first.pid), live_pids(pgid=first.pid)
+        if requeue:
+            jobs = rounds_until(store, sshd_hosts, CONFIG, lambda jobs: jobs[job].state in ("COMPLETED", "FAILED"),
+                                timeout_s=60, settings=settings)
+            assert jobs[job].state == "COMPLETED", jobs[job].end_reason
+        else:
+            assert {r.run_id for r in runs_of(store, job)} == {first.run_id}  # no new try
+            assert jobs_by_id(store)[job].state == "FAILED"
+        check_invariants(store, [job], ledger if requeue else None)
+        ended = {w[1] for w in ledger_lines(ledger) if w[0] == "E"}
+        assert first.run_id not in ended and len(ended) == (1 if requeue else 0), ledger_lines(ledger)
+    finally:
+        if main0.process is None:
+            main0.start()
+        store.dispose()
