@@ -10,8 +10,12 @@ ends, and entries of runs found dead are dropped.
 
 from __future__ import annotations
 
+import itertools
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from lucid_core.runtime.hosts.inputs import check_run_id
 
 # the word a launch prints (then why) when the host's ledger of live runs refuses it
 CONFLICT = "CONFLICT"
@@ -70,3 +74,17 @@ def claim_entry(run_id: str, claim: LaunchClaim) -> str:
     return (f"printf '%s %s %s\\n' {shlex.quote(claim.job_id)} {shlex.quote(gpus)} "
             f"{shlex.quote(claim.partner or '-')} > \"$W\"/{CLAIMS}/{run}\n"
             "exec 9>&-")
+
+
+def conflict_holder(words: Sequence[str]) -> str | None:
+    """The run a CONFLICT line names as in the way ("... as run R", "... held by run R of job J"): the last word
+    after "run" that is a run id; None when there is none (the host's words are untrusted: nothing else is
+    taken for a run)."""
+    found = None
+    for word, after in itertools.pairwise(words):
+        if word == "run":
+            try:
+                found = check_run_id(after)
+            except ValueError:
+                continue
+    return found

@@ -16,7 +16,7 @@ from lucid_core.runtime.hosts import mps as host_mps
 from lucid_core.runtime.hosts import prune as host_prune
 from lucid_core.runtime.hosts import reads as host_reads
 from lucid_core.runtime.hosts import stop as host_stop
-from lucid_core.runtime.hosts.claims import CONFLICT, LaunchClaim
+from lucid_core.runtime.hosts.claims import CONFLICT, LaunchClaim, conflict_holder
 from lucid_core.runtime.hosts.inputs import os_user_problem
 from lucid_core.runtime.hosts.launch import REFUSED_USER, TelemetryLaunch
 
@@ -39,7 +39,12 @@ class LaunchConflict(HostCommandFailed):
 
     Not a fault of the host (no cool-down) and not one of the job's launch failures: the store's view was
     behind the host's (a stale round, a second controller), and the next round, reading again, repairs it.
+    `holder`: the live run the ledger named as in the way, when its words name one.
     """
+
+    def __init__(self, message: str, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class RunAsRefused(HostCommandFailed):
@@ -212,7 +217,8 @@ class HostExecutor:
             said = " ".join(last[1:])[-500:] or f"exit status {result.exit_status}"
             raise RunAsRefused(f"host {host.name} cannot run the job as user {run_as!r}: {said}")
         if last[:1] == [CONFLICT]:
-            raise LaunchConflict(f"host {host.name} refused run {spec.run_id}: {' '.join(last[1:])[:500]}")
+            raise LaunchConflict(f"host {host.name} refused run {spec.run_id}: {' '.join(last[1:])[:500]}",
+                                 holder=conflict_holder(last[1:]))
         if result.exit_status != 0 or not last or last[0] not in {"LAUNCHED", "EXISTS"}:
             raise HostCommandFailed(
                 f"host {host.name}: launch of {spec.run_id} failed (status {result.exit_status}): "

@@ -113,6 +113,27 @@ class LaunchSteps(RoundBase):
         self._on_host(run.host, lambda: self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
                                                            "fenced", self.settings.stop_grace_s))
 
+    def _stop_run_the_store_ended(self, host: str, holder: str) -> None:
+        """A host's ledger refused a launch for a run it still sees alive, `holder`, that the store ended (a hand
+        edit, a second controller's write): the store is the record, and that run's GPUs are free in every view
+        built from it, so the launch would be refused round after round. The run is stopped on the host, and
+        the next round's launch finds its GPUs free. A run the store does not know (another installation's on a
+        shared work directory), or still counts as active or lost, is left alone: only an ended run is stopped
+        (ended is final, so a stale read cannot mistake a live run for one)."""
+        if host not in self._hosts:
+            return
+        with self.raw_store.session() as s:
+            state = s.scalar(select(RunRow.state).where(RunRow.run_id == holder, RunRow.host == host))
+        if state != RunState.ENDED:
+            return
+        _log.warning("round %s: run %s still runs on %s though the store ended it; stopping it",
+                     self.report.round_id, holder, host)
+        status = self._on_host(host, lambda: self.executor.stop(host_address(self._hosts[host]), holder,
+                                                                "ended_in_store", self.settings.stop_grace_s))
+        if status is not None:
+            self.report.errors.append(f"run {holder} on {host} still ran though the store had ended it: stopped "
+                                      f"({status.state})")
+
     def _apply_launch(self, run: RunRow, outcome: CallResult[LaunchResult], down: set[str]) -> None:
         """Record one launch's outcome in the store: started, host down (the run stays planned), or refused."""
         error = outcome.error
@@ -124,6 +145,8 @@ class LaunchSteps(RoundBase):
             self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
             self._launch_failed(run, str(error), conflict=True)
             down.update(self._stop_started_peers(run.run_id))
+            if error.holder is not None:
+                self._stop_run_the_store_ended(run.host, error.holder)
             return
         if isinstance(error, RunAsRefused):  # the job's user cannot run there: no retry, the host stays in use
             self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
