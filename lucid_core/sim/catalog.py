@@ -217,7 +217,8 @@ class WorkloadCatalog:
             tree = _cached_tree(path)
             if tree is None:
                 tree = PackingTree().fit_catalog(self.packing_catalog())
-                _save_tree(tree, path)
+                if self.packing_tree_cache_path() == path:  # kept only if its files did not change while it was
+                    _save_tree(tree, path)                  # read for the fit: never under another content's key
             self._packing_tree = tree
         return self._packing_tree
 

@@ -180,16 +180,21 @@ def _naive(moment: datetime) -> datetime:
 def _timestamp(row: dict[str, str | None], column: str, allow_seconds: bool = False) -> datetime:
     text = _cell(row, column)
     try:
-        return _naive(datetime.fromisoformat(text))
+        moment: datetime | None = datetime.fromisoformat(text)
     except ValueError:
-        pass
-    if allow_seconds:
-        try:
-            seconds = float(text)
-        except ValueError:
-            seconds = math.nan
-        if math.isfinite(seconds) and abs(seconds) < 1e11:
-            return UNIX_EPOCH + timedelta(seconds=seconds)
+        moment = None
+    try:
+        if moment is not None:
+            return _naive(moment)  # a time zone may carry it past year 9999 or before year 1
+        if allow_seconds:
+            try:
+                seconds = float(text)
+            except ValueError:
+                seconds = math.nan
+            if math.isfinite(seconds) and abs(seconds) < 1e11:
+                return UNIX_EPOCH + timedelta(seconds=seconds)
+    except OverflowError:
+        raise _BadValue(column, text, "time out of range (years 1 to 9999, in UTC)") from None
     hint = " (want ISO 8601 or seconds)" if allow_seconds else " (want ISO 8601)"
     raise _BadValue(column, text, "unparsable time" + hint)
 
@@ -225,8 +230,12 @@ def _philly_fast(row: dict[str, str | None], line: int) -> _Row | None:
         return None
     if not (0 < duration <= MAX_DURATION_S and 1 <= gpus <= MAX_GPUS and gpus == int(gpus)):
         return None  # NaN and infinities fail these too
+    try:
+        submit = _naive(submit)
+    except OverflowError:  # a time zone carries it out of range: the careful path says so
+        return None
     cluster = (row.get("cluster") or "").strip() or "default"
-    return _Row(line, f"philly-{line:06d}", _naive(submit), duration, int(gpus), cluster, "", "", "")
+    return _Row(line, f"philly-{line:06d}", submit, duration, int(gpus), cluster, "", "", "")
 
 
 def _helios_row(row: dict[str, str | None], line: int) -> _Row | None:
@@ -382,7 +391,9 @@ def parse_trace(path: str | Path, fmt: str = "auto") -> ParsedTrace:
             raise TraceFormatError(f"{path}: the header names {repeated} more than once")
         body = handle.read()
         # an ASCII file has no byte that failed to decode: its rows skip the per-cell check
-        for parsed in _rows(io.StringIO(body), parse, problems, columns, check_encoding=not body.isascii()):
+        # newline='': rows end at \n, \r\n or a lone \r, as the header did (a file saved with \r alone had every
+        # row after the header read as one malformed line)
+        for parsed in _rows(io.StringIO(body, newline=""), parse, problems, columns, check_encoding=not body.isascii()):
             rows_read += 1
             if parsed is _BAD_ROW:
                 continue

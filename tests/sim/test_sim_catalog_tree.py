@@ -190,3 +190,35 @@ def test_a_folder_catalogs_kept_tree_is_read_without_pandas_and_a_changed_file_f
     pairs.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
     changed = run()
     assert changed[0] != fitted[0] and changed[2:] == ["True", "True"]
+
+
+def test_a_tree_fitted_while_its_catalog_changed_is_not_kept_under_the_old_files_key(tmp_path, monkeypatch):
+    """The kept tree's key is read from the files before the fit reads them again: when a file changes in between,
+    the tree (fitted on the new content) is used for this run but not kept under the old content's key."""
+    import shutil
+
+    from lucid_core.models import packing
+
+    if not (ARTIFACT / "single_data.csv").exists():
+        pytest.skip(f"the Lucid artifact's catalog not found at {ARTIFACT}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "catalog"
+    shutil.copytree(ARTIFACT, folder)
+    pairs = folder / "colocate_info.csv"
+    original = pairs.read_text()
+    load = packing.load_packing_catalog
+
+    def changed_while_read(directory):
+        lines = original.splitlines()
+        speed = lines[0].split(",").index("speed1")
+        rows = [line.split(",") for line in lines[1:]]
+        for row in rows:
+            row[speed] = f"{float(row[speed]) * 0.5:.4f}"
+        pairs.write_text("\n".join([lines[0], *(",".join(r) for r in rows)]) + "\n")
+        return load(directory)
+
+    catalog = WorkloadCatalog.from_artifact(folder)
+    key = catalog.packing_tree_cache_path()
+    monkeypatch.setattr(packing, "load_packing_catalog", changed_while_read)
+    catalog.packing_tree()
+    assert not key.exists()  # not kept under the key of the bytes it was not fitted on

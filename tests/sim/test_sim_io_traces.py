@@ -258,3 +258,26 @@ def test_philly_fast_path_reads_a_row_as_the_careful_checks_do_or_leaves_it_to_t
                     assert (fast.submit, fast.duration, fast.gpus, fast.vc) == expected, row
                     assert traces._philly_row(row, 2) == fast
     assert fast_rows > 50  # the common forms do take the fast path
+
+
+def test_times_out_of_range_and_lone_carriage_returns_are_rows_not_crashes(tmp_path):
+    """A time zone that carries a time past year 9999 (or before year 1), and seconds before year 1, are bad rows
+    named as such (they raised OverflowError out of the reader); a file whose lines end in a lone \\r is read row
+    by row (every row after the header was one malformed line)."""
+    from lucid_core.sim.traces import parse_trace
+
+    philly = tmp_path / "philly.csv"
+    philly.write_text("timestamp,duration,num_gpus\n9999-12-31T23:59:59-01:00,60,1\n"
+                      "0001-01-01T00:00:00+01:00,60,1\n2017-10-01 00:00:00,60,1\n")
+    parsed = parse_trace(philly, "philly")
+    assert len(parsed.rows) == 1 and [(p.row, p.reason) for p in parsed.problems] == [
+        (2, "time out of range (years 1 to 9999, in UTC)"), (3, "time out of range (years 1 to 9999, in UTC)")]
+    generic = tmp_path / "generic.csv"
+    generic.write_text("submit_time,duration,gpus\n-99999999999,60,1\n5,60,1\n")
+    parsed = parse_trace(generic, "generic")
+    assert len(parsed.rows) == 1 and [p.row for p in parsed.problems] == [2]
+    lone = tmp_path / "lone_cr.csv"
+    lone.write_bytes(b"timestamp,duration,num_gpus\r2017-10-01 00:00:00,60,1\r2017-10-01 00:00:01,x,2\r"
+                     b"2017-10-01 00:00:02,60,2\r")
+    parsed = parse_trace(lone, "philly")
+    assert [r.gpus for r in parsed.rows] == [1, 2] and [(p.row, p.column) for p in parsed.problems] == [(3, "duration")]
