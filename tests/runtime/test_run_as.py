@@ -8,6 +8,7 @@ Needs root (useradd, sudoers), sudo and openssh-server; skipped with the reason 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import shutil
@@ -32,12 +33,17 @@ from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.queries import logs
 from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, cancel, submit
 
-pytestmark = pytest.mark.ssh
+# every test of this module on one xdist worker (`scripts/test.sh` runs with --dist loadgroup): they share OS users
+pytestmark = [pytest.mark.ssh, pytest.mark.xdist_group("run_as")]
 
 SSHD = "/usr/sbin/sshd"
 SERVICE, USER_A, USER_B, OUTSIDER, GROUP = "lucidt-svc", "lucidt-a", "lucidt-b", "lucidt-out", "lucidt-users"
 BARE_SERVICE = "lucidt-bare"  # an SSH account with no sudoers line: its host refuses every user
 SUDOERS_DROP_IN = Path("/etc/sudoers.d/lucid-test-run-as")
+# held from making the OS users to removing them: the users are the machine's, so two pytest processes (xdist
+# workers without --dist loadgroup, two runs at once) each dropping and making them again killed the other's sshd
+# sessions and replaced its authorized key: its host stayed unreachable until its tests timed out
+USERS_LOCK = Path("/tmp/lucid-test-run-as.lock")
 # the line include/airflow/README.md documents, for this test's account and group
 SUDOERS_LINE = f"{SERVICE} ALL=(%{GROUP}) NOPASSWD: /bin/sh\n"
 TERMINAL = {s.value for s in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)}
@@ -93,57 +99,62 @@ def submitter_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Submitt
     if missing or not os.path.exists(SSHD):
         pytest.skip(f"missing {', '.join(missing + ([] if os.path.exists(SSHD) else [SSHD]))}: "
                     "apt-get install sudo openssh-server")
-    _drop_users()  # what an interrupted earlier run may have left
-    for argv in (("groupadd", GROUP),
-                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", SERVICE),
-                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", BARE_SERVICE),
-                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", "-G", GROUP, USER_A),
-                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", "-G", GROUP, USER_B),
-                 ("useradd", "-m", "-s", "/bin/sh", "-p", "*", OUTSIDER)):
-        done = _run(*argv)
-        assert done.returncode == 0, f"{argv}: {done.stderr}"
-    root = tmp_path_factory.mktemp("run_as")
-    staged = root / "sudoers"
-    staged.write_text(SUDOERS_LINE)
-    checked = _run("visudo", "-cf", str(staged))
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    shutil.copyfile(staged, SUDOERS_DROP_IN)
-    SUDOERS_DROP_IN.chmod(0o440)
-    process = None
+    lock = USERS_LOCK.open("a")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file at the end (or when this process dies)
     try:
-        service = pwd.getpwnam(SERVICE)
-        client_key = root / "client_ed25519"
-        host_key = root / "host_ed25519"
-        for key in (client_key, host_key):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-        # sshd reads authorized_keys as the user logging in: it lives in each account's home
-        for account in (service, pwd.getpwnam(BARE_SERVICE)):
-            ssh_dir = Path(account.pw_dir) / ".ssh"
-            ssh_dir.mkdir(mode=0o700)
-            (ssh_dir / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
-            for path in (ssh_dir, ssh_dir / "authorized_keys"):
-                os.chown(path, account.pw_uid, account.pw_gid)
-        port = _free_port()
-        config = root / "sshd.conf"
-        config.write_text("\n".join([
-            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}", f"PidFile {root / 'sshd.pid'}",
-            "AuthorizedKeysFile .ssh/authorized_keys", "UsePAM no", "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", f"AllowUsers {SERVICE} {BARE_SERVICE}",
-            "MaxSessions 50", "MaxStartups 50", "LogLevel ERROR", "",
-        ]))
-        known_hosts = root / "known_hosts"
-        kind, blob = Path(f"{host_key}.pub").read_text().split()[:2]
-        known_hosts.write_text(f"[127.0.0.1]:{port} {kind} {blob}\n")
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(port)
-        yield SubmitterHost(port, client_key, known_hosts, Path(service.pw_dir))
+        _drop_users()  # what an interrupted earlier run may have left
+        for argv in (("groupadd", GROUP),
+                     ("useradd", "-m", "-s", "/bin/sh", "-p", "*", SERVICE),
+                     ("useradd", "-m", "-s", "/bin/sh", "-p", "*", BARE_SERVICE),
+                     ("useradd", "-m", "-s", "/bin/sh", "-p", "*", "-G", GROUP, USER_A),
+                     ("useradd", "-m", "-s", "/bin/sh", "-p", "*", "-G", GROUP, USER_B),
+                     ("useradd", "-m", "-s", "/bin/sh", "-p", "*", OUTSIDER)):
+            done = _run(*argv)
+            assert done.returncode == 0, f"{argv}: {done.stderr}"
+        root = tmp_path_factory.mktemp("run_as")
+        staged = root / "sudoers"
+        staged.write_text(SUDOERS_LINE)
+        checked = _run("visudo", "-cf", str(staged))
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        shutil.copyfile(staged, SUDOERS_DROP_IN)
+        SUDOERS_DROP_IN.chmod(0o440)
+        process = None
+        try:
+            service = pwd.getpwnam(SERVICE)
+            client_key = root / "client_ed25519"
+            host_key = root / "host_ed25519"
+            for key in (client_key, host_key):
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+            # sshd reads authorized_keys as the user logging in: it lives in each account's home
+            for account in (service, pwd.getpwnam(BARE_SERVICE)):
+                ssh_dir = Path(account.pw_dir) / ".ssh"
+                ssh_dir.mkdir(mode=0o700)
+                (ssh_dir / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
+                for path in (ssh_dir, ssh_dir / "authorized_keys"):
+                    os.chown(path, account.pw_uid, account.pw_gid)
+            port = _free_port()
+            config = root / "sshd.conf"
+            config.write_text("\n".join([
+                f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}", f"PidFile {root / 'sshd.pid'}",
+                "AuthorizedKeysFile .ssh/authorized_keys", "UsePAM no", "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", f"AllowUsers {SERVICE} {BARE_SERVICE}",
+                "MaxSessions 50", "MaxStartups 50", "LogLevel ERROR", "",
+            ]))
+            known_hosts = root / "known_hosts"
+            kind, blob = Path(f"{host_key}.pub").read_text().split()[:2]
+            known_hosts.write_text(f"[127.0.0.1]:{port} {kind} {blob}\n")
+            Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+            process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _wait_port(port)
+            yield SubmitterHost(port, client_key, known_hosts, Path(service.pw_dir))
+        finally:
+            if process is not None:
+                process.kill()
+                process.wait(timeout=10)
+            _drop_users()
     finally:
-        if process is not None:
-            process.kill()
-            process.wait(timeout=10)
-        _drop_users()
+        lock.close()
 
 
 @pytest.fixture
@@ -167,9 +178,7 @@ CONFIG = fast_config(**{"profiler.enabled": False, "cluster.gpus_per_node": 2}) 
 
 
 def one_round(store: Store, host: SubmitterHost) -> RoundReport:
-    # 5 s to connect: on 2 loaded cores (4 test workers) a handshake took over 2 s and the round called the host
-    # unreachable until the test's deadline
-    executor = ssh_executor(str(host.known_hosts), connect_timeout_s=5, retries=1, timeout_s=20)
+    executor = ssh_executor(str(host.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
     return SchedulingRound(store, executor, CONFIG, SETTINGS).run()
 
 
