@@ -8,6 +8,7 @@ Needs root (useradd, sudoers), sudo and openssh-server; skipped with the reason 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pwd
@@ -65,13 +66,35 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def _drop_users() -> None:
-    for name in (USER_A, USER_B, OUTSIDER, SERVICE, BARE_SERVICE):
-        _run("pkill", "-KILL", "-u", name)
-    time.sleep(0.2)
-    for name in (USER_A, USER_B, OUTSIDER, SERVICE, BARE_SERVICE):
+    """Kill the test users' processes, wait until none is left (userdel refuses a busy account, and a process
+    still writing in a home keeps `userdel -r` from removing it), then remove the users, their homes and group."""
+    names = (USER_A, USER_B, OUTSIDER, SERVICE, BARE_SERVICE)
+    homes = []
+    for name in names:
+        with contextlib.suppress(KeyError):
+            homes.append(Path(pwd.getpwnam(name).pw_dir))
+    deadline = time.monotonic() + 15
+    while any(_run("pgrep", "-r", "R,S,D,T,t,W", "-u", name).returncode == 0 for name in names if _known_user(name)):
+        for name in names:
+            _run("pkill", "-KILL", "-u", name)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for name in names:
         _run("userdel", "-r", name)
+    for home in homes:  # what userdel -r could not remove (a file made while it ran)
+        if home.is_dir() and home.parent == Path("/home"):
+            shutil.rmtree(home, ignore_errors=True)
     _run("groupdel", GROUP)
     SUDOERS_DROP_IN.unlink(missing_ok=True)
+
+
+def _known_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _free_port() -> int:
