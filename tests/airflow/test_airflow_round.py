@@ -94,9 +94,11 @@ def test_round_dag_reaches_ssh_hosts_through_airflow_connections(airflow_db, luc
     store = _ssh_store(tmp_path, lucid_home, monkeypatch, sshd_hosts)
     for name in ("prof0", "main0"):
         _ssh_connection_env(monkeypatch, sshd_hosts, name)
-    job = submit(store, JobRequest("sleep 12", gpus=1, user="ann", vc="default", name="train"))
+    # 25 s: the job must outlive its 2 s profiling window until a round stops it there, and one `dag.test()` round
+    # took about 10 s on 2 loaded cores in CI (at 12 s the job once ended inside its profiling run)
+    job = submit(store, JobRequest("sleep 25", gpus=1, user="ann", vc="default", name="train"))
     dag = _dag()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 150
     while True:
         run = dag.test()
         assert str(getattr(run.state, "value", run.state)) == "success"
