@@ -119,6 +119,46 @@ def test_keep_ended_runs_days_zero_keeps_files_for_ever():
     assert RoundSettings.from_config(LucidConfig()).keep_ended_runs_s == 14 * 86400.0
 
 
+def test_another_installations_live_run_of_the_same_id_is_never_stopped(sshd_hosts, tmp_path):
+    """Run ids repeat across stores (j000001-main1 in each): a second installation sharing the host's work directory
+    runs one of the same id as a run this store ended. Its launch refusal names that run, but the live wrapper is
+    not the one this store launched (another pid), so it is left alone, said so, and keeps running."""
+    from runtime_helpers import register
+
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    ours, theirs = Store(f"sqlite:///{tmp_path / 'ours.db'}"), Store(f"sqlite:///{tmp_path / 'theirs.db'}")
+    for store in (ours, theirs):
+        register(store, sshd_hosts, tmp_path / "hosts", gpus={"main0": 2})  # one host, one work directory
+    config = fast_config(**NO_PROFILING)
+    try:
+        first = submit(ours, JobRequest("sleep 0.3", 1, "ann", "vc-a", name="ours"))
+        rounds_until(ours, sshd_hosts, config, lambda j: j[first].state == "COMPLETED")
+        (ended,) = runs_of(ours, first)
+        time.sleep(0.3)
+        assert one_round(ours, sshd_hosts, config, settings=_keep(0.1)).pruned == [ended.run_id]
+        other = submit(theirs, JobRequest("sleep 60", 2, "bob", "vc-a", name="theirs"))
+        rounds_until(theirs, sshd_hosts, config, lambda j: j[other].state == "RUNNING")
+        (live,) = runs_of(theirs, other)
+        assert (live.run_id, live.host) == (ended.run_id, ended.host) and pid_alive(live.pid)
+        submit(ours, JobRequest("sleep 0.3", 1, "ann", "vc-a", name="ours-again"))
+        errors: list[str] = []
+        for _ in range(3):
+            errors += one_round(ours, sshd_hosts, config).errors
+            time.sleep(0.3)
+        assert pid_alive(live.pid), errors
+        said = f"run {live.run_id} on {live.host} blocks a launch"
+        assert any(said in e and "left alone" in e for e in errors), errors
+    finally:
+        for store in (ours, theirs):
+            for job_id, row in jobs_by_id(store).items():
+                if row.state not in ("COMPLETED", "FAILED", "CANCELLED"):
+                    cancel(store, job_id)
+            one_round(store, sshd_hosts, config)
+            store.dispose()
+
+
 def test_the_run_a_refusal_names_is_read_from_the_hosts_words_alone():
     """The ledger's words are untrusted: only a run id after "run" is taken, the last one (a job named "run"
     does not hide it), and words that are no run id (a path, nothing) name none."""
