@@ -27,13 +27,13 @@ from lucid_core.runtime.hosts.mps import memory_limit_mb, mps_client_command
 from lucid_core.runtime.round.base import (
     TERMINAL_VALUES,
     WATCH_S,
-    RoundBase,
     _log,
     agent_source,
     call_value,
     pair_results,
     update_unsynced,
 )
+from lucid_core.runtime.round.ended_runs import EndedRunSteps
 from lucid_core.runtime.round.settings import (
     emulated_profile_from_catalog,
 )
@@ -45,7 +45,7 @@ from lucid_core.runtime.store.schema import (
 )
 
 
-class LaunchSteps(RoundBase):
+class LaunchSteps(EndedRunSteps):
     """Launch and stop steps of a round."""
 
     # ------------------------------------------------------------------ carry out pending rows
@@ -112,38 +112,6 @@ class LaunchSteps(RoundBase):
                      self.report.round_id, run.run_id, run.host, state or "no row")
         self._on_host(run.host, lambda: self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
                                                            "fenced", self.settings.stop_grace_s))
-
-    def _stop_run_the_store_ended(self, host: str, holder: str) -> None:
-        """A host's ledger refused a launch for a run it still sees alive, `holder`, that the store ended (a hand
-        edit, a second controller's write): the store is the record, and that run's GPUs are free in every view
-        built from it, so the launch would be refused round after round. When the live wrapper is the one this
-        store launched (the host's pid for the run is the stored one: run ids repeat across stores, so another
-        installation sharing the work directory may run one of the same name), the run is stopped and the next
-        round's launch finds its GPUs free. A run the store does not know, or counts as active or lost, is left
-        alone (ended is final, so a stale read cannot mistake a live run for one)."""
-        if host not in self._hosts:
-            return
-        with self.raw_store.session() as s:
-            row = s.get(RunRow, (holder, host))
-            state, launched_pid = (row.state, row.pid) if row is not None else (None, None)
-        if state != RunState.ENDED or launched_pid is None:
-            return
-        address = host_address(self._hosts[host])
-        seen = self._on_host(host, lambda: self.executor.poll(address, [holder]))
-        status = seen.get(holder) if seen else None
-        if status is None or status.state != "RUNNING" or status.pid != launched_pid:
-            self.report.errors.append(
-                f"run {holder} on {host} blocks a launch and the store ended it, but the wrapper there "
-                f"({status.state if status else 'no answer'}, pid {status.pid if status else '?'}) is not the one "
-                f"this store launched (pid {launched_pid}): left alone")
-            return
-        _log.warning("round %s: run %s still runs on %s though the store ended it; stopping it",
-                     self.report.round_id, holder, host)
-        stopped = self._on_host(host, lambda: self.executor.stop(address, holder, "ended_in_store",
-                                                                 self.settings.stop_grace_s))
-        if stopped is not None:
-            self.report.errors.append(f"run {holder} on {host} still ran though the store had ended it: stopped "
-                                      f"({stopped.state})")
 
     def _apply_launch(self, run: RunRow, outcome: CallResult[LaunchResult], down: set[str]) -> None:
         """Record one launch's outcome in the store: started, host down (the run stays planned), or refused."""
