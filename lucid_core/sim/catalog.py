@@ -227,7 +227,7 @@ class WorkloadCatalog:
         without pandas, so a run that finds its tree kept never imports it), else by its trainer form."""
         folder = self._catalog_folder()
         if folder is None:
-            return packing_tree_cache_path(self.packing_catalog())
+            return _frames_cache_path(self.packing_catalog())
         return _tree_cache_path([b"files", (folder / SINGLE_FILE).read_bytes(), (folder / COLOCATE_FILE).read_bytes()])
 
     def _catalog_folder(self) -> Path | None:
@@ -433,10 +433,11 @@ def _read_colocate(path: Path, index: dict[str, int]) -> tuple[np.ndarray, np.nd
     return sums, counts
 
 
-def packing_tree_cache_path(catalog: PackingCatalog) -> Path:
-    """Where the tree fitted on `catalog` is kept between runs: keyed by the catalog's profiles and pairs and
-    by the trainer's source, so a changed catalog or trainer fits anew (a fit is deterministic: the kept tree
-    is the one a fit would give). Under $XDG_CACHE_HOME (default ~/.cache)/lucid/packing-trees."""
+def _frames_cache_path(catalog: PackingCatalog) -> Path:
+    """Where the tree fitted on `catalog` (a synthetic catalog's trainer form) is kept between runs: keyed by its
+    profiles and pairs and by the trainer's source, so a changed catalog or trainer fits anew (a fit is
+    deterministic: the kept tree is the one a fit would give). Under $XDG_CACHE_HOME (default
+    ~/.cache)/lucid/packing-trees."""
     return _tree_cache_path([b"frames", catalog.profiles.to_csv(index=False).encode(),
                              catalog.pairs.to_csv(index=False).encode()])
 

@@ -112,6 +112,28 @@ class HostDiesOnLaunchFailure(SchedulingRound):
         return super()._launch_failed(run, why, final)
 
 
+def start_wide_job_whose_first_host_dies(store: Store, sshd_hosts, tmp_path, body: str, settings):
+    """Submit a 4-GPU job over main0 and main1 whose launch main1 refuses (its work directory is a file) while
+    main0, whose node started, stops answering: returns (job, ledger, the blocking file, main0's node), that
+    node still running with stop reason peer_ended and its process alive behind the dead sshd."""
+    main0 = sshd_hosts.hosts["main0"]
+    workroot = tmp_path / "hosts"
+    workroot.mkdir()
+    register(store, sshd_hosts, workroot)
+    blocker = workroot / "main1"
+    blocker.write_text("not a directory\n")
+    ledger = tmp_path / "ledger"
+    job = submit(store, JobRequest(ledger_command(ledger, body), 4, "alice", "vc-a", name="wide"))
+    executor = ssh_executor(str(sshd_hosts.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
+    report = HostDiesOnLaunchFailure(store, executor, CONFIG, settings, host=main0).run()
+    assert main0.process is None, "main1's launch did not fail: the fault was not injected"
+    assert job in report.requeued and "main0" in report.unreachable, report
+    first = next(r for r in runs_of(store, job) if r.host == "main0")
+    assert (first.state, first.stop_reason) == ("running", "peer_ended"), (first.state, first.outcome)
+    assert pid_alive(first.pid), "the node stopped without its host: the test no longer covers an unreachable one"
+    return job, ledger, blocker, first
+
+
 def test_a_started_node_whose_host_does_not_answer_the_stop_stays_stopping_until_it_does(sshd_hosts, tmp_path):
     """main1 refuses the launch and main0, whose node started, is unreachable for the stop: the node is not
     marked ended while it may still run, the job is not placed again meanwhile, and the first round that
@@ -119,23 +141,10 @@ def test_a_started_node_whose_host_does_not_answer_the_stop_stays_stopping_until
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     main0 = sshd_hosts.hosts["main0"]
     try:
-        workroot = tmp_path / "hosts"
-        workroot.mkdir()
-        register(store, sshd_hosts, workroot)
-        blocker = workroot / "main1"
-        blocker.write_text("not a directory\n")
-        ledger = tmp_path / "ledger"
-        job = submit(store, JobRequest(ledger_command(ledger, "sleep 8"), 4, "alice", "vc-a", name="wide"))
-
-        executor = ssh_executor(str(sshd_hosts.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
-        report = HostDiesOnLaunchFailure(store, executor, CONFIG, WIDE_SETTINGS, host=main0).run()
-        assert main0.process is None, "main1's launch did not fail: the fault was not injected"
-        assert job in report.requeued and "main0" in report.unreachable, report
+        job, ledger, blocker, first = start_wide_job_whose_first_host_dies(store, sshd_hosts, tmp_path, "sleep 8",
+                                                                          WIDE_SETTINGS)
         runs = {r.host: r for r in runs_of(store, job)}
         assert runs["main1"].node_rank == 1, "main0 was not launched first: this test no longer covers the stop"
-        first = runs["main0"]
-        assert (first.state, first.stop_reason) == ("running", "peer_ended"), (first.state, first.outcome)
-        assert pid_alive(first.pid), "the node stopped without its host: the test no longer covers an unreachable one"
 
         one_round(store, sshd_hosts, CONFIG, settings=WIDE_SETTINGS)  # main0 still down: nothing may change
         assert [(r.host, r.state) for r in runs_of(store, job)] == [("main0", "running"), ("main1", "ended")]
@@ -199,22 +208,9 @@ def test_a_started_node_whose_host_never_answers_the_stop_is_lost_after_the_time
     main0 = sshd_hosts.hosts["main0"]
     settings = replace(WIDE_SETTINGS, host_lost_after_s=2.0, requeue_lost=requeue)
     try:
-        workroot = tmp_path / "hosts"
-        workroot.mkdir()
-        register(store, sshd_hosts, workroot)
-        blocker = workroot / "main1"
-        blocker.write_text("not a directory\n")
-        ledger = tmp_path / "ledger"
-        job = submit(store, JobRequest(ledger_command(ledger, "sleep 12"), 4, "alice", "vc-a", name="wide"))
-
-        executor = ssh_executor(str(sshd_hosts.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
-        report = HostDiesOnLaunchFailure(store, executor, CONFIG, settings, host=main0).run()
+        job, ledger, blocker, first = start_wide_job_whose_first_host_dies(store, sshd_hosts, tmp_path, "sleep 12",
+                                                                          settings)
         down_at = time.time()
-        assert main0.process is None, "main1's launch did not fail: the fault was not injected"
-        assert job in report.requeued and "main0" in report.unreachable, report
-        first = next(r for r in runs_of(store, job) if r.host == "main0")
-        assert (first.state, first.stop_reason) == ("running", "peer_ended"), (first.state, first.outcome)
-        assert pid_alive(first.pid), "the node stopped without its host: the test no longer covers an unreachable one"
         blocker.unlink()  # main1 could take the job now; main0 cannot answer
 
         deadline = time.monotonic() + 30
