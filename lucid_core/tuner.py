@@ -47,6 +47,9 @@ CADENCE_REFRESH_S = {"daily": 86400.0, "weekly": 7 * 86400.0, "never": math.inf}
 #: The longest stored run the tuner replays, in seconds: the Update Engine's job-log suite (include/gx/job_log.json,
 #: column "duration") refuses longer ones too, so such a row is a corrupt one, not a job.
 MAX_RUN_S = 30 * 86400.0
+#: The longest stored wait (start - submit) the tuner replays: a sweep replays days of history, so a year's wait
+#: is a corrupt submit time (one at -1e300 moved the replay clock's origin and every other job to 1e300 s).
+MAX_WAIT_S = 365 * 86400.0
 #: Why `records_from_jobs` leaves a stored job out as odd, in words for the report.
 ODD_JOBS_REASON = "non-finite or impossible times or GPU counts"
 
@@ -742,11 +745,14 @@ def _gpu_count(value: Any) -> int | None:
 
 def _replayable(job: Mapping[str, Any]) -> tuple[float, float, int] | None:
     """A finished stored job's submit time, run length and GPU count; None when the row is odd (a hand edit,
-    another controller): a time not a finite number, an end before the start, a run over MAX_RUN_S, or gpus
-    not a positive integer. One such row failed, or made meaningless, every configuration of a sweep."""
+    another controller): a time not a finite number, a start before the submit (the job-log suite refuses it
+    too) or a wait over MAX_WAIT_S, an end before the start, a run over MAX_RUN_S, or gpus not a positive
+    integer. One such row failed, or made meaningless, every configuration of a sweep."""
     submit, start, end = (saved_float(job.get(k)) for k in ("submit_time", "start_time", "end_time"))
     gpus = _gpu_count(job.get("gpus"))
-    if submit is None or start is None or end is None or gpus is None or not 0 <= end - start <= MAX_RUN_S:
+    if submit is None or start is None or end is None or gpus is None:
+        return None
+    if not (0 <= start - submit <= MAX_WAIT_S and 0 <= end - start <= MAX_RUN_S):
         return None
     return submit, end - start, gpus
 

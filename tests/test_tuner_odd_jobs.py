@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from lucid_core.tuner import MAX_RUN_S, ConfigResult, TunerSettings, records_from_jobs, run_configuration, write_report
+from lucid_core.tuner import (
+    MAX_RUN_S,
+    MAX_WAIT_S,
+    ConfigResult,
+    TunerSettings,
+    records_from_jobs,
+    run_configuration,
+    write_report,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 NORMAL = 20
@@ -38,6 +46,9 @@ ODD_ROWS = {
     "end 1e300": {"end_time": 1e300},
     "run a second over 30 days": {"start_time": 1010.0, "end_time": 1010.0 + MAX_RUN_S + 1},
     "end before start": {"end_time": 900.0},
+    "start before submit": {"start_time": 990.0},
+    "submit -1e300": {"submit_time": -1e300},
+    "a wait a second over a year": {"submit_time": 1010.0 - MAX_WAIT_S - 1},
     "end not a number": {"end_time": "soon"},
     "gpus 0": {"gpus": 0},
     "gpus -4": {"gpus": -4},
@@ -72,6 +83,16 @@ def test_good_edge_rows_are_kept_and_unfinished_ones_are_not_odd():
     assert [(r.job_id, r.duration, r.gpus) for r in records] == [("j00", MAX_RUN_S, 1), ("j01", 1.0, 2),
                                                                   ("j02", 590 + 74, 2)]
     assert records.odd_jobs == 0
+
+
+def test_a_wait_of_zero_and_of_exactly_a_year_are_replayed():
+    """The wait bounds are inclusive: a job started the second it was submitted, and one that waited exactly
+    MAX_WAIT_S (which then sets the replay clock's origin, a year before the others)."""
+    rows = [_row(0, start_time=1000.0), _row(1, submit_time=1070.0 - MAX_WAIT_S), _row(2)]
+    records = records_from_jobs(rows)
+    assert records.odd_jobs == 0
+    assert [(r.job_id, r.submit_time) for r in records] == [("j01", 0.0), ("j00", MAX_WAIT_S - 70.0),
+                                                            ("j02", MAX_WAIT_S + 50.0)]
 
 
 def test_the_job_log_suite_and_the_tuner_share_the_30_day_limit():
