@@ -5,8 +5,9 @@ The store is built with bulk inserts (no scheduling): `--jobs` jobs of which `--
 those run, on emulated runs, paired two by two) and the rest have ended. On SQLite in a temporary folder, and on
 PostgreSQL (a private database created on `--pg` and dropped after) when that server answers.
 
-Also timed: `lucid --help`, and the floors under any command that reads the store: the interpreter alone, and
-the interpreter importing SQLAlchemy's ORM with the store's table mappings (`lucid_core.runtime.store.schema`).
+Also timed: `lucid --help`, and the floors: the interpreter alone, and the interpreter importing SQLAlchemy's ORM
+with the store's table mappings (`lucid_core.runtime.store.schema`), the floor of a read through the ORM, which
+the three commands skip on a store at the packaged schema (`plain_read`).
 With `--baseline DIR` (e.g. a `git worktree add /tmp/base HEAD`), that checkout's `lucid_core` is timed too.
 
     .venv/bin/python benchmarks/bench_cli.py [--jobs 10000] [--active 2000] [--repeat 5]
@@ -142,8 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.jobs} jobs ({args.active} waiting or running); "
           f"process wall, median of {args.repeat} runs after one warm-up; target {TARGET_S} s\n")
     without_store = [("python -c pass (floor)", [sys.executable, "-c", "pass"], REPO),
-                     ("import sqlalchemy.orm (floor)", [sys.executable, "-c", "import sqlalchemy.orm"], REPO),
-                     ("+ the store's tables (floor)",
+                     ("import sqlalchemy.orm (ORM floor)", [sys.executable, "-c", "import sqlalchemy.orm"], REPO),
+                     ("+ the store's tables (ORM floor)",
                       [sys.executable, "-c", "import lucid_core.runtime.store.schema"], REPO),
                      *((f"lucid --help{suffix}", lucid("--help"), checkout) for suffix, checkout in checkouts.items())]
     for label, command, cwd in without_store:

@@ -339,13 +339,19 @@ def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 def expected_errors() -> tuple[type[BaseException], ...]:
     """Errors a user's input or the fleet can cause: said in one line with exit 2, never as a traceback."""
+    import sqlite3
+
     from sqlalchemy.exc import ArgumentError, OperationalError
 
     from lucid_core.runtime.hosts.executor import HostCommandFailed, HostUnreachable
 
-    # ImportError: a store URL naming a database driver that is not installed
+    # ImportError: a store URL naming a database driver that is not installed; the drivers' own errors: a store
+    # read without SQLAlchemy (`plain_read`) that cannot be reached or read
+    drivers: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    if "psycopg2" in sys.modules:
+        drivers += (sys.modules["psycopg2"].Error,)
     return (ConfigError, ValueError, LookupError, OSError, HostUnreachable, HostCommandFailed, OperationalError,
-            ArgumentError, ImportError)
+            ArgumentError, ImportError, *drivers)
 
 
 def error_line(exc: BaseException) -> str:

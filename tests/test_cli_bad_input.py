@@ -44,7 +44,7 @@ def _bad_inputs(tmp) -> dict[str, list[str]]:
         "explain": ["explain", *store, "nope"],
         "eta": ["eta", *store, "nope"],
         "logs": ["logs", *store, "nope"],
-        "queue": ["queue", "--store", "nosuchdialect://x"],
+        "queue": ["queue", "--store", "postgresql://nobody@127.0.0.1:1/none"],  # read by psycopg2 alone
         "history": ["history", *store, "--since", "yesterday"],
         "hosts add": ["hosts", "add", "gpu-a", *store, "--address", "gpu-a.invalid", "--known-hosts",
                       str(tmp / "known_hosts")],

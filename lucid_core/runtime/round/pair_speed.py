@@ -8,11 +8,11 @@ estimated speed to the binder, which splits pairs below `binder.unstable_speed`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from lucid_core.domain import RunState
 from lucid_core.runtime.hosts.telemetry import SPEED_READ_BYTES, SpeedEstimate, estimate_shared_speed, parse_samples
+from lucid_core.runtime.round.pairs import mutual_pairs
 from lucid_core.runtime.round.snapshot import Snapshot
 from lucid_core.runtime.store.schema import RunRow
 
@@ -35,14 +35,6 @@ class PairObservation:
 
     estimates: dict[str, SpeedEstimate]
     reports: list[tuple[str, float]]
-
-
-def mutual_pairs(runs: Iterable[RunRow]) -> list[tuple[RunRow, RunRow]]:
-    """Rank-0 main runs of two jobs sharing GPUs now: both running, each naming the other; each pair
-    once (lower job id first)."""
-    main = {r.job_id: r for r in runs if r.kind == "main" and r.node_rank == 0 and r.state == RunState.RUNNING}
-    return [(run, main[run.partner]) for job_id, run in sorted(main.items())
-            if run.partner in main and main[run.partner].partner == job_id and job_id < run.partner]
 
 
 def running_pairs(snapshot: Snapshot) -> list[tuple[RunRow, RunRow]]:

@@ -6,9 +6,6 @@ SQLite under LUCID_HOME by default (one file, WAL journal); PostgreSQL by URL fo
 from __future__ import annotations
 
 import copy
-import functools
-import os
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,24 +14,14 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from lucid_core.config import lucid_home
 from lucid_core.runtime.store.db_clock import database_clock, database_now, database_time
 from lucid_core.runtime.store.fencing import install_fence
+from lucid_core.runtime.store.location import default_store_url
 from lucid_core.runtime.store.schema import ModelVersionRow, SchedulerStateRow
+from lucid_core.runtime.store.schema_head import MIGRATIONS_DIR, packaged_head
 
 if TYPE_CHECKING:  # Alembic is imported only to migrate: a store already at the head opens without it
     from alembic.config import Config
-
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-
-
-def default_store_url(env: dict[str, str] | None = None) -> str:
-    """LUCID_STORE_URL when set, else a SQLite file in LUCID_HOME."""
-    env = dict(os.environ) if env is None else env
-    if env.get("LUCID_STORE_URL"):
-        return env["LUCID_STORE_URL"]
-    return f"sqlite:///{lucid_home(env) / 'lucid.db'}"
-
 
 def with_installed_driver(url: str) -> str:
     """A bare `postgresql://` URL names no driver, and SQLAlchemy then assumes psycopg 3; the project installs
@@ -48,28 +35,6 @@ def with_installed_driver(url: str) -> str:
         if importlib.util.find_spec(module) is not None:
             return f"postgresql+{driver}://{rest}"
     return url
-
-
-_REVISION_LINE = re.compile(r"""^(revision|down_revision)\s*(?::[^=]*)?=\s*(None|'(\w+)'|"(\w+)")\s*$""", re.M)
-
-
-@functools.cache
-def packaged_head() -> str | None:
-    """The head revision of the packaged migrations, read from their `revision` and `down_revision` lines
-    without importing Alembic; None when the files do not read as one simple chain (`migrate` then asks Alembic)."""
-    revisions: set[str] = set()
-    parents: set[str] = set()
-    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
-        if path.name.startswith(("__init__", ".#")):  # what Alembic skips too
-            continue
-        found = {key: a or b or None for key, _, a, b in _REVISION_LINE.findall(path.read_text(encoding="utf-8"))}
-        if not found.get("revision") or "down_revision" not in found:
-            return None
-        revisions.add(found["revision"])  # type: ignore[arg-type]
-        if found["down_revision"]:
-            parents.add(found["down_revision"])  # type: ignore[arg-type]
-    heads = revisions - parents
-    return heads.pop() if len(heads) == 1 and parents <= revisions else None
 
 
 def _alembic_config(connection: sa.Connection) -> Config:

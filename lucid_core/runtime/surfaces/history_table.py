@@ -54,7 +54,7 @@ def parse_since(text: str, now: float) -> float:
 
 def history_columns(text: str | None) -> list[str]:
     """`--format` as history fields (case-insensitive, sacct names accepted); an error naming the bad one."""
-    from lucid_core.runtime.surfaces.queries import HISTORY_DEFAULT_FIELDS
+    from lucid_core.runtime.surfaces.job_views import HISTORY_DEFAULT_FIELDS
 
     if not text:
         return list(HISTORY_DEFAULT_FIELDS)

@@ -1,11 +1,12 @@
 """The read side of the store: every view the CLI, the HTTP API and the plugin's pages show (queue, job
 status and history, logs, the GPU map, model versions), and what the Update Engine reads (the finished-job
-log, a promoted version's drift reference), is a query here; the round and the store write."""
+log, a promoted version's drift reference), is a query here; the round and the store write. `lucid queue`,
+`status` and `history` read the same rows through `plain_views` (no SQLAlchemy to import), shaped by the same
+`job_views`."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -13,29 +14,27 @@ from sqlalchemy.orm import Session
 
 from lucid_core.domain import TERMINAL_STATES, JobState, RunState
 from lucid_core.runtime.store.schema import DecisionRow, GpuRow, HostRow, JobEventRow, JobRow, ModelVersionRow, RunRow
-from lucid_core.runtime.surfaces.shared_time import shared_spans, shared_words
-from lucid_core.runtime.surfaces.submission import UNSTORABLE, UnknownJob, storable
+from lucid_core.runtime.surfaces.job_views import (  # noqa: F401  (re-exported: the names readers import from here)
+    ACTIVE_STATES,
+    HISTORY_DEFAULT_FIELDS,
+    HISTORY_FIELDS,
+    MAX_HISTORY_ROWS,
+    HistoryPage,
+    HistoryQuery,
+    SharedSpeed,
+    UnknownJob,
+    history_row,
+    queue_rows,
+    shares_now,
+    speeds_of_pairs,
+    status_view,
+    storable,
+)
+from lucid_core.runtime.surfaces.shared_time import shared_spans
 
 if TYPE_CHECKING:  # imported where used: `lucid queue`, `status` and `history` start without the fleet and the round
     from lucid_core.runtime.hosts.executor import HostExecutor
     from lucid_core.runtime.store.store import Store
-
-_STATE_ORDER = {JobState.RUNNING.value: 0, JobState.PROFILING.value: 1, JobState.QUEUED.value: 2,
-                JobState.SUBMITTED.value: 3}
-
-
-@dataclass(frozen=True)
-class SharedSpeed:
-    """A running job sharing its GPUs with a running partner, and the speed the round last measured
-    for it there (relative to running alone; None until the pair has settled and been measured)."""
-
-    job_id: str
-    partner: str
-    vc: str
-    speed: float | None
-    measured_at: float | None
-    samples: int | None
-    emulated: bool | None
 
 
 def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[str, SharedSpeed]:
@@ -44,46 +43,17 @@ def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[st
     A stored speed belongs to the current pair: a new partner clears it (round.py), and a run whose
     partner has ended is not listed, so what is shown is never a past pair's figure.
     """
-    from lucid_core.runtime.round.pair_speed import mutual_pairs
-
     query = (select(RunRow, JobRow.vc).join(JobRow, JobRow.job_id == RunRow.job_id)
              .where(RunRow.kind == "main", RunRow.node_rank == 0, RunRow.state == RunState.RUNNING,
                     RunRow.partner.is_not(None)))
-    rows = session.execute(query).all()
-    vc_of = {run.job_id: vc for run, vc in rows}
-    out = {}
-    for pair in mutual_pairs(run for run, _ in rows):
-        for run, other in (pair, pair[::-1]):
-            if job_ids is None or run.job_id in job_ids:
-                out[run.job_id] = SharedSpeed(run.job_id, other.job_id, vc_of[run.job_id], run.observed_speed,
-                                              run.observed_speed_at, run.observed_speed_samples,
-                                              run.observed_speed_emulated)
-    return out
-
-
-def _number_or_zero(value: Any) -> int:
-    """A stored position for sorting; anything but an int (NULL, or text a hand edit stored) sorts first."""
-    return value if type(value) is int else 0
+    return speeds_of_pairs([tuple(row) for row in session.execute(query).all()], job_ids)
 
 
 def queue(store: Store, *, priority_in_reason: bool = True) -> list[dict[str, Any]]:
-    """Waiting and running jobs: running first, then each queue in the policy's order. Without
-    `priority_in_reason`, the pending reason leaves the priority out (`lucid queue` prints it in a column)."""
-    from lucid_core.runtime.round.pending import describe_pending  # with the policy's modules: not for `history`
-
-    active = [s.value for s in JobState if s not in TERMINAL_STATES]
+    """Waiting and running jobs in `queue_rows`' order and words."""
     with store.session() as s:
-        rows = s.scalars(select(JobRow).where(JobRow.state.in_(active))).all()
-    rows = sorted(rows, key=lambda r: (_STATE_ORDER.get(r.state, 9), _number_or_zero(r.queue_position),
-                                       _number_or_zero(r.seq)))
-    return [{"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
-             "position": r.queue_position, "predicted_duration_s": r.predicted_duration,
-             "priority_gpu_s": r.gpus * r.predicted_duration if isinstance(r.predicted_duration, float | int) else None,
-             "share_class": r.share_class,
-             "pending_reason": describe_pending(r.state, r.queue_position, r.pending_reason, r.gpus,
-                                                r.predicted_duration if priority_in_reason else None),
-             "submit_time": r.submit_time}
-            for r in rows]
+        rows = s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE_STATES))).all()
+    return queue_rows(rows, priority_in_reason=priority_in_reason)
 
 
 def _job_row(session: Session, job_id: str) -> JobRow:
@@ -96,28 +66,15 @@ def _job_row(session: Session, job_id: str) -> JobRow:
 
 
 def status(store: Store, job_id: str) -> dict[str, Any]:
-    """A job's row and runs, its pending reason in words, and its measured speed while it shares GPUs."""
-    from lucid_core.runtime.round.pending import pending_text
-
+    """A job's row and runs, its pending reason in words, and its measured speed while it shares GPUs
+    (`status_view`)."""
     now = store.now()
     with store.session() as s:
-        r = _job_row(s, job_id)
+        job = _job_row(s, job_id)
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
-        pairs = any(x.state == RunState.RUNNING and x.partner is not None for x in runs)
-        shared = shared_speeds(s, [job_id]).get(job_id) if pairs else None
+        shared = shared_speeds(s, [job_id]).get(job_id) if shares_now(runs) else None
         spans = shared_spans(s, now, [job_id]).get(job_id, [])
-        planned = next((x.partner for x in reversed(runs) if x.partner), None)
-    return {"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
-            "command": r.command, "submit_time": r.submit_time, "start_time": r.start_time, "end_time": r.end_time,
-            "exit_code": r.exit_code, "end_reason": r.end_reason, "ended_in_profiling": r.ended_in_profiling,
-            "cancel_requested": r.cancel_requested, "pending_reason": pending_text(r),
-            "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
-                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome} for x in runs],
-            # the speed measured while it shares GPUs with `partner` (null: running alone or not yet measured)
-            "shared": asdict(shared) if shared is not None else None,
-            # when it really shared a GPU, from the run records (a planned partner that never ran beside it: none)
-            "shared_spans": [{**asdict(x), "seconds": x.seconds} for x in spans],
-            "sharing": shared_words(spans, planned, r.state in {x.value for x in TERMINAL_STATES})}
+    return status_view(job, runs, shared, spans)
 
 
 def latest_run(store: Store, job_id: str) -> tuple[RunRow, HostRow] | None:
@@ -149,74 +106,11 @@ def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdou
         executor.close()
 
 
-#: What `history` can show per job, and the columns `lucid history` prints by default.
-HISTORY_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
-                  "queued_s", "elapsed_s", "exit_code", "end_reason", "ended_in_profiling")
-HISTORY_DEFAULT_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "end_time", "elapsed_s", "exit_code")
-#: The largest history limit and offset: more jobs than any store holds, and within the stores' 64-bit integers.
-MAX_HISTORY_ROWS = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class HistoryQuery:
-    """Which finished jobs to list: by user, VC, end state and end time, newest first, one page."""
-
-    user: str | None = None
-    vc: str | None = None
-    states: tuple[str, ...] = ()
-    since: float | None = None
-    until: float | None = None
-    limit: int = 50
-    offset: int = 0
-
-    def __post_init__(self) -> None:
-        problem = self._states_problem() or self._page_problem() or self._filter_problem()
-        if problem:
-            raise ValueError(problem)
-
-    def _states_problem(self) -> str | None:
-        """Why `states` holds a state that is not a finished one (None when all are)."""
-        terminal = {s.value for s in TERMINAL_STATES}
-        unknown = [s for s in self.states if s not in terminal]
-        if unknown:
-            return f"state {', '.join(unknown)} is not a finished state; use {', '.join(sorted(terminal))}"
-        return None
-
-    def _page_problem(self) -> str | None:
-        """Why `limit` or `offset` is out of range (a huge one overflows the stores' integers: a 500)."""
-        if self.limit < 1 or self.offset < 0:
-            return f"limit must be >= 1 and offset >= 0, got {self.limit} and {self.offset}"
-        for name in ("limit", "offset"):
-            if getattr(self, name) > MAX_HISTORY_ROWS:
-                return f"{name} must be at most {MAX_HISTORY_ROWS}, got {getattr(self, name)}"
-        return None
-
-    def _filter_problem(self) -> str | None:
-        """Why a user, VC or time filter is no value a stored job could have (NUL text; a NaN or infinite time)."""
-        for name in ("user", "vc"):
-            value = getattr(self, name)
-            if value is not None and not storable(value):
-                return f"{name} {UNSTORABLE}, got {value!r}"
-        for name in ("since", "until"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                return f"{name} must be a finite time (epoch seconds), got {value}"
-        return None
-
-
-@dataclass(frozen=True)
-class HistoryPage:
-    rows: list[dict[str, Any]]
-    total: int
-    query: HistoryQuery
-
-
 def history(session: Session, query: HistoryQuery) -> HistoryPage:
     """Finished, failed and cancelled jobs matching `query`, latest end first (the web page and `lucid history`)."""
     from sqlalchemy import func
 
-    states = list(query.states) or [s.value for s in TERMINAL_STATES]
-    where = [JobRow.state.in_(states)]
+    where = [JobRow.state.in_(query.states_listed())]
     if query.user:
         where.append(JobRow.user == query.user)
     if query.vc:
@@ -228,13 +122,7 @@ def history(session: Session, query: HistoryQuery) -> HistoryPage:
     total = session.scalar(select(func.count()).select_from(JobRow).where(*where)) or 0
     jobs = session.scalars(select(JobRow).where(*where).order_by(JobRow.end_time.desc(), JobRow.seq.desc())
                            .limit(query.limit).offset(query.offset)).all()
-    rows = [{"job_id": j.job_id, "name": j.name, "user": j.user, "vc": j.vc, "gpus": j.gpus, "state": j.state,
-             "submit_time": j.submit_time, "start_time": j.start_time, "end_time": j.end_time,
-             "queued_s": None if j.start_time is None else max(0.0, j.start_time - j.submit_time),
-             "elapsed_s": None if j.start_time is None or j.end_time is None else max(0.0, j.end_time - j.start_time),
-             "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling}
-            for j in jobs]
-    return HistoryPage(rows, int(total), query)
+    return HistoryPage([history_row(j) for j in jobs], int(total), query)
 
 
 def waiting(store: Store) -> list[dict[str, Any]]:

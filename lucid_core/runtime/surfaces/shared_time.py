@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import or_, select
-from sqlalchemy.orm import Session
-
-from lucid_core.runtime.store.schema import RunRow
 from lucid_core.units import duration_words
+
+if TYPE_CHECKING:  # SQLAlchemy only where a session is read: `lucid status` reads without it (plain_views)
+    from sqlalchemy.orm import Session
+
+    from lucid_core.runtime.store.schema import RunRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,18 +82,29 @@ def spans_of_runs(runs: Iterable[RunRow], now: float) -> list[SharedSpan]:
     return sorted(out, key=lambda x: (x.start, x.job_id))
 
 
+def spans_by_job(runs: Iterable[Any], now: float, job_ids: Sequence[str] | None = None,
+                 ) -> dict[str, list[SharedSpan]]:
+    """The spans each job (of `job_ids`, or all) really shared a GPU, from `runs`: the started runs of those
+    jobs, of the jobs they name as partner, and of the jobs naming them."""
+    out: dict[str, list[SharedSpan]] = {}
+    for span in spans_of_runs(runs, now):
+        if job_ids is None or span.job_id in job_ids:
+            out.setdefault(span.job_id, []).append(span)
+    return out
+
+
 def shared_spans(session: Session, now: float, job_ids: Sequence[str] | None = None) -> dict[str, list[SharedSpan]]:
     """The spans each job (of `job_ids`, or all) really shared a GPU, from the run records."""
+    from sqlalchemy import or_, select
+
+    from lucid_core.runtime.store.schema import RunRow
+
     query = select(RunRow).where(RunRow.started_at.is_not(None))
     if job_ids is not None:
         wanted = list(job_ids)
         partners = select(RunRow.partner).where(RunRow.job_id.in_(wanted), RunRow.partner.is_not(None))
         query = query.where(or_(RunRow.job_id.in_(wanted), RunRow.partner.in_(wanted), RunRow.job_id.in_(partners)))
-    out: dict[str, list[SharedSpan]] = {}
-    for span in spans_of_runs(session.scalars(query), now):
-        if job_ids is None or span.job_id in job_ids:
-            out.setdefault(span.job_id, []).append(span)
-    return out
+    return spans_by_job(session.scalars(query), now, job_ids)
 
 
 def shared_pairs(session: Session, now: float) -> dict[tuple[str, str], float]:

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from lucid_core.domain import TERMINAL_STATES, JobState
 from lucid_core.runtime.hosts.inputs import ENV_NAME_PATTERN
 from lucid_core.runtime.store.schema import HostRow, JobEventRow, JobRow
+from lucid_core.runtime.surfaces.job_views import UNSTORABLE, UnknownJob, storable
 
 if TYPE_CHECKING:  # the queries read `UnknownJob` from here: they start faster without the fleet's modules
     from lucid_core.runtime.store.store import Store
@@ -36,11 +37,6 @@ class SubmissionError(ValueError):
     def __init__(self, errors: Mapping[str, str]) -> None:
         self.errors = dict(errors)
         super().__init__("; ".join(f"{k}: {v}" for k, v in self.errors.items()))
-
-
-class UnknownJob(KeyError):
-    def __str__(self) -> str:
-        return f"no job {self.args[0]!r}"
 
 
 @dataclass(frozen=True)
@@ -80,21 +76,6 @@ def vc_capacity(store: Store) -> dict[str, int]:
             .where(HostRow.pool == "main")
             .group_by(HostRow.vc)).all()
     return {vc: int(n) for vc, n in rows}
-
-
-UNSTORABLE = "must be UTF-8 encodable text without NUL characters"
-
-
-def storable(text: str) -> bool:
-    """True when a store (SQLite or PostgreSQL) and a host shell can take the text as given; a job id, user
-    or VC failing it can name no stored job (PostgreSQL refuses such text even in a query: a 500)."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def control_character_problem(text: str) -> str | None:

@@ -6,14 +6,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lucid_core.config import LucidConfig, load_live_config
 
 if TYPE_CHECKING:
     from lucid_core.runtime.hosts.executor import HostExecutor
+    from lucid_core.runtime.store.plain_read import PlainReader
     from lucid_core.runtime.store.store import Store
+
+Answer = TypeVar("Answer")
 
 
 def store_of(args: argparse.Namespace) -> Store:
@@ -28,6 +32,20 @@ def store_of(args: argparse.Namespace) -> Store:
     if new is not None:
         args.new_store = new
     return store
+
+
+def read_store(args: argparse.Namespace, plain: Callable[[PlainReader], Answer],
+               full: Callable[[Store], Answer]) -> Answer:
+    """A read-only answer: `plain` on a plain read of the store (`plain_read`: no SQLAlchemy, a tenth of the
+    time) when it is an existing store at the packaged schema, else `full` on the opened (and migrated) store."""
+    from lucid_core.runtime.store.location import default_store_url
+    from lucid_core.runtime.store.plain_read import open_plain_reader
+
+    reader = open_plain_reader(args.store_url or default_store_url())
+    if reader is None:
+        return full(store_of(args))
+    with reader:
+        return plain(reader)
 
 
 def new_store_note(args: argparse.Namespace) -> str | None:

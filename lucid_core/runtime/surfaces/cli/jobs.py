@@ -17,6 +17,7 @@ from lucid_core.runtime.surfaces.cli.context import (
     config_of,
     emit,
     executor_of,
+    read_store,
     refuse,
     store_of,
 )
@@ -97,9 +98,15 @@ def _cut(text: str, width: int) -> str:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.surfaces.queries import queue
+    from lucid_core.runtime.surfaces import plain_views
 
-    rows = queue(store_of(args), priority_in_reason=args.as_json)  # the text has a PRIORITY column
+    def full(store: Store) -> list[dict[str, Any]]:
+        from lucid_core.runtime.surfaces.queries import queue
+
+        return queue(store, priority_in_reason=args.as_json)
+
+    rows = read_store(args, lambda reader: plain_views.queue(reader, priority_in_reason=args.as_json), full)
+    # the text has a PRIORITY column: its reasons leave the priority out
     lines = [f"{'JOB':<10} {'NAME':<24} {'USER':<10} {'VC':<10} {'STATE':<10} {'POS':>4} {'GPUS':>4} "
              f"{'PRED':>9} {'PRIORITY':>12}  REASON"]
     for r in rows:
@@ -120,19 +127,29 @@ def _duration(seconds: float | None) -> str:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.surfaces.queries import HistoryQuery, history
+    from lucid_core.runtime.surfaces import plain_views
+    from lucid_core.runtime.surfaces.job_views import HistoryPage, HistoryQuery
 
-    store = store_of(args)
-    now = store.now()
     states = tuple(STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
                    for s in (args.state or "").split(",") if s.strip())
-    query = HistoryQuery(user=args.user, vc=args.vc, states=states,
-                         since=parse_since(args.since, now) if args.since else None,
-                         until=parse_since(args.until, now) if args.until else None,
-                         limit=args.limit, offset=args.offset)
     fields = history_columns(args.format)
-    with store.session() as session:
-        page = history(session, query)
+
+    def query_at(now: float) -> HistoryQuery:
+        """The query of the options, its ages (--since 2h) counted back from the store's `now`."""
+        return HistoryQuery(user=args.user, vc=args.vc, states=states,
+                            since=parse_since(args.since, now) if args.since else None,
+                            until=parse_since(args.until, now) if args.until else None,
+                            limit=args.limit, offset=args.offset)
+
+    def full(store: Store) -> HistoryPage:
+        from lucid_core.runtime.surfaces.queries import history
+
+        query = query_at(store.now())
+        with store.session() as session:
+            return history(session, query)
+
+    page = read_store(args, lambda reader: plain_views.history(reader, query_at(reader.now())), full)
+    query = page.query
     if args.as_json:
         emit(args, {"total": page.total, "offset": query.offset, "jobs": page.rows}, "")
         return 0
@@ -149,9 +166,14 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.surfaces.queries import status
+    from lucid_core.runtime.surfaces import plain_views
 
-    data = status(store_of(args), args.job)
+    def full(store: Store) -> dict[str, Any]:
+        from lucid_core.runtime.surfaces.queries import status
+
+        return status(store, args.job)
+
+    data = read_store(args, lambda reader: plain_views.status(reader, args.job), full)
     exit_code = "" if data["exit_code"] is None else f"  exit code {data['exit_code']}"
     text = "\n".join([
         f"{data['job_id']} {data['state']}  {data['name'] or '(no name)'}  {data['gpus']} GPU(s)  user {data['user']}  "

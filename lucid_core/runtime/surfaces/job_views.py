@@ -1,0 +1,192 @@
+"""What readers show of jobs (the queue, one job's status, a page of history), shaped from job and run rows.
+
+Two read paths feed it the same rows: the ORM sessions of `queries` (the HTTP API, the plugin's pages) and the
+plain DB-API reads of `plain_views` (`lucid queue`, `status` and `history`, which answer before SQLAlchemy
+could be imported). A row is anything with its table's columns as attributes. Nothing here imports SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lucid_core.domain import TERMINAL_STATES, JobState, RunState
+from lucid_core.runtime.round.pairs import mutual_pairs
+from lucid_core.runtime.surfaces.shared_time import SharedSpan, shared_words
+
+_STATE_ORDER = {JobState.RUNNING.value: 0, JobState.PROFILING.value: 1, JobState.QUEUED.value: 2,
+                JobState.SUBMITTED.value: 3}
+#: The states `queue` lists, and those `history` lists when asked for none.
+ACTIVE_STATES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
+FINISHED_STATES = tuple(s.value for s in TERMINAL_STATES)
+
+#: What `history` can show per job, and the columns `lucid history` prints by default.
+HISTORY_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
+                  "queued_s", "elapsed_s", "exit_code", "end_reason", "ended_in_profiling")
+HISTORY_DEFAULT_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "end_time", "elapsed_s", "exit_code")
+#: The largest history limit and offset: more jobs than any store holds, and within the stores' 64-bit integers.
+MAX_HISTORY_ROWS = 2**31 - 1
+
+UNSTORABLE = "must be UTF-8 encodable text without NUL characters"
+
+
+class UnknownJob(KeyError):
+    def __str__(self) -> str:
+        return f"no job {self.args[0]!r}"
+
+
+def storable(text: str) -> bool:
+    """True when a store (SQLite or PostgreSQL) and a host shell can take the text as given; a job id, user
+    or VC failing it can name no stored job (PostgreSQL refuses such text even in a query: a 500)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _number_or_zero(value: Any) -> int:
+    """A stored position for sorting; anything but an int (NULL, or text a hand edit stored) sorts first."""
+    return value if type(value) is int else 0
+
+
+def queue_rows(jobs: Iterable[Any], *, priority_in_reason: bool = True) -> list[dict[str, Any]]:
+    """Waiting and running jobs: running first, then each queue in the policy's order. Without
+    `priority_in_reason`, the pending reason leaves the priority out (`lucid queue` prints it in a column)."""
+    from lucid_core.runtime.round.pending import describe_pending  # with the policy's modules: not for `history`
+
+    rows = sorted(jobs, key=lambda r: (_STATE_ORDER.get(r.state, 9), _number_or_zero(r.queue_position),
+                                       _number_or_zero(r.seq)))
+    return [{"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
+             "position": r.queue_position, "predicted_duration_s": r.predicted_duration,
+             "priority_gpu_s": r.gpus * r.predicted_duration if isinstance(r.predicted_duration, float | int) else None,
+             "share_class": r.share_class,
+             "pending_reason": describe_pending(r.state, r.queue_position, r.pending_reason, r.gpus,
+                                                r.predicted_duration if priority_in_reason else None),
+             "submit_time": r.submit_time}
+            for r in rows]
+
+
+@dataclass(frozen=True)
+class SharedSpeed:
+    """A running job sharing its GPUs with a running partner, and the speed the round last measured
+    for it there (relative to running alone; None until the pair has settled and been measured)."""
+
+    job_id: str
+    partner: str
+    vc: str
+    speed: float | None
+    measured_at: float | None
+    samples: int | None
+    emulated: bool | None
+
+
+def speeds_of_pairs(runs_with_vc: Sequence[tuple[Any, str]], job_ids: Sequence[str] | None = None,
+                    ) -> dict[str, SharedSpeed]:
+    """`SharedSpeed` of each job (of `job_ids` if given) whose rank-0 main run, given with its job's VC, shares
+    GPUs with a running partner naming it back (`mutual_pairs`)."""
+    vc_of = {run.job_id: vc for run, vc in runs_with_vc}
+    out = {}
+    for pair in mutual_pairs(run for run, _ in runs_with_vc):
+        for run, other in (pair, pair[::-1]):
+            if job_ids is None or run.job_id in job_ids:
+                out[run.job_id] = SharedSpeed(run.job_id, other.job_id, vc_of[run.job_id], run.observed_speed,
+                                              run.observed_speed_at, run.observed_speed_samples,
+                                              run.observed_speed_emulated)
+    return out
+
+
+def shares_now(runs: Iterable[Any]) -> bool:
+    """Whether one of a job's runs is running beside a named partner (only then is its shared speed read)."""
+    return any(x.state == RunState.RUNNING and x.partner is not None for x in runs)
+
+
+def status_view(job: Any, runs: Sequence[Any], shared: SharedSpeed | None,
+                spans: Sequence[SharedSpan]) -> dict[str, Any]:
+    """A job's row and runs (oldest first), its pending reason in words, and its measured speed while it shares
+    GPUs: what `lucid status` and the API's job status show."""
+    from lucid_core.runtime.round.pending import pending_text
+
+    planned = next((x.partner for x in reversed(runs) if x.partner), None)
+    return {"job_id": job.job_id, "state": job.state, "name": job.name, "user": job.user, "vc": job.vc,
+            "gpus": job.gpus, "command": job.command, "submit_time": job.submit_time, "start_time": job.start_time,
+            "end_time": job.end_time, "exit_code": job.exit_code, "end_reason": job.end_reason,
+            "ended_in_profiling": job.ended_in_profiling, "cancel_requested": job.cancel_requested,
+            "pending_reason": pending_text(job),
+            "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
+                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome} for x in runs],
+            # the speed measured while it shares GPUs with `partner` (null: running alone or not yet measured)
+            "shared": asdict(shared) if shared is not None else None,
+            # when it really shared a GPU, from the run records (a planned partner that never ran beside it: none)
+            "shared_spans": [{**asdict(x), "seconds": x.seconds} for x in spans],
+            "sharing": shared_words(spans, planned, job.state in FINISHED_STATES)}
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """Which finished jobs to list: by user, VC, end state and end time, newest first, one page."""
+
+    user: str | None = None
+    vc: str | None = None
+    states: tuple[str, ...] = ()
+    since: float | None = None
+    until: float | None = None
+    limit: int = 50
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        problem = self._states_problem() or self._page_problem() or self._filter_problem()
+        if problem:
+            raise ValueError(problem)
+
+    def _states_problem(self) -> str | None:
+        """Why `states` holds a state that is not a finished one (None when all are)."""
+        unknown = [s for s in self.states if s not in FINISHED_STATES]
+        if unknown:
+            return f"state {', '.join(unknown)} is not a finished state; use {', '.join(sorted(FINISHED_STATES))}"
+        return None
+
+    def _page_problem(self) -> str | None:
+        """Why `limit` or `offset` is out of range (a huge one overflows the stores' integers: a 500)."""
+        if self.limit < 1 or self.offset < 0:
+            return f"limit must be >= 1 and offset >= 0, got {self.limit} and {self.offset}"
+        for name in ("limit", "offset"):
+            if getattr(self, name) > MAX_HISTORY_ROWS:
+                return f"{name} must be at most {MAX_HISTORY_ROWS}, got {getattr(self, name)}"
+        return None
+
+    def _filter_problem(self) -> str | None:
+        """Why a user, VC or time filter is no value a stored job could have (NUL text; a NaN or infinite time)."""
+        for name in ("user", "vc"):
+            value = getattr(self, name)
+            if value is not None and not storable(value):
+                return f"{name} {UNSTORABLE}, got {value!r}"
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                return f"{name} must be a finite time (epoch seconds), got {value}"
+        return None
+
+    def states_listed(self) -> list[str]:
+        """The end states asked for, or every finished state."""
+        return list(self.states) or list(FINISHED_STATES)
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    rows: list[dict[str, Any]]
+    total: int
+    query: HistoryQuery
+
+
+def history_row(j: Any) -> dict[str, Any]:
+    """One finished job as `history` lists it (`HISTORY_FIELDS`)."""
+    return {"job_id": j.job_id, "name": j.name, "user": j.user, "vc": j.vc, "gpus": j.gpus, "state": j.state,
+            "submit_time": j.submit_time, "start_time": j.start_time, "end_time": j.end_time,
+            "queued_s": None if j.start_time is None else max(0.0, j.start_time - j.submit_time),
+            "elapsed_s": None if j.start_time is None or j.end_time is None else max(0.0, j.end_time - j.start_time),
+            "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling}
