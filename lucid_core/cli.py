@@ -345,11 +345,12 @@ def expected_errors() -> tuple[type[BaseException], ...]:
 
     from lucid_core.runtime.hosts.executor import HostCommandFailed, HostUnreachable
 
-    # ImportError: a store URL naming a database driver that is not installed; the drivers' own errors: a store
-    # read without SQLAlchemy (`plain_read`) that cannot be reached or read
-    drivers: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    # ImportError: a store URL naming a database driver that is not installed; the drivers' OperationalError: a
+    # store read without SQLAlchemy (`plain_read`) that cannot be reached or is locked (a bug in its SQL, a
+    # ProgrammingError, still shows as one)
+    drivers: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
     if "psycopg2" in sys.modules:
-        drivers += (sys.modules["psycopg2"].Error,)
+        drivers += (sys.modules["psycopg2"].OperationalError,)
     return (ConfigError, ValueError, LookupError, OSError, HostUnreachable, HostCommandFailed, OperationalError,
             ArgumentError, ImportError, *drivers)
 

@@ -520,8 +520,14 @@ def host_executor(deadline_s: float) -> Iterator[Any]:
 
 
 def _utc(moment: float | None) -> str:
-    """An epoch time as a UTC date-time ("" for None)."""
-    return "" if moment is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(moment))
+    """An epoch time as a UTC date-time ("" for None, "unreadable" for text a hand edit left in a time column:
+    one such row failed the whole history page)."""
+    if moment is None:
+        return ""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(moment))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "unreadable"
 
 
 def _util_cell(reading: Any, problem: str | None, now: float) -> str:

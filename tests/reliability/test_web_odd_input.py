@@ -297,3 +297,26 @@ def test_every_model_of_the_submit_body_forbids_unknown_keys_and_is_strict():
     assert SubmitBody in found
     assert {m.__name__: (m.model_config.get("extra"), m.model_config.get("strict")) for m in found} == {
         m.__name__: ("forbid", True) for m in found}
+
+
+def test_text_in_a_time_column_is_shown_as_unreadable_not_a_500(tmp_path, lucid_env):
+    """A hand edit leaves text in a finished job's start and end time (SQLite keeps it): the history page, the
+    API's history and `lucid history` list that job with its times unreadable and the others as they are."""
+    import sqlite3
+
+    from lucid_core.cli import main
+
+    url = f"sqlite:///{tmp_path / 'odd.db'}"
+    store = Store(url)
+    _seed_finished(store, 5)
+    store.dispose()
+    with sqlite3.connect(tmp_path / "odd.db") as conn:
+        conn.execute("UPDATE jobs SET start_time = 'soon', end_time = 'later' WHERE job_id = 'job-00002'")
+    page = _plugin(url, lucid_env / "reports").get("/jobs")
+    assert page.status_code == 200, page.text[-2000:]
+    assert page.text.count("unreadable") == 1 and page.text.split("<tbody>")[1].count("<tr>") == 5
+    api = TestClient(create_app(url), raise_server_exceptions=False).get("/history")
+    assert api.status_code == 200 and api.json()["total"] == 5
+    odd = next(r for r in api.json()["jobs"] if r["job_id"] == "job-00002")
+    assert odd["queued_s"] is None and odd["elapsed_s"] is None
+    assert main(["history", "--store", url, "--format", "jobid,start,end,elapsed"]) == 0

@@ -43,7 +43,7 @@ def _job(k: int, state: JobState, **changes) -> dict:
     return {**row, **changes}
 
 
-def _run(job_id: str, run_id: str, state: RunState, gpus: list[int], *, partner: str | None = None,
+def _run(job_id: str, run_id: str, state: RunState, gpus: list[int] | str, *, partner: str | None = None,
          start: float | None = None, end: float | None = None, kind: str = "main", rank: int = 0,
          speed: float | None = None, host: str = "m0") -> dict:
     return {"run_id": run_id, "host": host, "job_id": job_id, "kind": kind, "pool": "main", "gpu_indices": gpus,
@@ -67,6 +67,8 @@ def _fill(url: str) -> list[str]:
     runs = [_run(a, "r-a", RunState.RUNNING, [0, 1], partner=b, start=NOW - 600, speed=0.83),
             _run(b, "r-b", RunState.RUNNING, [0, 1], partner=a, start=NOW - 500),
             _run(c, "r-c", RunState.RUNNING, [2], partner=finished[0], start=NOW - 400),  # partner long gone
+            # GPU indices as a JSON string (a hand edit): text to both paths, on PostgreSQL too (psycopg2 parses)
+            _run(c, "r-c2", RunState.ENDED, "[2]", partner=finished[0], start=NOW - 9500, end=NOW - 9400),
             _run(d, "r-d0", RunState.RUNNING, [0, 1, 2, 3], start=NOW - 300, host="m1"),
             _run(d, "r-d0", RunState.RUNNING, [0, 1, 2, 3], start=NOW - 300, host="m0", rank=1),
             _run(finished[0], "r-f0", RunState.ENDED, [2], partner=finished[1], start=NOW - 9000, end=NOW - 8000),
@@ -154,6 +156,7 @@ def test_odd_stored_values_read_the_same_both_ways(tmp_path, monkeypatch):
     with sqlite3.connect(tmp_path / "odd.db") as conn:
         conn.execute("UPDATE jobs SET queue_position = 'soon', predicted_duration = 'long' WHERE seq = 2")
         conn.execute("UPDATE jobs SET gpus = 2.5, cancel_requested = 2, end_time = 'x' WHERE seq = 4")
+        conn.execute("UPDATE jobs SET start_time = 'soon', end_time = 'later' WHERE seq = 11")  # a finished job
     monkeypatch.setattr(Store, "now", lambda self: NOW)
     monkeypatch.setattr(PlainReader, "now", lambda self: NOW)
     store = Store(url)
@@ -161,7 +164,61 @@ def test_odd_stored_values_read_the_same_both_ways(tmp_path, monkeypatch):
         assert plain_views.queue(reader) == queries.queue(store)
         assert plain_views.status(reader, "j004") == queries.status(store, "j004")
         assert plain_views.status(reader, "j004")["cancel_requested"] is True
+        with store.session() as session:
+            assert plain_views.history(reader, HistoryQuery(limit=100)) == queries.history(session,
+                                                                                           HistoryQuery(limit=100))
+        odd = next(r for r in plain_views.history(reader, HistoryQuery(limit=100)).rows if r["job_id"] == "j011")
+        assert odd["queued_s"] is None and odd["elapsed_s"] is None
     store.dispose()
+
+
+def test_unparseable_json_reads_as_none_where_the_orm_fails(tmp_path):
+    """The one answer that differs on purpose: GPU indices a hand edit left as text that is not JSON. The ORM
+    fails the whole status; the plain read shows the job with its run's GPUs unknown."""
+    url = f"sqlite:///{tmp_path / 'odd.db'}"
+    ids = _fill(url)
+    with sqlite3.connect(tmp_path / "odd.db") as conn:
+        conn.execute("UPDATE runs SET gpu_indices = '[0, 1' WHERE run_id = 'r-a'")
+        job = conn.execute("SELECT job_id FROM runs WHERE run_id = 'r-a'").fetchone()[0]
+    store = Store(url)
+    with pytest.raises(ValueError):
+        queries.status(store, job)
+    with _plain(url) as reader:
+        answer = plain_views.status(reader, job)
+    assert answer["runs"][0]["gpus"] is None and answer["job_id"] in ids
+    store.dispose()
+
+
+URLS = ["sqlite:////tmp/x.db", "sqlite:///rel/x.db", "sqlite:///~/x.db", "sqlite:////tmp/x%20y.db",
+        "sqlite:///:memory:", "sqlite://", "postgresql://postgres@127.0.0.1:5432/test",
+        "postgresql+psycopg2://u:pa%25ss@db.example:6543/my%2Fdb", "postgresql://u:pa/ss@h/db",
+        "postgresql://u:p@ss@h/db", "postgres://u@[::1]:5432/db", "postgresql:///db", "postgresql://h",
+        "postgresql://u@%2Fvar%2Frun%2Fpostgresql/db", "postgresql://h/db?sslmode=require", "postgresql://h:x/db"]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_a_url_is_split_as_sqlalchemy_splits_it(url):
+    """The plain read connects to the database `Store` would: the same parts, decoded the same way (a password
+    with '%25' or '/', a socket path, an IPv6 host); a URL SQLAlchemy cannot split is left to `Store`."""
+    try:
+        expected = sa.engine.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        assert plain_read.url_parts(url) is None
+        return
+    parts = plain_read.url_parts(url)
+    assert parts is not None
+    assert (parts.user, parts.password, parts.host, parts.port, parts.database) == (
+        expected.username, expected.password, expected.host, expected.port, expected.database)
+
+
+def test_a_sqlite_path_is_opened_as_sqlalchemy_opens_it(tmp_path, monkeypatch):
+    """Percent-decoded ('x%20y' is the file 'x y'), and '~' not expanded (SQLAlchemy opens a folder named '~'):
+    the plain read never answers from a file `Store` would not open."""
+    Store(f"sqlite:///{tmp_path / 'x y.db'}").dispose()
+    assert open_plain_reader(f"sqlite:///{tmp_path / 'x%20y.db'}") is not None
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert open_plain_reader("sqlite:///~/x y.db") is None  # $HOME/x y.db exists; ./~/x y.db does not
 
 
 def test_the_converted_columns_are_the_mappings_bool_and_json_columns():
@@ -221,3 +278,23 @@ def test_an_older_store_is_migrated_by_the_cli_and_then_read_plainly(tmp_path):
         answers.append((done.stderr.strip().splitlines()[-1], done.stdout))
     assert [a[0] for a in answers] == ["ORM", "PLAIN"]
     assert answers[0][1] == answers[1][1] and answers[0][1].count("\n") == 41
+
+
+def test_a_store_locked_past_the_busy_timeout_is_an_error_not_a_second_wait(tmp_path, monkeypatch):
+    """A writer holding the file (a store not in WAL mode) past the busy timeout: the plain read says so at once
+    rather than handing the store to `Store`, which would wait as long again."""
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    Store(url).dispose()
+    monkeypatch.setattr(plain_read, "_BUSY_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            open_plain_reader(url)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    reader = open_plain_reader(url)
+    assert reader is not None
+    reader.close()

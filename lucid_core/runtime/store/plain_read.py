@@ -9,10 +9,13 @@ back as the ORM gives them (a Boolean column as bool, a JSON column parsed), so 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace, TracebackType
 from typing import Any
+from urllib.parse import unquote
 
 from lucid_core.runtime.store.schema_head import packaged_head
 
@@ -25,44 +28,89 @@ BOOLEAN_COLUMNS = {
 }
 JSON_COLUMNS = {"jobs": frozenset({"env"}), "runs": frozenset({"gpu_indices"})}
 
-_SQLITE_PREFIXES = ("sqlite:///", "sqlite+pysqlite:///")
-_POSTGRES_PREFIXES = ("postgresql://", "postgres://", "postgresql+psycopg2://")
+_SQLITE_NAMES = ("sqlite", "sqlite+pysqlite")
+_POSTGRES_NAMES = ("postgresql", "postgres", "postgresql+psycopg2")
 _BUSY_TIMEOUT_S = 10.0  # as `Store`'s SQLite connections wait for a writer's lock
+#: A database URL split as SQLAlchemy's `make_url` splits it (the same grammar), so a plain read connects to the
+#: very database `Store` would: user, password and database percent-decoded, the host and port as written.
+_URL = re.compile(r"""
+    (?P<name>[\w+]+)://
+    (?:(?P<user>[^:/]*)(?::(?P<password>[^@]*))?@)?
+    (?:(?:\[(?P<ipv6host>[^/?]+)\]|(?P<ipv4host>[^/:?]+))?(?::(?P<port>[^/?]*))?)?
+    (?:/(?P<database>[^?]*))?
+    (?:\?(?P<query>.*))?
+    """, re.X)
 
 
-def _sqlite_file(url: str) -> Path | None:
-    """The existing file a SQLite URL names (None: no such file, in memory, or a URL with options)."""
-    prefix = next((p for p in _SQLITE_PREFIXES if url.startswith(p)), None)
-    if prefix is None:
+@dataclass(frozen=True)
+class UrlParts:
+    """What a store URL names, decoded as SQLAlchemy decodes it."""
+
+    name: str
+    user: str | None
+    password: str | None
+    host: str | None
+    port: int | None
+    database: str | None
+    query: str | None
+
+
+def url_parts(url: str) -> UrlParts | None:
+    """`url` split as `sqlalchemy.engine.make_url` splits it; None when it does not parse (or its port is not a
+    number), which `Store` then reports."""
+    match = _URL.match(url)
+    if match is None:
         return None
-    name = url[len(prefix):]
-    if not name or "?" in name or name.startswith((":memory:", "file:")):
+    part = match.groupdict()
+    if part["port"] and not part["port"].isdigit():
         return None
-    path = Path(name).expanduser()
+    decoded = {k: unquote(part[k]) if part[k] is not None else None for k in ("user", "password", "database")}
+    return UrlParts(part["name"], decoded["user"], decoded["password"], part["ipv4host"] or part["ipv6host"],
+                    int(part["port"]) if part["port"] else None, decoded["database"], part["query"])
+
+
+def _sqlite_file(parts: UrlParts) -> Path | None:
+    """The existing file a SQLite URL names, as SQLAlchemy opens it (decoded, `~` not expanded, relative to the
+    working folder); None: no such file, in memory, or a URL with a host or options."""
+    name = parts.database
+    if parts.host or parts.query is not None or not name or name.startswith((":memory:", "file:")):
+        return None
+    path = Path(name)
     return path if path.is_file() else None
 
 
 def _connect(url: str) -> tuple[Any, str] | None:
     """A DB-API connection and its dialect name, or None when this URL is not one read here."""
-    path = _sqlite_file(url)
-    if path is not None:
+    parts = url_parts(url)
+    if parts is None:
+        return None
+    if parts.name in _SQLITE_NAMES:
+        path = _sqlite_file(parts)
+        if path is None:
+            return None
         import sqlite3
 
         return sqlite3.connect(str(path), timeout=_BUSY_TIMEOUT_S, isolation_level=None), "sqlite"
-    prefix = next((p for p in _POSTGRES_PREFIXES if url.startswith(p)), None)
-    if prefix is None or "?" in url:  # options may be SQLAlchemy's own, which libpq refuses: `Store` reads those
+    if parts.name not in _POSTGRES_NAMES or parts.query is not None:  # options may be SQLAlchemy's own
         return None
     try:
         import psycopg2
     except ImportError:
         return None
-    return psycopg2.connect("postgresql://" + url[len(prefix):]), "postgresql"
+    given = {"host": parts.host, "port": parts.port, "user": parts.user, "password": parts.password,
+             "dbname": parts.database}
+    connection = psycopg2.connect(**{k: v for k, v in given.items() if v is not None})
+    # one snapshot for every read of an answer (a history page and its total agree), and no write by mistake
+    connection.set_session(isolation_level="REPEATABLE READ", readonly=True)
+    return connection, "postgresql"
 
 
-def _converted(table: str, names: Sequence[str], values: Sequence[Any]) -> SimpleNamespace:
-    """One row as a record with the ORM's values: bools for Boolean columns, parsed JSON (None when a hand
-    edit left text that is not JSON: one odd row must not fail the whole read)."""
-    booleans, documents = BOOLEAN_COLUMNS.get(table, frozenset()), JSON_COLUMNS.get(table, frozenset())
+def _converted(table: str, names: Sequence[str], values: Sequence[Any], dialect: str) -> SimpleNamespace:
+    """One row as a record with the ORM's values: bools for Boolean columns, and on SQLite (which keeps text;
+    psycopg2 parses PostgreSQL's json itself) parsed JSON columns. Where a hand edit left text that is not JSON
+    there, the value reads as None, where the ORM fails the whole answer: one odd row must not hide the rest."""
+    booleans = BOOLEAN_COLUMNS.get(table, frozenset())
+    documents = JSON_COLUMNS.get(table, frozenset()) if dialect == "sqlite" else frozenset()
     record = dict(zip(names, values, strict=True))
     for name in booleans.intersection(record):
         if record[name] is not None:
@@ -95,7 +143,7 @@ class PlainReader:
         """The rows of a query on `table`, each a record of its columns (named as selected)."""
         cursor = self._execute(sql, params)
         names = [d[0] for d in cursor.description]
-        return [_converted(table, names, row) for row in cursor.fetchall()]
+        return [_converted(table, names, row, self.dialect) for row in cursor.fetchall()]
 
     def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """The first column of the first row (None when there is no row)."""
@@ -135,8 +183,10 @@ def open_plain_reader(url: str) -> PlainReader | None:
     reader = PlainReader(*opened)
     try:
         stamped = [r.version_num for r in reader.records("alembic_version", "SELECT version_num FROM alembic_version")]
-    except Exception:  # no alembic_version table (an empty file, or not a store): `Store` says what it is
+    except Exception as exc:  # no alembic_version table (an empty file, or not a store): `Store` says what it is
         reader.close()
+        if "locked" in str(exc):  # a writer held the file for the whole busy timeout: `Store` would wait again
+            raise
         return None
     if stamped != [head]:
         reader.close()

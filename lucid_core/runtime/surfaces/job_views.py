@@ -183,10 +183,18 @@ class HistoryPage:
     query: HistoryQuery
 
 
+def _span(start: Any, end: Any) -> float | None:
+    """`end - start`, at least 0, when both are stored numbers; None otherwise (not yet, or text a hand edit left
+    in a time column of a SQLite store: it failed `lucid history` and the history page whole)."""
+    from lucid_core.policy.view import saved_float
+
+    first, last = saved_float(start), saved_float(end)
+    return None if first is None or last is None else max(0.0, last - first)
+
+
 def history_row(j: Any) -> dict[str, Any]:
     """One finished job as `history` lists it (`HISTORY_FIELDS`)."""
     return {"job_id": j.job_id, "name": j.name, "user": j.user, "vc": j.vc, "gpus": j.gpus, "state": j.state,
             "submit_time": j.submit_time, "start_time": j.start_time, "end_time": j.end_time,
-            "queued_s": None if j.start_time is None else max(0.0, j.start_time - j.submit_time),
-            "elapsed_s": None if j.start_time is None or j.end_time is None else max(0.0, j.end_time - j.start_time),
+            "queued_s": _span(j.submit_time, j.start_time), "elapsed_s": _span(j.start_time, j.end_time),
             "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling}
