@@ -320,3 +320,56 @@ def test_text_in_a_time_column_is_shown_as_unreadable_not_a_500(tmp_path, lucid_
     odd = next(r for r in api.json()["jobs"] if r["job_id"] == "job-00002")
     assert odd["queued_s"] is None and odd["elapsed_s"] is None
     assert main(["history", "--store", url, "--format", "jobid,start,end,elapsed"]) == 0
+
+
+def test_text_in_a_waiting_jobs_gpus_or_prediction_keeps_the_queue_listed(tmp_path, lucid_env, capsys):
+    """A hand edit leaves text in a queued job's GPU count and predicted duration (SQLite keeps it): `lucid queue`,
+    the API's queue and the queue page list every job, that one's priority unknown and its prediction unreadable
+    (`'many' * 300.0` failed all three)."""
+    import sqlite3
+
+    from lucid_core.cli import main
+
+    url = f"sqlite:///{tmp_path / 'odd.db'}"
+    store = Store(url)
+    with store.session() as s:
+        for k in range(3):
+            s.add(JobRow(job_id=f"q{k}", seq=k + 1, name=f"n{k}", user="u1", vc="nlp", gpus=2, command="true",
+                         env={}, state="QUEUED", submit_time=1000.0 + k, predicted_duration=300.0, queue_position=k + 1,
+                         pending_reason="waits"))
+    store.dispose()
+    with sqlite3.connect(tmp_path / "odd.db") as conn:
+        conn.execute("UPDATE jobs SET gpus = 'many', predicted_duration = 'long' WHERE job_id = 'q1'")
+    page = _plugin(url, lucid_env / "reports").get("/queue")
+    assert page.status_code == 200, page.text[-2000:]
+    assert page.text.count("unreadable") == 1 and all(f">q{k}<" in page.text for k in range(3))
+    api = TestClient(create_app(url), raise_server_exceptions=False).get("/queue")
+    assert api.status_code == 200, api.text
+    rows = {r["job_id"]: r for r in api.json()}
+    assert rows["q1"]["priority_gpu_s"] is None and rows["q0"]["priority_gpu_s"] == 600.0
+    capsys.readouterr()
+    assert main(["queue", "--store", url]) == 0
+    shown = capsys.readouterr().out
+    assert len(shown.splitlines()) == 4 and "unreadable" in shown.splitlines()[2]
+
+
+def test_eta_of_a_job_whose_row_cannot_be_read_says_why(tmp_path, lucid_env, capsys):
+    """`lucid eta` of a queued job with text in its submit time named a pending stop; it says what the round says."""
+    import sqlite3
+
+    from lucid_core.cli import main
+
+    url = f"sqlite:///{tmp_path / 'odd.db'}"
+    store = Store(url)
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, vc="nlp",
+                             workdir=str(tmp_path / "m0")))
+    with store.session() as s:
+        s.add(JobRow(job_id="q0", seq=1, name="n", user="u1", vc="nlp", gpus=1, command="true", env={},
+                     state="QUEUED", submit_time=1000.0))
+    store.dispose()
+    with sqlite3.connect(tmp_path / "odd.db") as conn:
+        conn.execute("UPDATE jobs SET submit_time = 'x' WHERE job_id = 'q0'")
+    capsys.readouterr()
+    assert main(["eta", "q0", "--store", url]) == 0
+    shown = capsys.readouterr().out
+    assert "submit time 'x' is not a finite number" in shown and "stop pending" not in shown

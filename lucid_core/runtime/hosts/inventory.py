@@ -136,8 +136,9 @@ def list_hosts(store: Store) -> list[dict[str, object]]:
     for host, _ in gpus:
         count[host] = count.get(host, 0) + 1
     used: dict[str, set[int]] = {}
-    for host, indices in busy:
-        used.setdefault(host, set()).update(indices)
+    for host, indices in busy:  # read as untrusted: a hand edit can leave anything there (None: not JSON)
+        if isinstance(indices, list):
+            used.setdefault(host, set()).update(i for i in indices if type(i) is int)
     return [{"name": h.name, "address": f"{h.address}:{h.port}", "user": h.user, "vc": h.vc, "pool": h.pool,
              "executor": h.executor, "telemetry": h.telemetry, "run_as": h.run_as,
              "gpu_model": h.gpu_model, "sharing": h.sharing, "gpus": count.get(h.name, 0),

@@ -107,8 +107,8 @@ def _connect(url: str) -> tuple[Any, str] | None:
 
 def _converted(table: str, names: Sequence[str], values: Sequence[Any], dialect: str) -> SimpleNamespace:
     """One row as a record with the ORM's values: bools for Boolean columns, and on SQLite (which keeps text;
-    psycopg2 parses PostgreSQL's json itself) parsed JSON columns. Where a hand edit left text that is not JSON
-    there, the value reads as None, where the ORM fails the whole answer: one odd row must not hide the rest."""
+    psycopg2 parses PostgreSQL's json itself) parsed JSON columns; text that is not JSON reads as None, as
+    `Store.stored_json` reads it through the ORM."""
     booleans = BOOLEAN_COLUMNS.get(table, frozenset())
     documents = JSON_COLUMNS.get(table, frozenset()) if dialect == "sqlite" else frozenset()
     record = dict(zip(names, values, strict=True))

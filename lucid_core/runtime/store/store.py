@@ -6,6 +6,7 @@ SQLite under LUCID_HOME by default (one file, WAL journal); PostgreSQL by URL fo
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,16 @@ def _alembic_config(connection: sa.Connection) -> Config:
     return cfg
 
 
+def stored_json(text: str | bytes) -> Any:
+    """A JSON column's stored text as its value; None when it is not JSON. SQLite keeps any text a hand edit puts
+    in a JSON column, and one unparseable run's GPU indices failed every round, page and API answer that read the
+    row; None is a value every reader already treats as unusable (a run with no GPUs known freezes its job)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
@@ -64,7 +75,7 @@ class Store:
         self.url = url
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        kwargs: dict[str, Any] = {"echo": echo, "future": True, "json_deserializer": stored_json}
         if url.startswith("postgresql"):
             kwargs["pool_pre_ping"] = True
         self.engine = sa.create_engine(url, **kwargs)

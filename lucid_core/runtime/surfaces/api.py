@@ -133,7 +133,10 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
     @router.get("/jobs/{job_id}/explain")
     def get_explain(job_id: str) -> Any:
         known(job_id)
-        return explain(store, job_id, config, clock())
+        try:
+            return explain(store, job_id, config, clock())
+        except ValueError as exc:  # its stored row cannot be read (a hand edit): said, as `lucid explain` says it
+            raise HTTPException(status_code=422, detail=f"job {job_id!r}: {exc}") from exc
 
     @router.get("/jobs/{job_id}/eta")
     def get_eta(job_id: str) -> Any:

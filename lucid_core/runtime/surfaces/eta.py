@@ -25,7 +25,7 @@ from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool, RunState
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.orchestrator import floored_prediction
 from lucid_core.policy.predictors import DEFAULT_DURATION_S
-from lucid_core.policy.view import ClusterView, saved_number
+from lucid_core.policy.view import ClusterView, saved_float, saved_number
 from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
 from lucid_core.runtime.round.snapshot import Snapshot as StoreSnapshot
 from lucid_core.runtime.round.snapshot import load_snapshot
@@ -72,9 +72,9 @@ def measured_rates(snapshot: StoreSnapshot) -> dict[str, float]:
     A new partner clears the stored speed, so each figure belongs to the job's current pair; one
     of a job whose partner has ended is ignored by the engine (it only slows pairs).
     """
-    return {r.job_id: max(MIN_MEASURED_RATE, min(1.0, r.observed_speed)) for r in snapshot.runs
+    return {r.job_id: max(MIN_MEASURED_RATE, min(1.0, speed)) for r in snapshot.runs
             if r.kind == "main" and r.node_rank == 0 and r.state == RunState.RUNNING and r.partner is not None
-            and r.observed_speed is not None}
+            and (speed := saved_float(r.observed_speed)) is not None}  # text a hand edit left: not measured
 
 
 def recent_cadence(store: Store, now: float, rounds: int = CADENCE_ROUNDS) -> RoundCadence | None:
@@ -110,6 +110,8 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
     snapshot = load_snapshot(store, now)
     rates = measured_rates(snapshot)
     built = build_view(snapshot, config, now, policy_factory or default_policy)
+    if job_id in built.unreadable:  # not a stop pending: the round leaves the job out until its row is mended
+        return Eta(job_id, state.value, None, None, None, 0, built.unreadable[job_id])
     held = [j for j in built.view.allocations if j.startswith(HOLD_PREFIX)]
     return estimate_in_view(built.view, built.policy, job_id, state=state.value, held=held,
                             horizon_s=horizon_s, max_steps=max_steps, rates=rates,

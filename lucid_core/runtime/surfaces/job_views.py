@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lucid_core.domain import TERMINAL_STATES, JobState, RunState
+from lucid_core.policy.view import saved_float
 from lucid_core.runtime.round.pairs import mutual_pairs
 from lucid_core.runtime.surfaces.shared_time import SharedSpan, shared_words
 
@@ -54,6 +55,13 @@ def _number_or_zero(value: Any) -> int:
     return value if type(value) is int else 0
 
 
+def _priority(gpus: Any, predicted: Any) -> float | None:
+    """GPUs x predicted seconds, the main queue's order; None unless both are stored numbers (a hand edit can
+    leave text in either on SQLite: `'many' * 300.0` failed `lucid queue`, the API's queue and the queue page)."""
+    count, seconds = saved_float(gpus), saved_float(predicted)
+    return None if count is None or seconds is None else count * seconds
+
+
 def queue_rows(jobs: Iterable[Any], *, priority_in_reason: bool = True) -> list[dict[str, Any]]:
     """Waiting and running jobs: running first, then each queue in the policy's order. Without
     `priority_in_reason`, the pending reason leaves the priority out (`lucid queue` prints it in a column)."""
@@ -63,7 +71,7 @@ def queue_rows(jobs: Iterable[Any], *, priority_in_reason: bool = True) -> list[
                                        _number_or_zero(r.seq)))
     return [{"job_id": r.job_id, "state": r.state, "name": r.name, "user": r.user, "vc": r.vc, "gpus": r.gpus,
              "position": r.queue_position, "predicted_duration_s": r.predicted_duration,
-             "priority_gpu_s": r.gpus * r.predicted_duration if isinstance(r.predicted_duration, float | int) else None,
+             "priority_gpu_s": _priority(r.gpus, r.predicted_duration),
              "share_class": r.share_class,
              "pending_reason": describe_pending(r.state, r.queue_position, r.pending_reason, r.gpus,
                                                 r.predicted_duration if priority_in_reason else None),
@@ -85,18 +93,24 @@ class SharedSpeed:
     emulated: bool | None
 
 
+def _count(value: Any) -> int | None:
+    """A stored sample count as an int; None for anything else."""
+    return value if type(value) is int else None
+
+
 def speeds_of_pairs(runs_with_vc: Sequence[tuple[Any, str]], job_ids: Sequence[str] | None = None,
                     ) -> dict[str, SharedSpeed]:
     """`SharedSpeed` of each job (of `job_ids` if given) whose rank-0 main run, given with its job's VC, shares
-    GPUs with a running partner naming it back (`mutual_pairs`)."""
+    GPUs with a running partner naming it back (`mutual_pairs`). Its figures are read as untrusted: text a hand
+    edit left in one reads as not measured (it failed the running page, the metrics and the job's API answer)."""
     vc_of = {run.job_id: vc for run, vc in runs_with_vc}
     out = {}
     for pair in mutual_pairs(run for run, _ in runs_with_vc):
         for run, other in (pair, pair[::-1]):
             if job_ids is None or run.job_id in job_ids:
-                out[run.job_id] = SharedSpeed(run.job_id, other.job_id, vc_of[run.job_id], run.observed_speed,
-                                              run.observed_speed_at, run.observed_speed_samples,
-                                              run.observed_speed_emulated)
+                out[run.job_id] = SharedSpeed(run.job_id, other.job_id, vc_of[run.job_id],
+                                              saved_float(run.observed_speed), saved_float(run.observed_speed_at),
+                                              _count(run.observed_speed_samples), run.observed_speed_emulated)
     return out
 
 
@@ -186,8 +200,6 @@ class HistoryPage:
 def _span(start: Any, end: Any) -> float | None:
     """`end - start`, at least 0, when both are stored numbers; None otherwise (not yet, or text a hand edit left
     in a time column of a SQLite store: it failed `lucid history` and the history page whole)."""
-    from lucid_core.policy.view import saved_float
-
     first, last = saved_float(start), saved_float(end)
     return None if first is None or last is None else max(0.0, last - first)
 

@@ -19,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, JobState, RunState
+from lucid_core.policy.view import saved_float
 from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, ModelVersionRow, RoundRow, RunRow
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.queries import shared_speeds
@@ -63,8 +64,10 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
         by_vc.setdefault(row.vc, []).append(row)
     for vc, mine in by_vc.items():
         queued.labels(vc).set(len(mine))
-        queued_gpus.labels(vc).set(sum(row.gpus for row in mine))
-        oldest.labels(vc).set(max(0.0, now - min(row.submit_time for row in mine)))
+        queued_gpus.labels(vc).set(sum(g for row in mine if (g := saved_float(row.gpus)) is not None))
+        submitted = [t for row in mine if (t := saved_float(row.submit_time)) is not None]  # text: a hand edit
+        if submitted:
+            oldest.labels(vc).set(max(0.0, now - min(submitted)))
 
     host_pool = {h.name: (h.pool, h.vc) for h in hosts}
     jobs_on_gpu: Counter[tuple[str, int]] = Counter()

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lucid_core.policy.view import saved_float
 from lucid_core.units import duration_words
 
 if TYPE_CHECKING:  # SQLAlchemy only where a session is read: `lucid status` reads without it (plain_views)
@@ -44,15 +45,18 @@ def _indices(run: RunRow) -> set[int]:
 
 
 def overlap(a: RunRow, b: RunRow, now: float) -> SharedSpan | None:
-    """The span during which runs `a` and `b` both ran on a common GPU of one host (None: they never did)."""
+    """The span during which runs `a` and `b` both ran on a common GPU of one host (None: they never did, or a
+    stored time is not a number, text a hand edit left: then when they ran is not known)."""
     if a.host != b.host or a.started_at is None or b.started_at is None:
         return None
     common = _indices(a) & _indices(b)
     if not common:
         return None
-    a_end = a.ended_at if a.ended_at is not None else now
-    b_end = b.ended_at if b.ended_at is not None else now
-    start, end = max(a.started_at, b.started_at), min(a_end, b_end)
+    times = [saved_float(t) if t is not None else now for t in (a.started_at, b.started_at, a.ended_at, b.ended_at)]
+    if None in times:
+        return None
+    a_start, b_start, a_end, b_end = times
+    start, end = max(a_start, b_start), min(a_end, b_end)
     if end <= start:
         return None
     return SharedSpan(a.job_id, b.job_id, a.host, tuple(sorted(common)), start, end,
