@@ -305,3 +305,18 @@ def test_an_expiry_no_take_could_write_does_not_hold_the_lease(store):
     assert lease.acquire(store, "round", ttl_s=30) is not None and lease.holder_of(store) == "round"
     with pytest.raises(ValueError, match="TTL"):
         lease.acquire(store, "round", ttl_s=1e9)
+
+
+@pytest.mark.parametrize("edited", ["'x'", "2.5", "-7"])
+def test_a_hand_edited_sequence_number_does_not_stop_submissions(tmp_path, edited):
+    """SQLite keeps text in `seq`, and orders it above every number: the next id was `'x' + 1`, a TypeError for
+    every submission after it. Text is passed over, a float rounds down, and an id still taken by the
+    edited job is passed over too."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, vc="a", workdir=str(tmp_path)))
+    first = [submit(store, JobRequest("true", gpus=1, user="ana", vc="a")) for _ in range(3)]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE jobs SET seq = {edited} WHERE job_id = :j"), {"j": first[-1]})
+    after = [submit(store, JobRequest("true", gpus=1, user="ana", vc="a")) for _ in range(2)]
+    assert first == ["j000001", "j000002", "j000003"] and after == ["j000004", "j000005"]  # j000003 is still taken
+    store.dispose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -76,6 +77,18 @@ def vc_capacity(store: Store) -> dict[str, int]:
             .where(HostRow.pool == "main")
             .group_by(HostRow.vc)).all()
     return {vc: int(n) for vc, n in rows}
+
+
+#: Sequence numbers are read below this: SQLite orders text above every number, so a job whose `seq` a hand edit
+#: set to text is not the maximum (it was, and `'x' + 1` failed every submission after it).
+MAX_SEQ = 2**62
+
+
+def next_seq(highest: object) -> int:
+    """The sequence number after the highest stored one (a float a hand edit left rounds down); 1 for none."""
+    if isinstance(highest, bool) or not isinstance(highest, int | float) or not math.isfinite(highest):
+        return 1
+    return math.floor(highest) + 1
 
 
 def control_character_problem(text: str) -> str | None:
@@ -231,7 +244,9 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
             with store.session() as s:
                 if store.dialect == "postgresql":  # serialize id allocation: no retry storm under bursts
                     s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SEQ_LOCK_KEY})
-                seq = (s.scalar(select(func.max(JobRow.seq))) or 0) + 1
+                seq = next_seq(s.scalar(select(func.max(JobRow.seq)).where(JobRow.seq < MAX_SEQ)))
+                while s.scalar(select(JobRow.job_id).where(JobRow.job_id == f"j{seq:06d}")) is not None:
+                    seq += 1  # its job's seq was edited away from its id: the id is still taken
                 job_id = f"j{seq:06d}"
                 s.add(JobRow(
                     job_id=job_id, seq=seq, name=request.name, user=request.user, vc=request.vc,
