@@ -43,7 +43,7 @@ def trace_folders() -> list[Path]:
     given = [Path(p) for p in os.environ.get("LUCID_TRACES_DIR", "").split(os.pathsep) if p]
     if given:
         return given
-    from lucid_core.runtime.store.store import lucid_home
+    from lucid_core.config import lucid_home
 
     return [lucid_home() / "traces"]
 

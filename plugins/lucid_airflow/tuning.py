@@ -14,7 +14,7 @@ def reports_root() -> Path:
     """LUCID_REPORTS_DIR, else LUCID_HOME/reports: shared by the workers and the plugin."""
     if os.environ.get("LUCID_REPORTS_DIR"):
         return Path(os.environ["LUCID_REPORTS_DIR"])
-    from lucid_core.runtime.store.store import lucid_home
+    from lucid_core.config import lucid_home
 
     return lucid_home() / "reports"
 
