@@ -27,8 +27,10 @@ EDITS = [("jobs", "seq = 2", "queue_position", "soon"), ("jobs", "seq = 2", "pre
          ("jobs", "seq = 2", "submit_time", "x"), ("jobs", "seq = 3", "gpus", "many"),
          ("jobs", "seq = 3", "share_class", "z"), ("jobs", "seq = 4", "end_time", "later"),
          ("jobs", "seq = 4", "exit_code", "x"), ("runs", "run_id = 'r-b'", "started_at", "x"),
-         ("runs", "run_id = 'r-b'", "observed_speed", "fast"), ("runs", "run_id = 'r-a'", "observed_speed", "quick"),
-         ("runs", "run_id = 'r-c'", "gpu_indices", "[0,")]
+         ("runs", "run_id = 'r-b'", "observed_speed", "fast"), ("runs", "run_id = 'r-c'", "gpu_indices", "[0,"),
+         ("runs", "run_id = 'r-a'", "observed_speed_at", "x"),  # its speed (0.83) readable, its time not
+         ("runs", "run_id = 'r-d0' AND host = 'm1'", "gpu_indices", '["a", null]'),
+         ("jobs", "seq = 1", "known_min_duration", "x")]
 
 
 #: The same on PostgreSQL, whose column types refuse text but keep a float's NaN and infinities, and any integer.
@@ -36,8 +38,9 @@ PG_EDITS = [("jobs", "seq = 2", "predicted_duration", "NaN"), ("jobs", "seq = 2"
             ("jobs", "seq = 3", "gpus", -4), ("jobs", "seq = 4", "end_time", "-Infinity"),
             ("jobs", "seq = 5", "start_time", "NaN"), ("runs", "run_id = 'r-b'", "started_at", "NaN"),
             ("runs", "run_id = 'r-b'", "observed_speed", "Infinity"),
-            ("runs", "run_id = 'r-a'", "observed_speed", "NaN"),
-            ("runs", "run_id = 'r-c'", "gpu_indices", '{"gpus": [0]}')]
+            ("runs", "run_id = 'r-c'", "gpu_indices", '{"gpus": [0]}'),
+            ("runs", "run_id = 'r-a'", "observed_speed_at", "NaN"),  # its speed (0.83) readable, its time not
+            ("runs", "run_id = 'r-d0' AND host = 'm1'", "gpu_indices", "[null]")]
 
 
 @pytest.fixture

@@ -83,6 +83,18 @@ SQLITE_CORRUPTIONS = {
 }
 
 
+@pytest.mark.parametrize("stored", ["x[", float("nan"), -1.0, 0, None])
+def test_a_hosts_gpu_memory_that_is_no_positive_number_reads_as_the_configured_one(stored):
+    """Text a hand edit left in `hosts.gpu_memory_mb` (SQLite) failed every round where the binder weighs memory
+    (`placement.mem_free_on`: str - float); NaN or a negative size would open or close the host to pairs at random."""
+    from types import SimpleNamespace
+
+    from lucid_core.runtime.round.view_builder import _gpu_memory
+
+    assert _gpu_memory(SimpleNamespace(gpu_memory_mb=stored), 24576.0) == 24576.0
+    assert _gpu_memory(SimpleNamespace(gpu_memory_mb=40960), 24576.0) == 40960.0
+
+
 @pytest.mark.parametrize("case", list(SQLITE_CORRUPTIONS))
 def test_json_text_gone_bad_on_sqlite_stays_the_problem_of_its_own_run_or_key(tmp_path, case):
     from lucid_core.runtime.store.store import Store

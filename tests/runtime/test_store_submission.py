@@ -320,3 +320,15 @@ def test_a_hand_edited_sequence_number_does_not_stop_submissions(tmp_path, edite
     after = [submit(store, JobRequest("true", gpus=1, user="ana", vc="a")) for _ in range(2)]
     assert first == ["j000001", "j000002", "j000003"] and after == ["j000004", "j000005"]  # j000003 is still taken
     store.dispose()
+
+
+def test_a_sequence_number_edited_to_the_columns_largest_value_does_not_stop_submissions(store):
+    """On either store (PostgreSQL's column is a 4-byte integer): a job whose seq a hand edit set to 2**31 - 1 or
+    to a negative number leaves later submissions their next numbers and fresh ids (2**31 overflowed every one)."""
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, vc="a", workdir="/tmp/m0"))
+    for edited in (2**31 - 1, -7):
+        before = [submit(store, JobRequest("true", gpus=1, user="ana", vc="a")) for _ in range(2)]
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET seq = :v WHERE job_id = :j"), {"v": edited, "j": before[-1]})
+        after = [submit(store, JobRequest("true", gpus=1, user="ana", vc="a")) for _ in range(2)]
+        assert len(set(before + after)) == 4 and all(len(j) == 7 for j in after), (edited, before, after)

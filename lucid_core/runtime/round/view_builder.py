@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import (
@@ -46,6 +47,13 @@ class BuiltView:
     prediction_key: str | None = None
     # job id -> why its stored row could not be read (the job is left out of the round, its GPUs held)
     unreadable: dict[str, str] = field(default_factory=dict)
+
+
+def _gpu_memory(host: Any, configured: float) -> float:
+    """A host's stored GPU memory in MB; where it is not a positive number (text a hand edit left on SQLite, NaN),
+    the configured per-GPU memory (`cluster.gpu_memory_mb`): the text failed every round."""
+    memory = host.gpu_memory_mb
+    return float(memory) if saved_number(memory) and memory > 0 else configured
 
 
 def prediction_key(policy: SchedulingPolicy, snapshot: Snapshot) -> str | None:
@@ -136,8 +144,8 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
             continue
         pool = Pool.PROFILING if host.pool == Pool.PROFILING.value or host.name in borrowed else Pool.MAIN
         # main nodes carry their VC so jobs are placed only on their own VC's hosts
-        view.pool(pool).add_node(host.name, count, host.gpu_memory_mb, borrowed=host.name in borrowed,
-                                 vc=host.vc if pool is Pool.MAIN else "")
+        view.pool(pool).add_node(host.name, count, _gpu_memory(host, config.cluster.gpu_memory_mb),
+                                 borrowed=host.name in borrowed, vc=host.vc if pool is Pool.MAIN else "")
         view.host_sharing[host.name] = host_sharing(host)
         if host.name in borrowed:
             view.borrowed_nodes.append(host.name)

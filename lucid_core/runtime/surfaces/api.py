@@ -141,7 +141,10 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
     @router.get("/jobs/{job_id}/eta")
     def get_eta(job_id: str) -> Any:
         known(job_id)
-        return asdict(estimate(store, job_id, config, clock()))
+        try:
+            return asdict(estimate(store, job_id, config, clock()))
+        except ValueError as exc:  # the store's view cannot be built (a hand edit): said, as `lucid eta` says it
+            raise HTTPException(status_code=422, detail=f"job {job_id!r}: {exc}") from exc
 
     @router.get("/hosts")
     def get_hosts() -> Any:

@@ -77,11 +77,17 @@ def _sharing(row: JobRow, splits: list[DecisionRow], events: Any) -> dict[str, A
     if not splits:
         return {"allowed": False, "why": "marked not to share"}
     split = splits[-1]
-    partner = split.payload.get("partner") if split.job_id == row.job_id else split.job_id
+    partner = _payload(split).get("partner") if split.job_id == row.job_id else split.job_id
     event = next((e.message for e in reversed(events) if e.kind == "Unpair"), "")
     measured = event.removeprefix(split.reason).strip(" ()").removeprefix("measured ") if event != split.reason else ""
     return {"allowed": False, "why": f"its pair with {partner} was split: {split.reason}",
             "split_at": split.time, "partner": partner, "measured": measured or None}
+
+
+def _payload(decision: Any) -> dict[str, Any]:
+    """A decision's stored payload as a mapping; {} for anything else (JSON a hand edit left unparseable reads as
+    None)."""
+    return decision.payload if isinstance(decision.payload, dict) else {}
 
 
 def shared_speed_line(shared: dict[str, Any] | None) -> str | None:
@@ -90,10 +96,14 @@ def shared_speed_line(shared: dict[str, Any] | None) -> str | None:
         return None
     if shared["speed"] is None:
         return f"speed while shared with {shared['partner']}: not measured yet (the pair has not settled)"
-    at = datetime.fromtimestamp(shared["measured_at"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     source = "emulated telemetry" if shared["emulated"] else "telemetry"
+    if shared["measured_at"] is None:  # a time a hand edit left unreadable: the speed, without when
+        when = "at a time the store holds unreadable"
+    else:
+        at = datetime.fromtimestamp(shared["measured_at"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = f"{at} ({shared['age_s']:.0f} s ago)"
     return (f"speed while shared with {shared['partner']}: {shared['speed']:.2f} of its speed alone, measured "
-            f"{at} ({shared['age_s']:.0f} s ago) over {shared['samples']} samples of {source}")
+            f"{when} over {shared['samples']} samples of {source}")
 
 
 def explain(store: Store, job_id: str, config: LucidConfig, now: float,
@@ -106,20 +116,23 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
         events = s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)).all()
         splits = [d for d in s.scalars(select(DecisionRow).where(DecisionRow.kind == "Unpair").order_by(DecisionRow.id))
-                  if job_id in (d.job_id, d.payload.get("partner"))]
+                  if job_id in (d.job_id, _payload(d).get("partner"))]
         shared = shared_speeds(s, [job_id]).get(job_id)
         spans = shared_spans(s, now, [job_id]).get(job_id, [])
     snapshot = load_snapshot(store, now)
     policy = (policy_factory or default_policy)(config, snapshot)
     cap = snapshot.state.get("long_cap") if config.orchestrator.long_quantile < 1 else None
-    job = job_of(row)
+    try:
+        job = job_of(row)
+    except (TypeError, ValueError) as exc:  # as the round says it: the job is left out until its row is mended
+        raise ValueError(f"its stored row cannot be read ({exc})") from exc
     parts = policy.describe()
     duration_model, packing_model = parts.duration_model, parts.packing_model
     partner_reason = None
     partner = None
     for d in decisions:
-        if d.kind == "Place" and d.payload.get("partner"):
-            partner, partner_reason = d.payload["partner"], d.reason
+        if d.kind == "Place" and _payload(d).get("partner"):
+            partner, partner_reason = _payload(d)["partner"], d.reason
     active = [r for r in runs if r.state in ACTIVE_RUN_STATES]
     if active and active[0].partner:
         partner = active[0].partner
@@ -128,7 +141,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                 joined = s.scalars(select(DecisionRow).where(DecisionRow.job_id == partner,
                                                              DecisionRow.kind == "Place")
                                    .order_by(DecisionRow.id.desc())).first()
-            if joined is not None and joined.payload.get("partner") == job_id:
+            if joined is not None and _payload(joined).get("partner") == job_id:
                 partner_reason = joined.reason
     if partner is None:  # no decision of its own named one: the run records still may (it was joined)
         partner = next((r.partner for r in reversed(runs) if r.partner), None)
@@ -136,7 +149,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
     placed = next((d for d in reversed(decisions) if d.kind == "Place"), None)
     rule, words = ordering_rule(job, now, config.orchestrator.guard_slowdown, config.profiler.tprof_s,
                                 placed.reason if placed is not None else None,
-                                (placed.payload or {}).get("partner") if placed is not None else None,
+                                _payload(placed).get("partner") if placed is not None else None,
                                 float(cap) if saved_number(cap) else math.inf)
     out: dict[str, Any] = {
         "job_id": job_id, "state": row.state, "name": row.name, "user": row.user, "vc": row.vc, "gpus": row.gpus,

@@ -74,8 +74,10 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
     running_on_gpu: Counter[tuple[str, int]] = Counter()
     for host, indices, state in runs:
         for index in indices if isinstance(indices, list) else []:
-            jobs_on_gpu[(host, int(index))] += 1
-            running_on_gpu[(host, int(index))] += state == RunState.RUNNING
+            if type(index) is not int:  # an entry a hand edit left ("a", null): no GPU of the host
+                continue
+            jobs_on_gpu[(host, index)] += 1
+            running_on_gpu[(host, index)] += state == RunState.RUNNING
     gpu_state = gauge("lucid_gpus", "GPUs by pool, VC and occupancy (idle; busy: held by a job, or planned for a "
                       "second that has not started; shared: two jobs running on it)", ["pool", "vc", "state"])
     counts: Counter[tuple[str, str, str]] = Counter()

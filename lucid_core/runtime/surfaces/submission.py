@@ -79,9 +79,10 @@ def vc_capacity(store: Store) -> dict[str, int]:
     return {vc: int(n) for vc, n in rows}
 
 
-#: Sequence numbers are read below this: SQLite orders text above every number, so a job whose `seq` a hand edit
-#: set to text is not the maximum (it was, and `'x' + 1` failed every submission after it).
-MAX_SEQ = 2**62
+#: Sequence numbers are read below this, the largest PostgreSQL's integer column holds: SQLite orders text above
+#: every number, so a job whose `seq` a hand edit set to text is not the maximum (it was, and `'x' + 1` failed every
+#: submission after it), nor is one edited to the column's largest value (every next number overflowed).
+MAX_SEQ = 2**31 - 1
 
 
 def next_seq(highest: object) -> int:
@@ -236,6 +237,7 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
         raise SubmissionError(errors)
     now = store.now() if now is None else now
     key = request.idempotency_key
+    floor = 1
     for _ in range(20):
         existing = _job_with_key(store, request.user, key)
         if existing is not None:
@@ -244,9 +246,7 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
             with store.session() as s:
                 if store.dialect == "postgresql":  # serialize id allocation: no retry storm under bursts
                     s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SEQ_LOCK_KEY})
-                seq = next_seq(s.scalar(select(func.max(JobRow.seq)).where(JobRow.seq < MAX_SEQ)))
-                while s.scalar(select(JobRow.job_id).where(JobRow.job_id == f"j{seq:06d}")) is not None:
-                    seq += 1  # its job's seq was edited away from its id: the id is still taken
+                seq = max(floor, next_seq(s.scalar(select(func.max(JobRow.seq)).where(JobRow.seq < MAX_SEQ))))
                 job_id = f"j{seq:06d}"
                 s.add(JobRow(
                     job_id=job_id, seq=seq, name=request.name, user=request.user, vc=request.vc,
@@ -258,8 +258,9 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
                 s.add(JobEventRow(job_id=job_id, time=now, kind="submitted",
                                   message=f"{request.gpus} GPU(s) in VC {request.vc} by {request.user}"))
             return job_id
-        except IntegrityError:
-            continue  # another submitter took the same sequence number, or the same key (found above)
+        except IntegrityError:  # another submitter took the same number, or the same key (found above), or a job
+            floor = seq + 1       # whose seq a hand edit moved still holds this id: try past it
+            continue
     raise RuntimeError("could not allocate a job id after 20 tries")
 
 
