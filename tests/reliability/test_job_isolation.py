@@ -258,7 +258,9 @@ def test_a_job_whose_forged_exit_code_outlives_its_stop_is_still_cancelled(tmp_p
         jobs = jobs_by_id(store)
         assert (jobs[forger].state, jobs[waiting].state) == ("CANCELLED", "COMPLETED")
         (run,) = runs_of(store, forger)
-        assert "its status could not be read" in run.outcome, run.outcome
+        # the helper rewrites the record with `echo >` (truncate, then write): a stop whose read falls between the
+        # two finds no record and says "stopped" (seen once in CI on a 2-core machine); either way the run is over
+        assert "its status could not be read" in run.outcome or run.outcome == "stopped", run.outcome
         marker = (tmp_path / "runs" / run.run_id / "marker").read_text().strip()
         assert marked_processes(f"{RUN_MARKER}={marker}") == {}
         check_invariants(store, [forger, waiting])
