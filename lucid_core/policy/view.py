@@ -375,6 +375,12 @@ def saved_float(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def saved_indices(value: Any) -> list[int]:
+    """A stored list of GPU indices as its integers, in order; none for anything else (a hand edit can leave text,
+    null or a mapping there, and text's characters were read as GPUs)."""
+    return [i for i in value if type(i) is int] if isinstance(value, list) else []
+
+
 def saved_number(value: Any) -> bool:
     """A finite int or float (saved state read back from the store)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -24,6 +24,8 @@ from fastapi.responses import FileResponse, HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid_airflow.auth import airflow_auth_middleware
+from lucid_core.policy.view import saved_float, saved_indices
+from lucid_core.runtime.surfaces.history_table import UNREADABLE
 
 if TYPE_CHECKING:  # the store's modules load at the first request
     from sqlalchemy.orm import Session
@@ -101,13 +103,11 @@ def table(header: list[str], rows: list[list[str]], table_id: str = "") -> str:
 
 def hours(seconds: float | None) -> str:
     """Seconds as hours or minutes; n/a for none, unreadable for text a hand edit left in the store (a 500 before)."""
-    from lucid_core.policy.view import saved_float
-
     if seconds is None:
         return "<span class='muted'>n/a</span>"
     number = saved_float(seconds)
     if number is None:
-        return "<span class='muted'>unreadable</span>"
+        return f"<span class='muted'>{UNREADABLE}</span>"
     return f"{number / 3600:.2f} h" if number >= 3600 else f"{number / 60:.1f} min"
 
 
@@ -184,11 +184,11 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         runs, shared, hosts, gpus, names = found.runs, found.shared, found.hosts, found.gpus, found.names
         on_gpu: dict[tuple[str, int], list[Any]] = {}
         for r in runs:
-            for index in _gpu_indices(r):
+            for index in saved_indices(r.gpu_indices):
                 on_gpu.setdefault((r.host, index), []).append(r)
         rows = [[f'<a href="{prefix}/jobs/{esc(r.job_id)}">{esc(r.job_id)}</a>',
                  esc(names.get(r.job_id, "")), esc(r.kind), esc(r.host),
-                 esc(",".join(str(i) for i in _gpu_indices(r))), esc(r.partner or ""),
+                 esc(",".join(str(i) for i in saved_indices(r.gpu_indices))), esc(r.partner or ""),
                  _shared_speed_cell(shared.get(r.job_id) if r.kind == "main" else None, now), esc(r.state),
                  _running_for(r.started_at, now)] for r in runs]
         cards = []
@@ -533,7 +533,7 @@ def _utc(moment: float | None) -> str:
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(moment))
     except (TypeError, ValueError, OverflowError, OSError):
-        return "unreadable"
+        return UNREADABLE
 
 
 def _util_cell(reading: Any, problem: str | None, now: float) -> str:
@@ -654,21 +654,12 @@ def _training_hint(root: Path, ident: str) -> str:
     return f"<p class='hint' id='{ident}'>{esc(said[:1].upper() + said[1:])}.</p>" if said else ""
 
 
-def _gpu_indices(run: Any) -> list[int]:
-    """A run's stored GPU indices; none for anything but a list of integers (a hand edit can leave text there,
-    whose characters were read as GPUs: a 500)."""
-    value = run.gpu_indices
-    return [i for i in value if type(i) is int] if isinstance(value, list) else []
-
-
 def _running_for(started_at: Any, now: float) -> str:
     """How long a run has run; "starting" before it has, unreadable for text a hand edit left."""
     if started_at is None:
         return "starting"
-    from lucid_core.policy.view import saved_float
-
     start = saved_float(started_at)
-    return hours(max(0.0, now - start)) if start is not None else "<span class='muted'>unreadable</span>"
+    return hours(max(0.0, now - start)) if start is not None else f"<span class='muted'>{UNREADABLE}</span>"
 
 
 def _shared_speed_cell(shared: Any, now: float) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, SHARING_MECHANISMS, Pool, RunState
+from lucid_core.policy.view import saved_indices
 from lucid_core.runtime.hosts.executor import GpuInfo, HostAddress, HostExecutor
 from lucid_core.runtime.hosts.inputs import os_user_problem
 from lucid_core.runtime.store.lease import admin_lease
@@ -136,9 +137,8 @@ def list_hosts(store: Store) -> list[dict[str, object]]:
     for host, _ in gpus:
         count[host] = count.get(host, 0) + 1
     used: dict[str, set[int]] = {}
-    for host, indices in busy:  # read as untrusted: a hand edit can leave anything there (None: not JSON)
-        if isinstance(indices, list):
-            used.setdefault(host, set()).update(i for i in indices if type(i) is int)
+    for host, indices in busy:  # read as untrusted: a hand edit can leave anything there
+        used.setdefault(host, set()).update(saved_indices(indices))
     return [{"name": h.name, "address": f"{h.address}:{h.port}", "user": h.user, "vc": h.vc, "pool": h.pool,
              "executor": h.executor, "telemetry": h.telemetry, "run_as": h.run_as,
              "gpu_model": h.gpu_model, "sharing": h.sharing, "gpus": count.get(h.name, 0),

@@ -6,18 +6,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-#: What a time column shows when the store holds no time there (text a hand edit left in a SQLite store).
-UNREADABLE_TIME = "unreadable"
+#: What a time or duration shows when the store holds no number there (text a hand edit left in a SQLite store).
+UNREADABLE = "unreadable"
 
 
 def local_time(t: float | None) -> str:
-    """A Unix time as local date and time, '-' for none, or `UNREADABLE_TIME` (one odd row failed the listing)."""
+    """A Unix time as local date and time, '-' for none, or `UNREADABLE` (one odd row failed the listing)."""
     if t is None:
         return "-"
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
     except (TypeError, ValueError, OverflowError, OSError):
-        return UNREADABLE_TIME
+        return UNREADABLE
 
 
 def elapsed_clock(seconds: float | None) -> str:

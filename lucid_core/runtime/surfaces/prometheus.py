@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, JobState, RunState
-from lucid_core.policy.view import saved_float
+from lucid_core.policy.view import saved_float, saved_indices
 from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, ModelVersionRow, RoundRow, RunRow
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.queries import shared_speeds
@@ -73,9 +73,7 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
     jobs_on_gpu: Counter[tuple[str, int]] = Counter()
     running_on_gpu: Counter[tuple[str, int]] = Counter()
     for host, indices, state in runs:
-        for index in indices if isinstance(indices, list) else []:
-            if type(index) is not int:  # an entry a hand edit left ("a", null): no GPU of the host
-                continue
+        for index in saved_indices(indices):
             jobs_on_gpu[(host, index)] += 1
             running_on_gpu[(host, index)] += state == RunState.RUNNING
     gpu_state = gauge("lucid_gpus", "GPUs by pool, VC and occupancy (idle; busy: held by a job, or planned for a "

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lucid_core.policy.view import saved_float
+from lucid_core.policy.view import saved_float, saved_indices
 from lucid_core.units import duration_words
 
 if TYPE_CHECKING:  # SQLAlchemy only where a session is read: `lucid status` reads without it (plain_views)
@@ -36,20 +36,12 @@ class SharedSpan:
         return self.end - self.start
 
 
-def _indices(run: RunRow) -> set[int]:
-    """A run's GPU indices; a stored value that is not a list of integers counts as none."""
-    value = run.gpu_indices
-    if not isinstance(value, list):
-        return set()
-    return {int(i) for i in value if isinstance(i, int) and not isinstance(i, bool)}
-
-
 def overlap(a: RunRow, b: RunRow, now: float) -> SharedSpan | None:
     """The span during which runs `a` and `b` both ran on a common GPU of one host (None: they never did, or a
     stored time is not a number, text a hand edit left: then when they ran is not known)."""
     if a.host != b.host or a.started_at is None or b.started_at is None:
         return None
-    common = _indices(a) & _indices(b)
+    common = set(saved_indices(a.gpu_indices)) & set(saved_indices(b.gpu_indices))
     if not common:
         return None
     times = [saved_float(t) if t is not None else now for t in (a.started_at, b.started_at, a.ended_at, b.ended_at)]

@@ -120,16 +120,16 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def _duration(seconds: float | None) -> str:
-    """A duration rounded for a person: 42 s, 12.5 min, 10.8 h; '-' for none, `UNREADABLE_TIME` for text a hand
+    """A duration rounded for a person: 42 s, 12.5 min, 10.8 h; '-' for none, `UNREADABLE` for text a hand
     edit left in the store (it failed `lucid queue` whole)."""
     from lucid_core.policy.view import saved_float
-    from lucid_core.runtime.surfaces.history_table import UNREADABLE_TIME
+    from lucid_core.runtime.surfaces.history_table import UNREADABLE
     from lucid_core.units import duration_words
 
     if seconds is None:
         return "-"
     number = saved_float(seconds)
-    return UNREADABLE_TIME if number is None else duration_words(number)
+    return UNREADABLE if number is None else duration_words(number)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
