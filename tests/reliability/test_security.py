@@ -147,8 +147,9 @@ def test_a_host_key_that_does_not_match_known_hosts_is_refused_without_retry(ssh
     host = HostAddress("prof0", "127.0.0.1", port, sshd_hosts.user, str(sshd_hosts.client_key),
                        str(tmp_path / "runs"))
     t0 = time.monotonic()
-    with pytest.raises(HostKeyRejected, match="does not match"):
+    with pytest.raises(HostKeyRejected, match="does not match") as rejected:
         transport.run_script(host, f"touch {tmp_path / 'ran'}\n", 5)
+    assert rejected.value.reached is False  # refused before any login: a launch there started nothing
     assert time.monotonic() - t0 < 1.0, "a rejected key was retried"
     assert transport.connects == 0 and not (tmp_path / "ran").exists()
     # through a round: the host is marked unreachable with the reason, and nothing is launched there
@@ -163,7 +164,9 @@ def test_a_host_key_that_does_not_match_known_hosts_is_refused_without_retry(ssh
         prof = s.get(HostRow, "prof0")
     assert "prof0" in report.unreachable and not prof.reachable and "does not match" in prof.last_error
     assert not (tmp_path / "hosts" / "prof0").exists()
-    assert [r.state for r in runs_of(store, job)] == ["planned"]
+    # the key was refused before any login: the run ends unlaunched and the job waits for a host that answers
+    assert [(r.state, r.started_at) for r in runs_of(store, job)] == [("ended", None)]
+    assert jobs_by_id(store)[job].state == "SUBMITTED"
     store.dispose()
 
 

@@ -234,8 +234,10 @@ def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
         from lucid_core.runtime.store.schema import HostRow
 
         host = s.get(HostRow, "prof0")
-    assert run.state == "planned" and not host.reachable and "known_hosts" in (host.last_error or "")
-    assert jobs_by_id(store)[job].state == JobState.PROFILING.value
+    assert not host.reachable and "known_hosts" in (host.last_error or "")
+    # refused before any login, so nothing ran there: the run ends and the job waits for a host that answers
+    assert run.state == "ended" and run.outcome.startswith("not launched: host prof0"), (run.state, run.outcome)
+    assert jobs_by_id(store)[job].state == JobState.SUBMITTED.value
     store.dispose()
 
 

@@ -11,13 +11,15 @@ import sys
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 
 from lucid_core.domain import JobState, RunState
 from lucid_core.runtime.hosts.inventory import HostSpec, add_host
 from lucid_core.runtime.store import plain_read
 from lucid_core.runtime.store.plain_read import BOOLEAN_COLUMNS, JSON_COLUMNS, PlainReader, open_plain_reader
 from lucid_core.runtime.store.schema import JobRow, RunRow
-from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.store.schema_head import packaged_head
+from lucid_core.runtime.store.store import Store, _alembic_config
 from lucid_core.runtime.surfaces import plain_views, queries
 from lucid_core.runtime.surfaces.job_views import HistoryQuery, UnknownJob
 
@@ -261,10 +263,9 @@ def test_an_older_store_is_migrated_by_the_cli_and_then_read_plainly(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     _fill(url)
     engine = sa.create_engine(url)
-    with engine.begin() as conn:  # undo the newest migration by hand: its column and its stamp
-        conn.execute(sa.text("DROP INDEX ix_runs_unpruned"))
-        conn.execute(sa.text("ALTER TABLE runs DROP COLUMN pruned_at"))
-        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0013'"))
+    with engine.begin() as conn:  # undo the newest migration (its own downgrade): the store is one revision old
+        command.downgrade(_alembic_config(conn), "-1")
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() != packaged_head()
     engine.dispose()
     code = ("import sys\nfrom lucid_core.cli import main\ncode = main(sys.argv[1:])\n"
             "print('ORM' if 'sqlalchemy' in sys.modules else 'PLAIN', file=sys.stderr)\nsys.exit(code)")

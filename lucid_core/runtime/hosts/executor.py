@@ -22,7 +22,13 @@ from lucid_core.runtime.hosts.launch import REFUSED_USER, TelemetryLaunch
 
 
 class HostUnreachable(RuntimeError):
-    """The host could not be reached (network, sshd down, timeout) after the retries."""
+    """The host could not be reached (network, sshd down, timeout) after the retries. `reached` is False only
+    when no try ever had a session on the host (the connection was refused, timed out or failed its
+    handshake): then the script certainly did not run there. Otherwise it may have."""
+
+    def __init__(self, message: str, *, reached: bool = True) -> None:
+        super().__init__(message)
+        self.reached = reached
 
 
 class HostKeyRejected(HostUnreachable):

@@ -65,11 +65,12 @@ class SshTransport:
             )
         except paramiko.BadHostKeyException as exc:
             client.close()
-            raise HostKeyRejected(f"host {host.name}: host key does not match known_hosts: {exc}") from exc
+            raise HostKeyRejected(f"host {host.name}: host key does not match known_hosts: {exc}",
+                                  reached=False) from exc
         except paramiko.SSHException as exc:
             client.close()
             if "known_hosts" in str(exc) or "not found in" in str(exc):
-                raise HostKeyRejected(f"host {host.name}: {exc}") from exc
+                raise HostKeyRejected(f"host {host.name}: {exc}", reached=False) from exc
             raise
         except BaseException:
             client.close()
@@ -114,12 +115,14 @@ class SshTransport:
         with self._lock:
             return self._host_locks.setdefault(name, threading.Lock())
 
-    def _run_once(self, host: HostAddress, script: str, deadline: float) -> ScriptResult:
+    def _run_once(self, host: HostAddress, script: str, deadline: float, sessions: list[bool]) -> ScriptResult:
+        """One try; appends to `sessions` once it holds a session on the host (from then on the script may run)."""
         lock = self._host_lock(host.name)  # one call at a time on a host's kept shell, whoever calls
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise TimeoutError("another call on this host held its shell past this call's deadline")
         try:
             client = self._client(host, deadline)
+            sessions.append(True)
             shell = self._shells.get(host.name)
             if shell is None or not shell.serves(client):
                 timeout_s = deadline - time.monotonic()
@@ -146,11 +149,13 @@ class SshTransport:
         deadline = time.monotonic() + timeout_s
         last: BaseException | None = None
         tries = 0
+        sessions: list[bool] = []  # one entry per try that had a session on the host: the script may have run
         for attempt in range(self.retries + 1):
             tries += 1
             try:
-                return self._run_once(host, script, deadline)
-            except HostKeyRejected:
+                return self._run_once(host, script, deadline, sessions)
+            except HostKeyRejected as exc:  # refused before any login: reached only if an earlier try was in
+                exc.reached = bool(sessions)
                 raise
             except _RETRYABLE as exc:
                 last = exc
@@ -161,7 +166,8 @@ class SshTransport:
                     break
                 time.sleep(pause)
         raise HostUnreachable(f"host {host.name} ({host.address}:{host.port}) unreachable after "
-                              f"{tries} tries within {timeout_s:g} s: {type(last).__name__}: {last}") from last
+                              f"{tries} tries within {timeout_s:g} s: {type(last).__name__}: {last}",
+                              reached=bool(sessions)) from last
 
     def close(self) -> None:
         for name in list(self._clients):

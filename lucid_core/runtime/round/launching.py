@@ -34,15 +34,9 @@ from lucid_core.runtime.round.base import (
     update_unsynced,
 )
 from lucid_core.runtime.round.ended_runs import EndedRunSteps
-from lucid_core.runtime.round.settings import (
-    emulated_profile_from_catalog,
-)
+from lucid_core.runtime.round.settings import emulated_profile_from_catalog
 from lucid_core.runtime.store import lease
-from lucid_core.runtime.store.schema import (
-    DecisionRow,
-    JobRow,
-    RunRow,
-)
+from lucid_core.runtime.store.schema import DecisionRow, JobRow, RunRow
 
 
 class LaunchSteps(EndedRunSteps):
@@ -54,8 +48,7 @@ class LaunchSteps(EndedRunSteps):
         with self.store.session() as s:
             planned = list(s.scalars(select(RunRow).where(RunRow.state == RunState.PLANNED)
                                      .order_by(RunRow.planned_at, RunRow.node_rank)))
-            stopping = list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING,
-                                                           RunRow.stop_reason.is_not(None))))
+        stopping = self._stopping()
         down = self._stop_runs(stopping, "stop")
         still_stopping = {r.job_id for r in stopping if r.host in down}
         # first nodes first: a run whose first node is refused never starts its others (wide jobs only)
@@ -87,12 +80,13 @@ class LaunchSteps(EndedRunSteps):
             if not launches:
                 continue
             self.renew_lease()  # a round that lost its lease launches nothing
+            first_tries = self._mark_launch_tried(launches)
             results = pair_results(launches, self._fan_out(batches))
             self._crash("after_launch")  # the hosts run them, the store does not know yet
             # record what started before handling refusals: a refusal ends the other nodes of its run
             try:
                 for run, outcome in [*[r for r in results if r[1].ok], *[r for r in results if not r[1].ok]]:
-                    self._apply_launch(run, outcome, down)
+                    self._apply_launch(run, outcome, down, first_tries)
             except lease.Fenced:  # lost the lease between renewing it and the launches reaching their hosts
                 for run, outcome in results:
                     if outcome.ok and outcome.value is not None and not outcome.value.already_launched:
@@ -113,12 +107,28 @@ class LaunchSteps(EndedRunSteps):
         self._on_host(run.host, lambda: self.executor.stop(host_address(self._hosts[run.host]), run.run_id,
                                                            "fenced", self.settings.stop_grace_s))
 
-    def _apply_launch(self, run: RunRow, outcome: CallResult[LaunchResult], down: set[str]) -> None:
-        """Record one launch's outcome in the store: started, host down (the run stays planned), or refused."""
+    def _mark_launch_tried(self, runs: list[RunRow]) -> set[tuple[str, str]]:
+        """Record that these runs' launches are about to be sent; returns the (run id, host) never tried before."""
+        first, now = {(r.run_id, r.host) for r in runs if r.launch_tried_at is None}, self.clock()
+        if first:
+            with self.store.session() as s:
+                for run_id, host in first:
+                    s.execute(update_unsynced(RunRow).where(RunRow.run_id == run_id, RunRow.host == host,
+                                                            RunRow.launch_tried_at.is_(None))
+                              .values(launch_tried_at=now))
+        return first
+
+    def _apply_launch(self, run: RunRow, outcome: CallResult[LaunchResult], down: set[str],
+                      first_tries: set[tuple[str, str]]) -> None:
+        """Record one launch's outcome in the store: started, host down, or refused. A host down keeps the run
+        planned (it may have started there), unless this first try never reached the host: then it ends."""
         error = outcome.error
         if isinstance(error, HostUnreachable):
             down.add(run.host)
             self._host_failed(run.host, error)
+            if not error.reached and (run.run_id, run.host) in first_tries:  # certainly nothing started there
+                self._launch_failed(run, f"host {run.host} did not answer its launch: {error}", unreached=True)
+                down.update(self._stop_started_peers(run.run_id))
             return
         if isinstance(error, LaunchConflict):  # the host's ledger says the store was behind: requeue, no cool-down
             self.report.errors.append(f"launch {run.run_id} on {run.host}: {error}")
@@ -261,10 +271,12 @@ class LaunchSteps(EndedRunSteps):
             s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host).values(
                 state=RunState.ENDED, ended_at=self.clock(), outcome=why))
 
-    def _launch_failed(self, run: RunRow, why: str, final: bool = False, conflict: bool = False) -> None:
+    def _launch_failed(self, run: RunRow, why: str, final: bool = False, conflict: bool = False,
+                       unreached: bool = False) -> None:
         """The host refused the launch: end the run and put the job back where it waits (or fail it when
         `final`: trying again cannot help). A `conflict` (the host's ledger of live runs refused it) ends
-        the run with outcome 'conflict: ...' and never counts as one of the job's launch failures.
+        the run with outcome 'conflict: ...', one `unreached` (its host never answered the first try) with
+        'not launched: ...'; neither counts as one of the job's launch failures.
 
         Other nodes of a wide job that did start are only marked for a stop (`peer_ended`): they count as
         ended once the stop has reached their host, so a requeued job never runs beside its old copy.
@@ -275,16 +287,19 @@ class LaunchSteps(EndedRunSteps):
                     peer.stop_reason = peer.stop_reason or "peer_ended"
                 elif peer.state in ACTIVE_RUN_STATES:
                     peer.state, peer.ended_at = RunState.ENDED, self.clock()
-                    peer.outcome = f"{'conflict' if conflict else 'launch failed'}: {why}"[:1000]
+                    word = "conflict" if conflict else "not launched" if unreached else "launch failed"
+                    peer.outcome = f"{word}: {why}"[:1000]
             s.flush()
             failures = s.scalar(select(func.count(distinct(RunRow.run_id))).where(  # tries, not nodes
                 RunRow.job_id == run.job_id, RunRow.outcome.like("launch failed%"))) or 0
             job = s.get(JobRow, run.job_id)
             if job is None or left_alone(job.state):
                 return
-            self._event(s, job.job_id, "launch_conflict" if conflict else "launch_failed", why[:1000])
-            if conflict:
+            self._event(s, job.job_id, "launch_conflict" if conflict else "not_launched" if unreached
+                        else "launch_failed", why[:1000])
+            if conflict or unreached:
                 failures = 0
+            if conflict:
                 other = s.scalar(select(RunRow.run_id).where(RunRow.job_id == run.job_id, RunRow.run_id != run.run_id,
                                                              RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
                 if other is not None:
@@ -346,11 +361,13 @@ class LaunchSteps(EndedRunSteps):
             self._settle(run, status)
         return down
 
-    def carry_out_pending_stops(self) -> None:
+    def _stopping(self) -> list[RunRow]:
         with self.store.session() as s:
-            stopping = list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING,
-                                                           RunRow.stop_reason.is_not(None))))
-        self._stop_runs(stopping, "stop")
+            return list(s.scalars(select(RunRow).where(RunRow.state == RunState.RUNNING,
+                                                       RunRow.stop_reason.is_not(None))))
+
+    def carry_out_pending_stops(self) -> None:
+        self._stop_runs(self._stopping(), "stop")
 
     def _cancel_requested(self) -> None:
         active = [st.value for st in JobState if st not in TERMINAL_STATES]
