@@ -148,6 +148,9 @@ class EmulatedHosts:
                 out[run_id] = RunStatus("RUNNING", pid=4242)
         return out
 
+    def probe(self, host: HostAddress) -> None:
+        """Every host answers."""
+
     def stop(self, host: HostAddress, run_id: str, reason: str, grace_s: float) -> RunStatus:
         span = self.runs.get((host.name, run_id))
         if span is not None:

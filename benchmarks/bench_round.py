@@ -148,6 +148,9 @@ class InstantExecutor:
     def poll(self, host: object, run_ids: Sequence[str]) -> dict[str, RunStatus]:
         return {r: RunStatus("RUNNING", pid=4242) for r in run_ids}
 
+    def probe(self, host: object) -> None:
+        """Every host answers."""
+
     def stop(self, host: object, run_id: str, reason: str, grace_s: float) -> RunStatus:
         return RunStatus("EXITED", exit_code=143, stop_requested=True)
 

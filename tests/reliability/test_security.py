@@ -8,13 +8,14 @@ import logging
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lucid_invariants import TERMINAL
-from runtime_helpers import fast_config, jobs_by_id, one_round, register, runs_of
+from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, register, runs_of
 from sqlalchemy import func, select
 
 from lucid_core.runtime.hosts.executor import HostAddress, HostKeyRejected, LaunchSpec
@@ -159,7 +160,8 @@ def test_a_host_key_that_does_not_match_known_hosts_is_refused_without_retry(ssh
     lines = [line for line in sshd_hosts.known_hosts.read_text().splitlines() if f"]:{port} " not in line]
     known.write_text("\n".join([*lines, f"[127.0.0.1]:{port} {key_type} {key}"]) + "\n")
     cluster = type("Cluster", (), {"known_hosts": known, "hosts": sshd_hosts.hosts})()
-    report = one_round(store, cluster, fast_config())
+    # no idle probe (it would find the key refused before any placement): the launch meets it
+    report = one_round(store, cluster, fast_config(), settings=replace(SETTINGS, idle_probe_s=None))
     with store.session() as s:
         prof = s.get(HostRow, "prof0")
     assert "prof0" in report.unreachable and not prof.reachable and "does not match" in prof.last_error

@@ -66,7 +66,9 @@ def started_at(ledger: Path) -> dict[str, float]:
 def test_silent_and_slow_hosts_do_not_delay_launches_elsewhere(fleet):
     store, servers, root = fleet
     ledger = root / "ledger"
-    settings = replace(SETTINGS, host_call_deadline_s=DEADLINE_S, host_lost_after_s=0.5, host_parallelism=8)
+    # no idle probes: the silent host went silent after its last one, so this round places work there
+    settings = replace(SETTINGS, host_call_deadline_s=DEADLINE_S, host_lost_after_s=0.5, host_parallelism=8,
+                       idle_probe_s=None)
     for i in range(10):
         submit(store, JobRequest(f'echo "$LUCID_JOB_ID $(date +%s.%N)" >> {ledger}; sleep 30', 1, "u", "vc-a",
                                  name=f"j{i}"))
@@ -133,6 +135,36 @@ def test_pool_gives_up_a_batch_past_its_deadline_and_skips_the_host_after():
     pool.close()
 
 
+class _StallingDown(dict):
+    """The pool's `down` map, whose worker-side write stalls (the worker losing the CPU right after it)."""
+
+    def setdefault(self, key, value):
+        found = super().setdefault(key, value)
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(GRACE_S + 1.5)
+        return found
+
+
+def test_a_batch_given_up_says_its_calls_may_have_reached_the_host():
+    """A launch that returned, then a later call of the batch that never reached the host, its worker stalled
+    past the batch's budget: the given-up batch's results say every call may have reached the host, not the
+    later call's 'never reached' (which would end a run that is running)."""
+    from lucid_core.runtime.hosts.executor import HostUnreachable
+
+    def refused() -> str:
+        time.sleep(0.3)
+        raise HostUnreachable("host h: connection refused", reached=False)
+
+    pool = HostCallPool(2)
+    pool.down = _StallingDown()
+    try:
+        out = pool.run({"h": [HostCall(lambda: "launched", 0.5), HostCall(refused, 0.5)]}, limit_s=0.5)
+    finally:
+        pool.close()
+    assert [r.ok for r in out["h"]] == [False, False]
+    assert all(r.error.reached for r in out["h"]), [(r.error, r.error.reached) for r in out["h"]]
+
+
 def test_round_every_keeps_each_host_connection_across_rounds(sshd_hosts, tmp_path, monkeypatch):
     """`lucid round --every` makes one executor for its loop: a host called in several rounds is connected once."""
     from runtime_helpers import register
@@ -153,7 +185,8 @@ def test_round_every_keeps_each_host_connection_across_rounds(sshd_hosts, tmp_pa
     with store.session() as s:
         called = {r.host for r in s.scalars(select(RunRow).where(RunRow.job_id == job))}
     assert len(made) == 1 and called, (made, called)  # one executor for the loop, and hosts had work
-    assert made[0].transports["ssh"].connects == len(called)  # each host connected once over four rounds
+    # each host connected once over four rounds (the idle ones too: the first round probes hosts never heard from)
+    assert made[0].transports["ssh"].connects == len(sshd_hosts.hosts)
     cancel(store, job)
     assert lucid(["round", "--store", store.url, "--lucid-config", str(config)]) == 0
     assert jobs_by_id(store)[job].state == "CANCELLED"

@@ -119,7 +119,9 @@ class HostCallPool:
         self.down.setdefault(host, exc)
         if self.give_up is not None:
             self.give_up(host)
-        return [CallResult(error=self.down[host]) for _ in range(count)]
+        # its own error, which says the calls may have reached the host: the worker, still running, may have put
+        # one of its later calls' errors in `down` (one that never reached it) after earlier calls did
+        return [CallResult(error=exc) for _ in range(count)]
 
     def close(self) -> None:
         """Stop taking batches; workers still stuck on a given-up host are left to end on their own."""

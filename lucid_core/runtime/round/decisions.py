@@ -242,7 +242,8 @@ class DecisionSteps(RoundBase):
             s.add(RunRow(run_id=run_id, host=host, job_id=job.job_id, kind="profiling" if profiling else "main",
                          pool=pool.value, gpu_indices=indices, node_rank=rank, partner=partner,
                          profile_in_place=isinstance(decision, Place) and decision.profile_in_place,
-                         profiling_until=until, state=RunState.PLANNED, decision_id=row.id, planned_at=now))
+                         profiling_until=until, state=RunState.PLANNED, decision_id=row.id, planned_at=now,
+                         launch_untried=True))
         if partner is not None:
             s.execute(update_unsynced(RunRow)
                       .where(RunRow.job_id == partner, RunRow.state.in_(ACTIVE_RUN_STATES))
@@ -251,8 +252,11 @@ class DecisionSteps(RoundBase):
         self._event(s, job.job_id, type(decision).__name__, f"{gpus_text(decision.gpus)}: {decision.reason}")
 
     def _mark_stops(self, s: Any, decision: StopProfiling | Preempt, now: float) -> None:
-        """A stop: running runs get the reason (carried out on the host next), planned ones end unlaunched."""
+        """A stop: running runs get the reason (carried out on the host next), and so do planned ones whose launch
+        went out unanswered (they may run there); the other planned ones end unlaunched."""
         reason = "profiling_window" if isinstance(decision, StopProfiling) else "preempt"
+        s.execute(update_unsynced(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == RunState.PLANNED,
+                                                RunRow.launch_untried.is_not(True)).values(state=RunState.RUNNING))
         s.execute(update_unsynced(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == RunState.RUNNING)
                   .values(stop_reason=reason))
         s.execute(update_unsynced(RunRow).where(RunRow.job_id == decision.job_id, RunRow.state == RunState.PLANNED)

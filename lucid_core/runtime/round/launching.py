@@ -109,13 +109,12 @@ class LaunchSteps(EndedRunSteps):
 
     def _mark_launch_tried(self, runs: list[RunRow]) -> set[tuple[str, str]]:
         """Record that these runs' launches are about to be sent; returns the (run id, host) never tried before."""
-        first, now = {(r.run_id, r.host) for r in runs if r.launch_tried_at is None}, self.clock()
-        if first:
-            with self.store.session() as s:
-                for run_id, host in first:
-                    s.execute(update_unsynced(RunRow).where(RunRow.run_id == run_id, RunRow.host == host,
-                                                            RunRow.launch_tried_at.is_(None))
-                              .values(launch_tried_at=now))
+        first: set[tuple[str, str]] = set()
+        with self.store.session() as s:
+            for run in (r for r in runs if r.launch_untried is True):  # a hand edit's text: tried
+                if s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host,
+                             RunRow.launch_untried.is_(True)).values(launch_untried=False)).rowcount:
+                    first.add((run.run_id, run.host))
         return first
 
     def _apply_launch(self, run: RunRow, outcome: CallResult[LaunchResult], down: set[str],
@@ -278,13 +277,15 @@ class LaunchSteps(EndedRunSteps):
         the run with outcome 'conflict: ...', one `unreached` (its host never answered the first try) with
         'not launched: ...'; neither counts as one of the job's launch failures.
 
-        Other nodes of a wide job that did start are only marked for a stop (`peer_ended`): they count as
-        ended once the stop has reached their host, so a requeued job never runs beside its old copy.
+        Other nodes of a wide job that did start, or whose launch went out unanswered (planned, tried: they may
+        run), are only marked for a stop (`peer_ended`): they count as ended once the stop has reached their
+        host, so a requeued job never runs beside its old copy.
         """
         with self.store.session() as s:
             for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
-                if peer.state == RunState.RUNNING and peer.host != run.host:
-                    peer.stop_reason = peer.stop_reason or "peer_ended"
+                maybe_started = peer.state == RunState.PLANNED and peer.launch_untried is not True
+                if peer.host != run.host and (peer.state == RunState.RUNNING or maybe_started):
+                    peer.state, peer.stop_reason = RunState.RUNNING, peer.stop_reason or "peer_ended"
                 elif peer.state in ACTIVE_RUN_STATES:
                     peer.state, peer.ended_at = RunState.ENDED, self.clock()
                     word = "conflict" if conflict else "not launched" if unreached else "launch failed"
@@ -379,10 +380,10 @@ class LaunchSteps(EndedRunSteps):
                 runs = list(s.scalars(select(RunRow).where(RunRow.job_id == job.job_id,
                                                            RunRow.state.not_in((RunState.ENDED, RunState.LOST)))))
                 for run in runs:
-                    if run.state == RunState.PLANNED:
+                    if run.state == RunState.PLANNED and run.launch_untried is True:
                         run.state, run.ended_at, run.outcome = RunState.ENDED, self.clock(), "cancelled before launch"
-                    elif run.state == RunState.RUNNING:
-                        run.stop_reason = "cancel"
+                    elif run.state in ACTIVE_RUN_STATES:  # running, or its launch went out unanswered: stopped first
+                        run.state, run.stop_reason = RunState.RUNNING, "cancel"
                 if all(r.state == RunState.ENDED for r in runs):
                     ended = s.execute(update_unsynced(JobRow).where(
                         JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES)).values(

@@ -50,6 +50,8 @@ class RoundSettings:
     # give up on a host silent this long: its runs are lost, their jobs fail (or requeue_lost); None: wait
     host_lost_after_s: float | None = RuntimeConfig.host_lost_after_s or None
     requeue_lost: bool = RuntimeConfig.requeue_lost
+    # probe an idle host not heard from this long (None: only once it read unreachable)
+    idle_probe_s: float | None = RuntimeConfig.idle_probe_s or None
     # stop a run whose status has read as garbage this long (its job fails); None: hold it until cancelled
     unreadable_stop_after_s: float | None = RuntimeConfig.unreadable_stop_after_s or None
     # remove a run's files from its host this long after it ended; None: keep them for ever
@@ -66,6 +68,7 @@ class RoundSettings:
         """Settings from the config's `runtime` section (what `lucid round` and the round DAG use)."""
         values: dict[str, Any] = {f.name: getattr(config.runtime, f.name) for f in fields(config.runtime)}
         values["host_lost_after_s"] = values["host_lost_after_s"] or None  # 0 in the config: wait forever
+        values["idle_probe_s"] = values["idle_probe_s"] or None  # 0: idle hosts probed only once unreachable
         values["unreadable_stop_after_s"] = values["unreadable_stop_after_s"] or None  # 0: until cancelled
         days = values.pop("keep_ended_runs_days")
         values["keep_ended_runs_s"] = days * 86400.0 if days else None  # 0: keep for ever

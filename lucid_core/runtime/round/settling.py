@@ -55,7 +55,8 @@ class SettlingSteps(MpsFaultChecks):
             by_host.setdefault(run.host, []).append(run)
         self.keep_lease()  # polls read only: renew first when a quarter of the TTL has passed
         polls = self._fan_out({name: [self._poll_call(host, by_host.get(name, []))]
-                               for name, host in self._hosts.items() if by_host.get(name) or not host.reachable},
+                               for name, host in self._hosts.items()
+                               if by_host.get(name) or not host.reachable or self._idle_probe_due(host)},
                               reads=True)
         seen: list[tuple[RunRow, RunStatus]] = []
         for name, (result,) in polls.items():
@@ -140,13 +141,19 @@ class SettlingSteps(MpsFaultChecks):
         self._event_once(run.job_id, "records_tampered",
                          f"run {run.run_id} on host {run.host}: {what}; the file was not believed")
 
+    def _idle_probe_due(self, host: HostRow) -> bool:
+        """An idle host not heard from in `idle_probe_s` is probed: one that died while idle then reads unreachable
+        (pages, metrics, alerts) and gets no work, instead of reading reachable until work is placed there."""
+        every, seen = self.settings.idle_probe_s, host.last_seen
+        return every is not None and not (saved_number(seen) and 0 <= self.now - seen < every)
+
     def _poll_call(self, host: HostRow, runs: list[RunRow]) -> Callable[[], dict[str, RunStatus]]:
-        """The reconcile call for one host: poll its running runs, or probe it when idle and unreachable."""
+        """The reconcile call for one host: poll its running runs, or probe it when idle."""
         address, run_ids = host_address(host), [r.run_id for r in runs]
         if run_ids:
             return lambda: self.executor.poll(address, run_ids)
 
-        def probe() -> dict[str, RunStatus]:  # idle and unreachable last time: does it answer now?
+        def probe() -> dict[str, RunStatus]:  # idle: unreachable last time, or not heard from for a while
             self.executor.probe(address)
             return {}
 
@@ -180,7 +187,9 @@ class SettlingSteps(MpsFaultChecks):
         fault = self._partner_fault(run, status)  # a host read, only for a failed run of an MPS pair
         no_daemon = None if fault is not None else self._daemon_start_failed(run, status)  # only for exit 97 there
         now = self.clock()
-        stopped = status.stop_requested and run.stop_reason is not None
+        # asked to stop: the host says the stop ended it, or it never ran there (a launch that went unanswered)
+        stopped = run.stop_reason is not None and (
+            status.stop_requested or (status.state == "MISSING" and run.started_at is None))
         by_peer = not stopped and self._ended_after_a_peers_stop(run, status)
         stopped = stopped or by_peer
         if by_peer:
@@ -188,7 +197,8 @@ class SettlingSteps(MpsFaultChecks):
             outcome = (f"stopped: it ended on its own ({code}) after the stop of another node of its run, before "
                        "its own stop reached it")
         elif status.state == "MISSING":
-            outcome = "run directory vanished from the host"
+            outcome = ("not launched: its launch had gone unanswered and the host has no such run"
+                       if run.started_at is None else "run directory vanished from the host")
         elif status.state == "VANISHED":
             outcome = STOPPED_OUTCOME if stopped else "process vanished without an exit code"
             if status.detail:

@@ -24,7 +24,7 @@ from lucid_core.runtime.store.schema_head import packaged_head
 BOOLEAN_COLUMNS = {
     "jobs": frozenset({"amp", "long_cold_start", "ended_in_profiling", "cancel_requested", "profiled",
                        "profile_emulated", "no_share", "preemptible"}),
-    "runs": frozenset({"profile_in_place", "observed_speed_emulated"}),
+    "runs": frozenset({"profile_in_place", "observed_speed_emulated", "launch_untried"}),
 }
 JSON_COLUMNS = {"jobs": frozenset({"env"}), "runs": frozenset({"gpu_indices"})}
 

@@ -140,9 +140,10 @@ class RunRow(Base):
     stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     decision_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     planned_at: Mapped[float] = mapped_column(Float)
-    # when a round first sent its launch to the host (None: never); a first try that reached no session there
-    # started nothing, so its run ends and the job waits again (a later try may find it running)
-    launch_tried_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # true from planning until a round sends its launch: a first try that reached no session on the host started
+    # nothing, so its run ends and the job waits again; false (a later try, or a row an older version wrote) may
+    # have started it
+    launch_untried: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
