@@ -149,8 +149,9 @@ class RuntimeConfig:
         "0 waits for the host forever")
     requeue_lost: bool = _knob(False, doc="put the jobs of a lost host back in the queue instead of failing them")
     idle_probe_s: float = _knob(
-        60.0, lo=0, doc="an idle host not heard from this long is probed, so one that died while idle reads "
-        "unreachable (and gets no work) before work is placed there; 0 probes idle hosts only once unreachable")
+        60.0, lo=0, doc="an idle host not heard from this long is probed (draining hosts not; at most "
+        "host_parallelism a round), so one that died while idle reads unreachable (and gets no work) before work "
+        "is placed there; 0 probes idle hosts only once unreachable")
     unreadable_stop_after_s: float = _knob(
         600.0, lo=0, doc="a run whose status its host answers as garbage this long (its job forged its own "
         "records) is stopped and its job fails, freeing its GPUs; 0 holds it until cancelled")

@@ -78,7 +78,7 @@ class ConnectionTransport:
             entry = host_key_entry(conn, where if port == 22 else f"[{where}]:{port}", extra["host_key"]) if (
                 "host_key" in extra) else None
         except (ConnectionProblem, TypeError, ValueError) as exc:  # this host alone is unreachable, and says why
-            raise HostUnreachable(f"host {host.name}: {exc}") from None
+            raise HostUnreachable(f"host {host.name}: {exc}", reached=False) from None
         key_path = extra.get("key_file") or host.key_path
         if "private_key" in extra:
             key = self.dir / f"{host.name}.key"

@@ -388,3 +388,212 @@ def test_a_cancelled_job_whose_launch_was_marked_sent_but_never_ran_ends_cancell
         check_invariants(store, [job])
     finally:
         store.dispose()
+
+
+# ------------------------------------------------------------------ local hosts: faults injected at the executor
+class FaultyHosts:
+    """A local executor whose hosts in `lost_answer` start a launch and lose its answer, and whose hosts in `down`
+    answer nothing (never reached); `probes` counts idle probes per host."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.lost_answer, self.down = inner, set(), set()
+        self.probes: list[str] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def _check(self, host) -> None:
+        if host.name in self.down:
+            raise HostUnreachable(f"host {host.name}: connection refused", reached=False)
+
+    def launch(self, host, spec):
+        self._check(host)
+        if host.name in self.lost_answer:
+            self.inner.launch(host, spec)
+            raise HostUnreachable(f"host {host.name}: the launch's answer was lost")
+        return self.inner.launch(host, spec)
+
+    def poll(self, host, run_ids):
+        self._check(host)
+        return self.inner.poll(host, run_ids)
+
+    def stop(self, host, run_id, reason, grace_s):
+        self._check(host)
+        return self.inner.stop(host, run_id, reason, grace_s)
+
+    def probe(self, host):
+        self.probes.append(host.name)
+        self._check(host)
+        return self.inner.probe(host)
+
+
+def local_cluster(tmp_path, names=("a",), gpus=2):
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.hosts.local_executor import local_executor
+
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    for name in names:
+        add_host(store, HostSpec(name, executor="local", vc="vc-a", telemetry="emulated", gpus=gpus,
+                                 workdir=str(tmp_path / name)))
+    return store, FaultyHosts(local_executor())
+
+
+def local_round(store, executor, **settings):
+    from lucid_core.runtime.round.scheduling_round import SchedulingRound
+
+    return SchedulingRound(store, executor, CONFIG, replace(SETTINGS, **settings)).run()
+
+
+def kill_group(pid: int) -> None:
+    """Kill what a test left running: the job's process group (its shell's pid is not always the group's)."""
+    import contextlib
+    import os
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("flag", ["'false'", "2"])
+def test_a_hand_edited_untried_flag_reads_as_sent_and_a_cancel_still_stops_first(tmp_path, flag):
+    """Text or a number a hand edit leaves in launch_untried (SQLite keeps it; the ORM would read 'false' as
+    true) reads as sent: the cancel of a run whose launch went unanswered waits for the stop."""
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    store, executor = local_cluster(tmp_path)
+    ledger = tmp_path / "ledger"
+    pid = 0
+    try:
+        job = submit(store, JobRequest(ledger_command(ledger, "sleep 30"), 2, "alice", "vc-a"))
+        executor.lost_answer.add("a")
+        local_round(store, executor)
+        pid = int(ledger.read_text().split()[3])
+        with store.engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE runs SET launch_untried = {flag}"))
+        executor.down.add("a")
+        cancel(store, job)
+        local_round(store, executor)
+        (run,) = runs_of(store, job)
+        assert (run.state, run.stop_reason) == ("running", "cancel"), (run.state, run.outcome)
+        assert jobs_by_id(store)[job].state != "CANCELLED" and pid_alive(pid)
+        executor.down.clear()
+        local_round(store, executor)
+        assert jobs_by_id(store)[job].state == "CANCELLED" and not pid_alive(pid)
+    finally:
+        kill_group(pid) if pid else None
+        store.dispose()
+
+
+def test_a_job_being_cancelled_whose_host_is_lost_ends_cancelled(tmp_path):
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    store, executor = local_cluster(tmp_path)
+    ledger = tmp_path / "ledger"
+    pid = 0
+    try:
+        job = submit(store, JobRequest(ledger_command(ledger, "sleep 30"), 2, "alice", "vc-a"))
+        executor.lost_answer.add("a")
+        local_round(store, executor)
+        pid = int(ledger.read_text().split()[3])
+        executor.down.add("a")
+        cancel(store, job)
+        local_round(store, executor, host_lost_after_s=0.5)
+        time.sleep(0.7)
+        local_round(store, executor, host_lost_after_s=0.5)
+        row = jobs_by_id(store)[job]
+        assert row.state == "CANCELLED" and row.end_reason.startswith("cancelled; its run was lost"), row.end_reason
+        check_invariants(store, [job])
+    finally:
+        kill_group(pid) if pid else None
+        store.dispose()
+
+
+def test_idle_probes_spread_over_rounds_skip_draining_hosts_and_keep_a_cool_down_s_reason(tmp_path):
+    from lucid_core.runtime.hosts.inventory import drain_host
+    from lucid_core.runtime.store.schema import HostRow
+
+    names = ("a", "b", "c", "d", "e")
+    store, executor = local_cluster(tmp_path, names)
+    try:
+        drain_host(store, "e")
+        with store.session() as s:
+            s.execute(update(HostRow).where(HostRow.name == "a").values(
+                cooldown_until=time.time() + 3600, last_error="launch refused: disk full"))
+            s.execute(update(HostRow).where(HostRow.name == "b").values(last_seen=time.time() - 3600))
+            s.execute(update(HostRow).where(HostRow.name == "c").values(last_seen=time.time() + 86400))
+        probing = {"idle_probe_s": 60.0, "host_parallelism": 2}
+        local_round(store, executor, **probing)
+        # never heard from (a, d) or in the future (c) come first, then the oldest; two a round; never e
+        assert len(executor.probes) == 2 and set(executor.probes) <= {"a", "c", "d"}, executor.probes
+        local_round(store, executor, **probing)
+        local_round(store, executor, **probing)
+        assert sorted(executor.probes) == ["a", "b", "c", "d"], executor.probes
+        local_round(store, executor, **probing)
+        assert len(executor.probes) == 4, executor.probes  # all heard from within 60 s: none due
+        with store.session() as s:
+            hosts = {h.name: h for h in s.scalars(select(HostRow))}
+        assert hosts["a"].last_error == "launch refused: disk full" and hosts["a"].reachable
+        assert hosts["c"].last_seen <= time.time()  # a future time was put right by the answer
+    finally:
+        store.dispose()
+
+
+def test_an_idle_host_with_an_address_no_resolver_takes_reads_unreachable_and_rounds_go_on(sshd_hosts, tmp_path):
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.schema import HostRow
+
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    try:
+        register(store, sshd_hosts, tmp_path / "hosts")
+        add_host(store, HostSpec("bad", address="gpu7..lab", port=22, user=sshd_hosts.user,
+                                 key_path=str(sshd_hosts.client_key), vc="vc-a", pool="main", executor="ssh",
+                                 telemetry="emulated", workdir=str(tmp_path / "hosts" / "bad"), gpus=2))
+        job = submit(store, JobRequest("true", 2, "alice", "vc-a"))
+        report = one_round(store, sshd_hosts, CONFIG)
+        assert report.unreachable == ["bad"], report
+        with store.session() as s:
+            bad = s.get(HostRow, "bad")
+        assert not bad.reachable and "cannot be used" in bad.last_error, bad.last_error
+        done = rounds_until(store, sshd_hosts, CONFIG, lambda js: js[job].state == "COMPLETED", timeout_s=30)
+        assert done[job].state == "COMPLETED"
+        assert all(r.host != "bad" for r in runs_of(store, job))
+    finally:
+        store.dispose()
+
+
+def test_a_stop_that_finds_no_run_leaves_a_tombstone_a_late_launch_starts_nothing_under(tmp_path):
+    """The stop of a run its host never started (MISSING) leaves its directory with the stop in it: a launch of
+    that run still on its way (a round that gave up on it) then finds it there and starts nothing."""
+    from lucid_core.runtime.hosts.executor import HostAddress as Address
+    from lucid_core.runtime.hosts.executor import LaunchSpec
+    from lucid_core.runtime.hosts.local_executor import local_executor
+
+    executor = local_executor()
+    host = Address("h", executor="local", workdir=str(tmp_path / "h"))
+    canary = tmp_path / "ran"
+    assert executor.stop(host, "j000001-main1", "cancel", 1.0).state == "MISSING"
+    result = executor.launch(host, LaunchSpec("j000001-main1", f"touch {canary}", {}, None))
+    assert result.already_launched and result.pid is None, result
+    time.sleep(0.5)
+    assert not canary.exists()
+    assert (tmp_path / "h" / "j000001-main1" / "stop_requested").read_text().strip() == "cancel"
+
+
+def test_a_wrapper_that_starts_after_a_stop_runs_nothing_and_reads_as_stopped(tmp_path):
+    """A stop that reached the run's directory before its wrapper started (NOPID): the wrapper runs no command
+    and leaves an exit record the poll reads as stopped."""
+    import subprocess
+
+    from lucid_core.runtime.hosts.launch import wrapper_script
+
+    room = tmp_path / "run"
+    room.mkdir()
+    canary = tmp_path / "ran"
+    (room / "command.sh").write_text(f"touch {canary}\n")
+    (room / "exit_code.tmp").write_text(" " * 80 + "\n")
+    (room / "stop_requested").write_text("cancel\n")
+    (room / "run.sh").write_text(wrapper_script({}, "j000001-main1", "ab" * 16))
+    subprocess.run(["sh", "./run.sh"], cwd=room, check=True, timeout=10)
+    assert not canary.exists()
+    assert (room / "exit_code").read_text().split()[:2] == ["ab" * 16, "143"]
+    assert (room / "term_received").exists()

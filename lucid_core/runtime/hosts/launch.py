@@ -92,7 +92,12 @@ def wrapper_script(env: Mapping[str, str], run_id: str, token: str, run_as: str 
     return f"""tok={token}
 echo $$ > pid.self
 trap 'echo 1 > term_received' TERM
+if [ -f stop_requested ]; then  # stopped before it started (its launch went unanswered): the command never runs
+  echo 1 > term_received
+  (exit 143) &
+else
 {start}
+fi
 child=$!
 echo $child > child.pid
 while :; do

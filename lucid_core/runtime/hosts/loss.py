@@ -30,10 +30,12 @@ UNREACHABLE_SINCE = "hosts_unreachable_since"
 
 @dataclass
 class LossReport:
-    """What one sweep did: lost run ids, jobs failed, jobs requeued, lost runs reaped on return."""
+    """What one sweep did: lost run ids, jobs failed, cancelled (their cancel was pending), requeued, lost runs
+    reaped on return."""
 
     lost_runs: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     reaped: list[str] = field(default_factory=list)
 
@@ -81,7 +83,13 @@ def mark_lost(store: Store, now: float, lost_after_s: float, *, requeue: bool = 
             if job is None or left_alone(job.state) or job.job_id in report.requeued:
                 continue
             s.add(JobEventRow(job_id=job.job_id, time=now, kind="lost", message=f"run {run.run_id}: {why}"))
-            if requeue and not job.cancel_requested:
+            if job.cancel_requested:  # it was being cancelled: that is how it ends, its host lost or not
+                job.state, job.end_time, job.exit_code = JobState.CANCELLED.value, now, None
+                job.end_reason = f"cancelled; its run was lost: {why}"[:1000]
+                job.pending_reason = job.queue_position = None
+                report.cancelled.append(job.job_id)
+                s.add(JobEventRow(job_id=job.job_id, time=now, kind="cancelled", message=f"lost: {why}"))
+            elif requeue:
                 job.state = (JobState.SUBMITTED if run.kind == "profiling" and not job.profiled
                              else JobState.QUEUED).value
                 job.start_time = None

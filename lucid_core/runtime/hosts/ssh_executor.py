@@ -72,6 +72,10 @@ class SshTransport:
             if "known_hosts" in str(exc) or "not found in" in str(exc):
                 raise HostKeyRejected(f"host {host.name}: {exc}", reached=False) from exc
             raise
+        except ValueError as exc:  # an address no resolver takes (an empty label: `gpu7..lab`): no retry helps
+            client.close()
+            raise HostUnreachable(f"host {host.name}: address {host.address!r} cannot be used: {exc}",
+                                  reached=False) from exc
         except BaseException:
             client.close()
             raise
@@ -154,8 +158,8 @@ class SshTransport:
             tries += 1
             try:
                 return self._run_once(host, script, deadline, sessions)
-            except HostKeyRejected as exc:  # refused before any login: reached only if an earlier try was in
-                exc.reached = bool(sessions)
+            except HostUnreachable as exc:  # a refused key, an unusable address: reached if an earlier try was in
+                exc.reached = exc.reached or bool(sessions)
                 raise
             except _RETRYABLE as exc:
                 last = exc

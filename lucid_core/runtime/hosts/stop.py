@@ -57,7 +57,8 @@ if setup "$r"; then
   find_wrapper "$D" "$r"
 elif find_orphan "$r"; then  # its control directory was removed while it ran: stopped by its wrapper's marker
   D=/nonexistent/removed orphan=1 pv=$wp
-else
+else  # never started here: a tombstone with the stop, so that a launch still on its way starts nothing
+  mkdir -p "$W" 2>/dev/null && mkdir "$W/$r" 2>/dev/null && printf '%s\n' {shlex.quote(reason)} > "$W/$r/stop_requested"
   echo MISSING; exit 0
 fi
 p=$wp

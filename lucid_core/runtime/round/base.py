@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, GpuRef
+from lucid_core.policy.view import saved_number
 from lucid_core.runtime.hosts.calls import CallResult, HostCall, HostCallPool
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
@@ -199,14 +200,20 @@ class RoundBase:
                 cooldown_until=until, last_error=f"launch refused: {why}"[:1000]))
 
     def _host_seen(self, name: str) -> None:
-        """Mark a host that answered as reachable; last_seen is refreshed at most every 30 s per host."""
+        """Mark a host that answered as reachable; last_seen is refreshed at most every 30 s per host (half the
+        idle probes' interval when shorter). A cool-down's reason stays while it lasts."""
         host, now = self._hosts.get(name), self.clock()
-        if (host is not None and host.reachable and host.last_error is None
-                and isinstance(host.last_seen, int | float) and now - host.last_seen < 30.0):
+        refused = host is not None and saved_number(host.cooldown_until) and host.cooldown_until > now and (
+            str(host.last_error or "").startswith("launch refused"))
+        refresh_s = min(30.0, self.settings.idle_probe_s / 2) if self.settings.idle_probe_s else 30.0
+        if (host is not None and host.reachable and (host.last_error is None or refused)
+                and saved_number(host.last_seen) and 0 <= now - host.last_seen < refresh_s):
             return
+        values: dict[str, Any] = {"reachable": True, "last_seen": now}
+        if not refused:
+            values["last_error"] = None
         with self.store.session() as s:
-            s.execute(update_unsynced(HostRow).where(HostRow.name == name).values(
-                reachable=True, last_seen=self.clock(), last_error=None))
+            s.execute(update_unsynced(HostRow).where(HostRow.name == name).values(**values))
 
     def _on_host(self, name: str, call: Callable[[], T]) -> T | None:
         """`call()` against host `name` now, in the round's thread (a single call, outside a fan-out); None when

@@ -75,6 +75,8 @@ class HostInventorySteps(RoundBase):
         loss = mark_lost(self.store, self.now, self.settings.host_lost_after_s, requeue=self.settings.requeue_lost)
         for job_id in loss.failed:
             self.report.ended[job_id] = JobState.FAILED.value
+        for job_id in loss.cancelled:
+            self.report.ended[job_id] = JobState.CANCELLED.value
         self.report.requeued.extend(loss.requeued)
         with self.store.session() as s:
             back = s.scalar(select(RunRow.run_id).join(HostRow, HostRow.name == RunRow.host).where(

@@ -9,37 +9,31 @@ from typing import Any
 
 from sqlalchemy import distinct, func, select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, Pool, RunState, left_alone
-from lucid_core.policy.view import saved_number
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState, left_alone
 from lucid_core.runtime.hosts.calls import CallResult
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
     HostUnreachable,
     LaunchConflict,
     LaunchResult,
-    LaunchSpec,
     RunAsRefused,
     RunStatus,
 )
 from lucid_core.runtime.hosts.inventory import host_address
-from lucid_core.runtime.hosts.launch import TelemetryLaunch
-from lucid_core.runtime.hosts.mps import memory_limit_mb, mps_client_command
 from lucid_core.runtime.round.base import (
     TERMINAL_VALUES,
-    WATCH_S,
     _log,
-    agent_source,
     call_value,
     pair_results,
     update_unsynced,
 )
 from lucid_core.runtime.round.ended_runs import EndedRunSteps
-from lucid_core.runtime.round.settings import emulated_profile_from_catalog
+from lucid_core.runtime.round.launch_specs import LaunchSpecSteps
 from lucid_core.runtime.store import lease
 from lucid_core.runtime.store.schema import DecisionRow, JobRow, RunRow
 
 
-class LaunchSteps(EndedRunSteps):
+class LaunchSteps(EndedRunSteps, LaunchSpecSteps):
     """Launch and stop steps of a round."""
 
     # ------------------------------------------------------------------ carry out pending rows
@@ -111,7 +105,7 @@ class LaunchSteps(EndedRunSteps):
         """Record that these runs' launches are about to be sent; returns the (run id, host) never tried before."""
         first: set[tuple[str, str]] = set()
         with self.store.session() as s:
-            for run in (r for r in runs if r.launch_untried is True):  # a hand edit's text: tried
+            for run in (r for r in runs if r.launch_untried):  # the update's condition, in SQL, decides
                 if s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.host == run.host,
                              RunRow.launch_untried.is_(True)).values(launch_untried=False)).rowcount:
                     first.add((run.run_id, run.host))
@@ -180,81 +174,21 @@ class LaunchSteps(EndedRunSteps):
                     if busy is None:
                         decision.status, decision.executed_at = "done", self.clock()
 
-    def _launch_spec(self, run: RunRow, job: JobRow) -> LaunchSpec:
-        host = self._hosts[run.host]
-        with self.store.session() as s:
-            peers = list(s.scalars(select(RunRow).where(RunRow.run_id == run.run_id).order_by(RunRow.node_rank)))
-        master = self._hosts[peers[0].host].address if peers else host.address
-        stored = job.env or {}
-        if not isinstance(stored, dict):
-            raise ValueError(f"env {str(stored)[:60]!r} is not a mapping of variable names to values")
-        env = dict(stored)
-        env.update({
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in run.gpu_indices),
-            "LUCID_JOB_ID": job.job_id, "LUCID_RUN_ID": run.run_id,
-            "LUCID_NODE_RANK": str(run.node_rank), "LUCID_NUM_NODES": str(max(1, len(peers))),
-            "LUCID_MASTER_ADDR": master, "LUCID_NUM_GPUS": str(job.gpus),
-        })
-        telemetry = None
-        windowed = run.profiling_until is not None
-        # main runs that may share are watched for their whole life: their speed beside a partner
-        watched = run.pool == Pool.MAIN.value and not job.no_share and (job.profiled or windowed)
-        if (windowed or watched) and run.node_rank == 0:
-            source, digest = agent_source()
-            emulated = None
-            if host.telemetry == "emulated":
-                emulated = self._emulated(job)
-            telemetry = TelemetryLaunch(
-                agent_source=source, agent_name=f"lucid_telemetry_{digest}.py", python=host.python,
-                gpu_indices=tuple(run.gpu_indices),
-                interval_s=self.settings.telemetry_interval_s if windowed else self.settings.monitor_interval_s,
-                duration_s=WATCH_S if watched else self._window_s(run) + self.settings.telemetry_margin_s,
-                emulated=emulated, seed=job.seq,
-                # a watching agent bounds its file: the profiling window whole, then speed samples only
-                keep_all_s=(self._kept_window_s(run) if windowed else 0.0) if watched else None,
-                # profiled in place and watched: dense samples for the window, the watch's rate after it
-                watch_interval_s=self.settings.monitor_interval_s if windowed and watched else None)
-        command = job.command
-        if host.sharing == "mps" and run.pool == Pool.MAIN.value and len(peers) <= 1:
-            # an MPS client of its GPU set's daemon (every main run there: the GPU is the daemon's), limited to
-            # its profiled footprint plus headroom: none before its profile, nor for a job that never shares
-            # (no partner to keep room for). Profiling-pool runs never share and must measure the job alone, as
-            # it runs outside MPS; multi-host jobs never share either: both run as they are
-            limit = None if job.no_share else memory_limit_mb(job.gpu_mem_mb, self.config.binder.memory_headroom_mb)
-            command = mps_client_command(command, host.workdir, run.gpu_indices, run.run_id, limit,
-                                         as_submitter=host.run_as == "submitter")
-        return LaunchSpec(run.run_id, command, env, telemetry, user=job.user, job_id=job.job_id,
-                          gpu_indices=tuple(run.gpu_indices), partner=run.partner)
-
     @staticmethod
-    def _window_s(run: RunRow) -> float:
-        """Length of a run's profiling window (its end is rebased to the launch once launched)."""
-        begin = run.started_at if run.started_at is not None else run.planned_at
-        end = run.profiling_until or begin
-        # a row another controller wrote may hold an infinite, negative or text time: a window is 1 s to a day
-        if not (saved_number(begin) and saved_number(end)):
-            return 1.0
-        return min(max(1.0, end - begin), 86400.0)
-
-    def _kept_window_s(self, run: RunRow) -> float:
-        """How long from its start a watching agent keeps every sample: the profile's window, a sample over."""
-        return self._window_s(run) + self.settings.telemetry_margin_s + self.settings.telemetry_interval_s
-
-    def _emulated(self, job: JobRow) -> tuple[float, float, float]:
-        if self._emulated_profile is None:
-            from lucid_core.sim.catalog import WorkloadCatalog
-
-            catalog = (WorkloadCatalog.from_artifact(self.settings.catalog_dir) if self.settings.catalog_dir
-                       else WorkloadCatalog.synthetic())
-            self._emulated_profile = emulated_profile_from_catalog(catalog)
-        return self._emulated_profile(job)
+    def _untried(s: Any, where: Any) -> set[tuple[str, str]]:
+        """(run id, host) of the planned runs `where` holds whose launch was never sent, decided in SQL: text or
+        a number a hand edit left in the flag reads as sent there (SQLAlchemy would read 'false' as true)."""
+        return {(run_id, host) for run_id, host in s.execute(select(RunRow.run_id, RunRow.host).where(
+            where, RunRow.state == RunState.PLANNED, RunRow.launch_untried.is_(True)))}
 
     def _abandon_planned(self, run: RunRow, why: str) -> None:
         """End a planned run of a job that ended or was cancelled. A round that died between a launch and
         its record may have started it: stop it on its host first (MISSING when it never started); a host
-        that does not answer keeps the run planned for a later round."""
+        that does not answer keeps the run planned for a later round. A launch never sent needs no stop."""
         host = self._hosts.get(run.host)
-        if host is not None:
+        with self.store.session() as s:
+            sent = not self._untried(s, (RunRow.run_id == run.run_id) & (RunRow.host == run.host))
+        if host is not None and sent:
             self.renew_lease()
             status = self._on_host(run.host, lambda: self.executor.stop(host_address(host), run.run_id, "cancel",
                                                                         self.settings.stop_grace_s))
@@ -282,8 +216,9 @@ class LaunchSteps(EndedRunSteps):
         host, so a requeued job never runs beside its old copy.
         """
         with self.store.session() as s:
+            untried = self._untried(s, RunRow.run_id == run.run_id)
             for peer in s.scalars(select(RunRow).where(RunRow.run_id == run.run_id)):
-                maybe_started = peer.state == RunState.PLANNED and peer.launch_untried is not True
+                maybe_started = peer.state == RunState.PLANNED and (peer.run_id, peer.host) not in untried
                 if peer.host != run.host and (peer.state == RunState.RUNNING or maybe_started):
                     peer.state, peer.stop_reason = RunState.RUNNING, peer.stop_reason or "peer_ended"
                 elif peer.state in ACTIVE_RUN_STATES:
@@ -379,8 +314,9 @@ class LaunchSteps(EndedRunSteps):
                 # is not called cancelled while one exists (its GPUs would look free); the round reports it
                 runs = list(s.scalars(select(RunRow).where(RunRow.job_id == job.job_id,
                                                            RunRow.state.not_in((RunState.ENDED, RunState.LOST)))))
+                untried = self._untried(s, RunRow.job_id == job.job_id)
                 for run in runs:
-                    if run.state == RunState.PLANNED and run.launch_untried is True:
+                    if run.state == RunState.PLANNED and (run.run_id, run.host) in untried:
                         run.state, run.ended_at, run.outcome = RunState.ENDED, self.clock(), "cancelled before launch"
                     elif run.state in ACTIVE_RUN_STATES:  # running, or its launch went out unanswered: stopped first
                         run.state, run.stop_reason = RunState.RUNNING, "cancel"

@@ -4,6 +4,7 @@ checked records, and each job's fate once its run ended (one terminal state, com
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -54,10 +55,10 @@ class SettlingSteps(MpsFaultChecks):
         for run in runs:
             by_host.setdefault(run.host, []).append(run)
         self.keep_lease()  # polls read only: renew first when a quarter of the TTL has passed
+        idle_due = self._idle_probes_due(by_host)
         polls = self._fan_out({name: [self._poll_call(host, by_host.get(name, []))]
                                for name, host in self._hosts.items()
-                               if by_host.get(name) or not host.reachable or self._idle_probe_due(host)},
-                              reads=True)
+                               if by_host.get(name) or not host.reachable or name in idle_due}, reads=True)
         seen: list[tuple[RunRow, RunStatus]] = []
         for name, (result,) in polls.items():
             if isinstance(result.error, HostUnreachable):
@@ -87,8 +88,8 @@ class SettlingSteps(MpsFaultChecks):
         self._note_tampering(run, status)
         if status.state == "RUNNING":
             return  # profiles of windows that ended are collected after reconcile
-        if status.state == "NOPID":
-            if now - run.planned_at > self.settings.launch_grace_s:
+        if status.state == "NOPID":  # a run asked to stop (a launch that went unanswered) waits for its stop
+            if run.stop_reason is None and now - run.planned_at > self.settings.launch_grace_s:
                 self._launch_failed(run, "wrapper never started on the host")
             return
         if status.state == "EXITED" and run.stop_reason is None and sweep is not None and sweep.state == "EXITED":
@@ -141,11 +142,21 @@ class SettlingSteps(MpsFaultChecks):
         self._event_once(run.job_id, "records_tampered",
                          f"run {run.run_id} on host {run.host}: {what}; the file was not believed")
 
-    def _idle_probe_due(self, host: HostRow) -> bool:
-        """An idle host not heard from in `idle_probe_s` is probed: one that died while idle then reads unreachable
-        (pages, metrics, alerts) and gets no work, instead of reading reachable until work is placed there."""
-        every, seen = self.settings.idle_probe_s, host.last_seen
-        return every is not None and not (saved_number(seen) and 0 <= self.now - seen < every)
+    def _idle_probes_due(self, busy: dict[str, list[RunRow]]) -> set[str]:
+        """Idle hosts to probe: reachable, not draining, not heard from in `idle_probe_s`, so that one that died
+        while idle reads unreachable (pages, metrics, alerts) and gets no work before work is placed there. At
+        most `host_parallelism` a round, those heard from longest ago first: a fleet gone idle at once spreads."""
+        every = self.settings.idle_probe_s
+        if every is None:
+            return set()
+
+        def heard(host: HostRow) -> float:  # a time in the future or no time at all: never heard from
+            seen = host.last_seen
+            return float(seen) if saved_number(seen) and seen <= self.now else -math.inf
+
+        due = sorted((h for name, h in self._hosts.items() if not busy.get(name) and h.reachable and not h.draining
+                      and self.now - heard(h) >= every), key=heard)
+        return {h.name for h in due[: self.settings.host_parallelism]}
 
     def _poll_call(self, host: HostRow, runs: list[RunRow]) -> Callable[[], dict[str, RunStatus]]:
         """The reconcile call for one host: poll its running runs, or probe it when idle."""
@@ -154,7 +165,12 @@ class SettlingSteps(MpsFaultChecks):
             return lambda: self.executor.poll(address, run_ids)
 
         def probe() -> dict[str, RunStatus]:  # idle: unreachable last time, or not heard from for a while
-            self.executor.probe(address)
+            try:
+                self.executor.probe(address)
+            except (HostUnreachable, HostCommandFailed):
+                raise
+            except Exception as exc:  # whatever else a probe meets is this host's alone, never the round's
+                raise HostCommandFailed(f"host {host.name}: probe failed: {type(exc).__name__}: {exc}") from exc
             return {}
 
         return probe
@@ -198,7 +214,8 @@ class SettlingSteps(MpsFaultChecks):
                        "its own stop reached it")
         elif status.state == "MISSING":
             outcome = ("not launched: its launch had gone unanswered and the host has no such run"
-                       if run.started_at is None else "run directory vanished from the host")
+                       if run.started_at is None and run.stop_reason is not None
+                       else "run directory vanished from the host")
         elif status.state == "VANISHED":
             outcome = STOPPED_OUTCOME if stopped else "process vanished without an exit code"
             if status.detail:
