@@ -19,7 +19,7 @@ from lucid_invariants import check_invariants, ledger_command, ledger_starts
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, one_round, pid_alive, register, rounds_until, runs_of
 from sqlalchemy import select, update
 
-from lucid_core.runtime.hosts.executor import HostAddress, HostUnreachable
+from lucid_core.runtime.hosts.executor import HostAddress, HostCommandFailed, HostUnreachable
 from lucid_core.runtime.hosts.ssh_executor import ssh_executor
 from lucid_core.runtime.round.base import InjectedCrash
 from lucid_core.runtime.store.schema import JobEventRow, LeaseRow
@@ -396,7 +396,7 @@ class FaultyHosts:
     answer nothing (never reached); `probes` counts idle probes per host."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.lost_answer, self.down = inner, set(), set()
+        self.inner, self.lost_answer, self.down, self.garbled = inner, set(), set(), set()
         self.probes: list[str] = []
 
     def __getattr__(self, name: str):
@@ -424,6 +424,8 @@ class FaultyHosts:
     def probe(self, host):
         self.probes.append(host.name)
         self._check(host)
+        if host.name in self.garbled:
+            raise HostCommandFailed(f"host {host.name}: probe answered garbage")
         return self.inner.probe(host)
 
 
@@ -553,7 +555,7 @@ def test_an_idle_host_with_an_address_no_resolver_takes_reads_unreachable_and_ro
         assert report.unreachable == ["bad"], report
         with store.session() as s:
             bad = s.get(HostRow, "bad")
-        assert not bad.reachable and "cannot be used" in bad.last_error, bad.last_error
+        assert not bad.reachable and "cannot connect to 'gpu7..lab'" in bad.last_error, bad.last_error
         done = rounds_until(store, sshd_hosts, CONFIG, lambda js: js[job].state == "COMPLETED", timeout_s=30)
         assert done[job].state == "COMPLETED"
         assert all(r.host != "bad" for r in runs_of(store, job))
@@ -597,3 +599,47 @@ def test_a_wrapper_that_starts_after_a_stop_runs_nothing_and_reads_as_stopped(tm
     assert not canary.exists()
     assert (room / "exit_code").read_text().split()[:2] == ["ab" * 16, "143"]
     assert (room / "term_received").exists()
+
+
+def test_a_host_whose_probe_answers_garbage_does_not_keep_the_others_from_being_probed(tmp_path):
+    from lucid_core.runtime.store.schema import HostRow
+
+    store, executor = local_cluster(tmp_path, ("a", "b", "dead"))
+    try:
+        executor.garbled.add("a")
+        executor.down.add("dead")
+        for _ in range(3):
+            local_round(store, executor, idle_probe_s=60.0, host_parallelism=1)
+        assert sorted(executor.probes) == ["a", "b", "dead"], executor.probes
+        with store.session() as s:
+            assert s.get(HostRow, "dead").reachable is False
+    finally:
+        store.dispose()
+
+
+def test_a_stop_of_a_run_whose_wrapper_never_started_answers_missing_each_time_and_kills_what_it_marked(tmp_path):
+    """A launch cut short (its directory and files there, no wrapper), or one whose job removed its wrapper's pid
+    files: each stop leaves word that none may start, kills what carries the run's marker, and answers MISSING
+    (before: NOPID, which nothing settled, so a run asked to stop hung for ever)."""
+    import os
+    import subprocess
+
+    from lucid_core.runtime.hosts.executor import HostAddress as Address
+    from lucid_core.runtime.hosts.local_executor import local_executor
+    from lucid_core.runtime.hosts.run_records import RUN_MARKER
+
+    executor = local_executor()
+    host = Address("h", executor="local", workdir=str(tmp_path / "h"))
+    run_id = "j000001-main1"
+    assert [executor.stop(host, run_id, "cancel", 0.5).state for _ in range(2)] == ["MISSING", "MISSING"]
+    room = tmp_path / "h" / run_id
+    marker = f"{run_id}.{'0' * 16}"
+    (room / "marker").write_text(marker + "\n")
+    marked = subprocess.Popen(["sleep", "30"], env={**os.environ, RUN_MARKER: marker}, start_new_session=True)
+    try:
+        time.sleep(0.2)
+        assert executor.stop(host, run_id, "cancel", 0.5).state == "MISSING"
+        assert marked.wait(timeout=5) != 0
+    finally:
+        if marked.poll() is None:
+            marked.kill()

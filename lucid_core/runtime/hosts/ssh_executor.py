@@ -72,9 +72,9 @@ class SshTransport:
             if "known_hosts" in str(exc) or "not found in" in str(exc):
                 raise HostKeyRejected(f"host {host.name}: {exc}", reached=False) from exc
             raise
-        except ValueError as exc:  # an address no resolver takes (an empty label: `gpu7..lab`): no retry helps
+        except ValueError as exc:  # e.g. an address no resolver takes (`gpu7..lab`): no retry helps
             client.close()
-            raise HostUnreachable(f"host {host.name}: address {host.address!r} cannot be used: {exc}",
+            raise HostUnreachable(f"host {host.name}: cannot connect to {host.address!r}: {exc}",
                                   reached=False) from exc
         except BaseException:
             client.close()

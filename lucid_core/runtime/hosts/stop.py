@@ -57,13 +57,15 @@ if setup "$r"; then
   find_wrapper "$D" "$r"
 elif find_orphan "$r"; then  # its control directory was removed while it ran: stopped by its wrapper's marker
   D=/nonexistent/removed orphan=1 pv=$wp
-else  # never started here: a tombstone with the stop, so that a launch still on its way starts nothing
-  mkdir -p "$W" 2>/dev/null && mkdir "$W/$r" 2>/dev/null && printf '%s\n' {shlex.quote(reason)} > "$W/$r/stop_requested"
+else  # never started here: the stop is left in its directory, so that a launch still on its way starts nothing
+  t="$W/$r"
+  if [ ! -L "$t" ] && mkdir -p "$t" 2>/dev/null; then printf '%s\\n' {shlex.quote(reason)} > "$t/stop_requested"; fi
   echo MISSING; exit 0
 fi
 p=$wp
 case "$pv" in *[!0-9]*) pv= ;; esac
-if [ -z "$p$pv" ] && [ ! -s "$D/pid.self" ] && ! exit_ok "$D"; then echo NOPID; exit 0; fi
+nowrapper=
+if [ -z "$p$pv" ] && [ ! -s "$D/pid.self" ] && ! exit_ok "$D"; then nowrapper=1; fi
 u=$(cat "$D/run_as" 2>/dev/null || true)
 case "$u" in -*|*[!A-Za-z0-9._-]*) u= ;; esac
 as_user() {{ [ -n "$u" ] && sudo -n -u "$u" -- /bin/sh -c "$1" sh "$2" "$p" < /dev/null > /dev/null 2>&1; }}
@@ -91,6 +93,12 @@ marked() {{
   sh -c "$sweep" sh "$1" "$m" "$$" < /dev/null 2>/dev/null
   if [ -n "$u" ]; then sudo -n -u "$u" -- /bin/sh -c "$sweep" sh "$1" "$m" "$$" < /dev/null 2>/dev/null; fi
 }}
+if [ -n "$nowrapper" ]; then
+  # no wrapper (a launch cut short, or one still on its way): stop_requested, written above, keeps any later
+  # wrapper from running the command, and what carries the run's marker is killed: it never runs
+  marked KILL > /dev/null
+  echo MISSING; exit 0
+fi
 # a signalled process counts as gone once its /proc entry is gone or a zombie
 any_left() {{
   for q in $(printf '%s\\n' "$found" | cut -d' ' -f1); do

@@ -5,6 +5,7 @@ other nodes of wide jobs), stopping runs that have a stop reason, and what a ref
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import distinct, func, select
@@ -289,6 +290,8 @@ class LaunchSteps(EndedRunSteps, LaunchSpecSteps):
             if status.state == "UNREADABLE":
                 self._unreadable(run, status, self.clock())
                 continue
+            if status.state == "MISSING":  # nothing of it there, and the stop left word that none may start: done
+                status = replace(status, stop_requested=True)
             answered.append((run, status))
         # the nodes the stop ended first: a node of the same run that had already ended on its own (its peer's
         # going ended it) is then judged knowing its peer was stopped

@@ -66,6 +66,8 @@ class SettlingSteps(MpsFaultChecks):
                 continue
             if isinstance(result.error, HostCommandFailed):  # garbled answer: judge this host's runs next round
                 self.report.errors.append(str(result.error))
+                if not by_host.get(name):  # an idle host's probe: it answered, so it is not probed first again
+                    self._host_seen(name)
                 continue
             statuses = call_value(result)
             self._host_seen(name)
@@ -213,7 +215,7 @@ class SettlingSteps(MpsFaultChecks):
             outcome = (f"stopped: it ended on its own ({code}) after the stop of another node of its run, before "
                        "its own stop reached it")
         elif status.state == "MISSING":
-            outcome = ("not launched: its launch had gone unanswered and the host has no such run"
+            outcome = ("not launched: its host never started it (its launch had gone unanswered)"
                        if run.started_at is None and run.stop_reason is not None
                        else "run directory vanished from the host")
         elif status.state == "VANISHED":
