@@ -164,12 +164,16 @@ def test_a_stop_signal_stops_the_runs_keeps_the_journal_and_the_same_command_res
     run_ids = [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith("calib-")]
     executor = local_executor()
     states = executor.poll(host, run_ids)
-    # NOPID: a launch the signal cut short before its wrapper started (nothing runs); it must stay so
+    # NOPID: a launch the signal cut short before its wrapper started (nothing runs); it must stay so. RUNNING: a
+    # wrapper that started after the kit's stop reached its run's directory, which runs no command and ends at once
+    # as stopped (143); a run whose command ran would end with its own exit code and no stop
     time.sleep(2.0)
     later = executor.poll(host, run_ids)
     executor.close()
-    assert run_ids and {s.state for s in states.values()} <= {"EXITED", "VANISHED", "NOPID"}, states
+    assert run_ids and {s.state for s in states.values()} <= {"EXITED", "VANISHED", "NOPID", "RUNNING"}, states
     assert all(later[r].state == "NOPID" for r in run_ids if states[r].state == "NOPID"), later
+    assert all((later[r].state, later[r].exit_code, later[r].stop_requested) == ("EXITED", 143, True)
+               for r in run_ids if states[r].state == "RUNNING"), (states, later)
 
     again = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False)
     assert again.returncode == 0, again.stderr
