@@ -643,3 +643,32 @@ def test_a_stop_of_a_run_whose_wrapper_never_started_answers_missing_each_time_a
     finally:
         if marked.poll() is None:
             marked.kill()
+
+
+@pytest.mark.parametrize("kind", ["Preempt", "StopProfiling"])
+def test_a_decided_stop_keeps_a_planned_run_whose_launch_went_out_for_a_stop_and_ends_one_never_sent(tmp_path, kind):
+    """A preemption or a profiling window's end recorded for a job whose planned runs are one sent, unanswered (it
+    may run: kept for a stop with the decision's reason) and one never sent (ended before launch)."""
+    from lucid_core.policy import decisions as policy_decisions
+    from lucid_core.runtime.round.scheduling_round import SchedulingRound
+    from lucid_core.runtime.store.schema import RunRow
+
+    store, executor = local_cluster(tmp_path, ("a", "b"))
+    try:
+        job = submit(store, JobRequest("sleep 30", 4, "alice", "vc-a"))
+        with store.session() as s:
+            for host, untried in (("a", False), ("b", True)):
+                s.add(RunRow(run_id=f"{job}-main1", host=host, job_id=job, kind="main", pool="main",
+                             gpu_indices=[0, 1], node_rank=0 if host == "a" else 1, state="planned",
+                             planned_at=time.time(), launch_untried=untried))
+        decision = (policy_decisions.Preempt(job, "test") if kind == "Preempt"
+                    else policy_decisions.StopProfiling(job, "test"))
+        round_ = SchedulingRound(store, executor, CONFIG, SETTINGS)
+        with store.session() as s:
+            round_._mark_stops(s, decision, time.time())
+        runs = {r.host: r for r in runs_of(store, job)}
+        reason = "preempt" if kind == "Preempt" else "profiling_window"
+        assert (runs["a"].state, runs["a"].stop_reason) == ("running", reason), (runs["a"].state, runs["a"].outcome)
+        assert (runs["b"].state, runs["b"].outcome) == ("ended", f"{reason} before launch"), runs["b"].outcome
+    finally:
+        store.dispose()
