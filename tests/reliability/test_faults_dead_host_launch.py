@@ -672,3 +672,73 @@ def test_a_decided_stop_keeps_a_planned_run_whose_launch_went_out_for_a_stop_and
         assert (runs["b"].state, runs["b"].outcome) == ("ended", f"{reason} before launch"), runs["b"].outcome
     finally:
         store.dispose()
+
+
+def test_a_launch_that_gives_up_keeps_a_stop_that_reached_its_directory(tmp_path):
+    """A stop that reached a launch's directory while the launch waited for the host's ledger; the launch is then
+    refused (the GPU is another run's) and removes what it made, but not the stop: the same launch sent again
+    finds it and starts nothing (before: the directory was removed whole and the command ran)."""
+    import concurrent.futures
+    import shutil
+    import subprocess
+
+    from lucid_core.runtime.hosts.executor import HostAddress as Address
+    from lucid_core.runtime.hosts.executor import LaunchConflict, LaunchSpec
+    from lucid_core.runtime.hosts.local_executor import local_executor
+
+    if shutil.which("flock") is None:
+        pytest.skip("flock (util-linux) is not installed: the ledger's lock cannot be held from outside")
+    workdir, canary = tmp_path / "w", tmp_path / "ran"
+    executor, host = local_executor(), Address("h", executor="local", workdir=str(tmp_path / "w"))
+    executor.launch(host, LaunchSpec("j000002-main1", "exec sleep 30", {}, None, job_id="j000002", gpu_indices=(0,)))
+    spec = LaunchSpec("j000001-main1", f"touch {canary}; exec sleep 30", {}, None, job_id="j000001",
+                      gpu_indices=(0,))
+    locker = subprocess.Popen(["flock", str(workdir / ".claims" / ".lock"), "sleep", "2"])
+    try:
+        time.sleep(0.3)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(executor.launch, host, spec)
+            deadline = time.monotonic() + 5
+            while not (workdir / "j000001-main1").exists():
+                assert time.monotonic() < deadline, "the launch never made its directory"
+                time.sleep(0.01)
+            assert executor.stop(host, "j000001-main1", "cancel", 0.5).state == "MISSING"
+            with pytest.raises(LaunchConflict):
+                first.result(timeout=60)
+        assert (workdir / "j000001-main1" / "stop_requested").exists()
+        executor.stop(host, "j000002-main1", "preempt", 0.5)
+        again = executor.launch(host, spec)
+        time.sleep(0.5)
+        assert again.already_launched and again.pid is None and not canary.exists(), again
+    finally:
+        locker.wait(timeout=10)
+        for run_id in ("j000001-main1", "j000002-main1"):
+            executor.stop(host, run_id, "cleanup", 0.3)
+
+
+def test_a_stop_finds_a_wrapper_whose_job_forged_its_records_and_removed_its_pid_files(tmp_path):
+    """On an account host a job can rewrite its run's files: it makes the wrapper read as an old-style run, writes
+    another marker and removes the pid files. The stop still finds the wrapper in the run's directory by its
+    real marker and ends it and the job (before: NOPID, or MISSING with both alive)."""
+    from lucid_core.runtime.hosts.executor import HostAddress as Address
+    from lucid_core.runtime.hosts.executor import LaunchSpec
+    from lucid_core.runtime.hosts.local_executor import local_executor
+
+    executor, host = local_executor(), Address("h", executor="local", workdir=str(tmp_path / "w"))
+    room = tmp_path / "w" / "j000001-main1"
+    forge = (f"cd {room} && sed -i '1s/.*/# old/' run.sh && echo j000001-main1.{'f' * 16} > marker && "
+             f"rm -f pid pid.self && echo $$ > {tmp_path / 'job.pid'} && exec sleep 300")
+    executor.launch(host, LaunchSpec("j000001-main1", forge, {}, None))
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "job.pid").exists() or (room / "pid").exists():
+        assert time.monotonic() < deadline, "the job did not forge its records"
+        time.sleep(0.05)
+    time.sleep(0.2)
+    job_pid = int((tmp_path / "job.pid").read_text())
+    try:
+        status = executor.stop(host, "j000001-main1", "cancel", 0.5)
+        assert status.state in ("EXITED", "VANISHED"), status
+        time.sleep(0.3)
+        assert not pid_alive(job_pid)
+    finally:
+        kill_group(job_pid)

@@ -36,10 +36,10 @@ def claim_check(run_id: str, claim: LaunchClaim) -> str:
     runs with the ledger locked. An entry in the way counts only while its run lives (else it is dropped)."""
     run = shlex.quote(run_id)
     gpus = ",".join(str(i) for i in claim.gpu_indices) or "-"
-    return f"""mkdir -p "$W"/{CLAIMS} || {{ echo "ERROR cannot create $W/{CLAIMS}"; cd /; rm -rf "$D"; exit 3; }}
+    return f"""mkdir -p "$W"/{CLAIMS} || {{ echo "ERROR cannot create $W/{CLAIMS}"; drop_run; exit 3; }}
 exec 9>> "$W"/{CLAIMS}/.lock
 if command -v flock > /dev/null 2>&1 && ! flock -w 30 9; then
-  cd /; rm -rf "$D"; echo "{CONFLICT} the host's ledger of live runs stayed locked for 30 s"; exit 6
+  drop_run; echo "{CONFLICT} the host's ledger of live runs stayed locked for 30 s"; exit 6
 fi
 me={run} job={shlex.quote(claim.job_id)} mine={shlex.quote(gpus)} partner={shlex.quote(claim.partner or "-")}
 why=
@@ -63,7 +63,7 @@ for c in "$W"/{CLAIMS}/*; do
   why=$held
   break
 done
-if [ -n "$why" ]; then cd /; rm -rf "$D"; echo "{CONFLICT} $why"; exit 6; fi
+if [ -n "$why" ]; then drop_run; echo "{CONFLICT} $why"; exit 6; fi
 """
 
 

@@ -141,6 +141,10 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
     lines += [
         f"W={w}",
         f'D="$W"/{run}',
+        # a launch that gives up removes what it made, but keeps a stop that reached the directory meanwhile: a
+        # later launch of the run then finds it there and starts nothing
+        'drop_run() { cd /; if [ -f "$D/stop_requested" ]; then '
+        'find "$D" -mindepth 1 -maxdepth 1 ! -name stop_requested -exec rm -rf {} +; else rm -rf "$D"; fi; }',
         'mkdir -p "$W" || { echo "ERROR cannot create work directory $W"; exit 3; }',
         'if ! mkdir "$D" 2>/dev/null; then echo "EXISTS $(head -c 32 "$D/pid" 2>/dev/null | tr -cd 0-9)"; exit 0; fi',
         'cd "$D"',
@@ -150,7 +154,7 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
     if run_as is not None:
         user = shlex.quote(run_as)
         lines.append(f"if ! why=$(sudo -n -H -u {user} -- /bin/sh -c 'exit 0' < /dev/null 2>&1); then "
-                     f'cd /; rm -rf "$D"; echo "{REFUSED_USER} $(printf \'%s\' "$why" | tr \'\\n\' \' \')"; exit 5; fi')
+                     f'drop_run; echo "{REFUSED_USER} $(printf \'%s\' "$why" | tr \'\\n\' \' \')"; exit 5; fi')
         user_files = (f"printf '%s' {shlex.quote(user_script(env, command, run_id))} > as_user.sh && "
                       f"printf '%s\\n' {user} > run_as && ")
     else:
@@ -166,7 +170,7 @@ def launch_script(workdir: str, run_id: str, command: str, env: Mapping[str, str
         # up while the job runs cannot turn a finished job into one that vanished
         f"printf '%-{_EXIT_ROOM}s\\n' '' > exit_code.tmp || "
         # a cut-short command.sh (disk full) would run a prefix of the command: run nothing instead
-        '{ echo "ERROR cannot write the run files in $D (disk full or read-only?)"; cd /; rm -rf "$D"; exit 4; }',
+        '{ echo "ERROR cannot write the run files in $D (disk full or read-only?)"; drop_run; exit 4; }',
         # the marker is in the wrapper's own environment from its start: the kernel's copy is what polls trust
         f"{RUN_MARKER}={shlex.quote(marker)} setsid sh ./run.sh < /dev/null > /dev/null 2>&1 9>&- &",
         "pid=$!",

@@ -53,19 +53,30 @@ r={shlex.quote(run)}
 orphan=
 if setup "$r"; then
   D=$R
-  printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
-  find_wrapper "$D" "$r"
 elif find_orphan "$r"; then  # its control directory was removed while it ran: stopped by its wrapper's marker
   D=/nonexistent/removed orphan=1 pv=$wp
-else  # never started here: the stop is left in its directory, so that a launch still on its way starts nothing
+else
   t="$W/$r"
-  if [ ! -L "$t" ] && mkdir -p "$t" 2>/dev/null; then printf '%s\\n' {shlex.quote(reason)} > "$t/stop_requested"; fi
-  echo MISSING; exit 0
+  if [ ! -L "$t" ] && mkdir -p "$W" 2>/dev/null && mkdir "$t" 2>/dev/null; then
+    # never started here: the stop is left in its directory, so that a launch still on its way starts nothing
+    printf '%s\\n' {shlex.quote(reason)} > "$t/stop_requested"
+    echo MISSING; exit 0
+  fi
+  setup "$r" || {{ echo MISSING; exit 0; }}  # a launch made its directory meanwhile: stopped as found below
+  D=$R
+fi
+if [ -z "$orphan" ]; then
+  printf '%s\\n' {shlex.quote(reason)} > "$D/stop_requested"
+  find_wrapper "$D" "$r"
 fi
 p=$wp
 case "$pv" in *[!0-9]*) pv= ;; esac
 nowrapper=
-if [ -z "$p$pv" ] && [ ! -s "$D/pid.self" ] && ! exit_ok "$D"; then nowrapper=1; fi
+if [ -z "$p$pv" ] && [ ! -s "$D/pid.self" ] && ! exit_ok "$D"; then
+  # no wrapper by its files: one whose job rewrote or removed them still sits in the run's directory, marked
+  for v in $(cwd_is "$D"); do if marked_as_run "$v"; then p=$v; break; fi; done
+  [ -n "$p" ] || nowrapper=1
+fi
 u=$(cat "$D/run_as" 2>/dev/null || true)
 case "$u" in -*|*[!A-Za-z0-9._-]*) u= ;; esac
 as_user() {{ [ -n "$u" ] && sudo -n -u "$u" -- /bin/sh -c "$1" sh "$2" "$p" < /dev/null > /dev/null 2>&1; }}
@@ -93,12 +104,6 @@ marked() {{
   sh -c "$sweep" sh "$1" "$m" "$$" < /dev/null 2>/dev/null
   if [ -n "$u" ]; then sudo -n -u "$u" -- /bin/sh -c "$sweep" sh "$1" "$m" "$$" < /dev/null 2>/dev/null; fi
 }}
-if [ -n "$nowrapper" ]; then
-  # no wrapper (a launch cut short, or one still on its way): stop_requested, written above, keeps any later
-  # wrapper from running the command, and what carries the run's marker is killed: it never runs
-  marked KILL > /dev/null
-  echo MISSING; exit 0
-fi
 # a signalled process counts as gone once its /proc entry is gone or a zombie
 any_left() {{
   for q in $(printf '%s\\n' "$found" | cut -d' ' -f1); do
@@ -137,6 +142,11 @@ n=$(printf '%s\\n%s\\n' "$found" "$late" | awk -v p="${{p:-$pv}}" 'NF == 2 && $2
 n=$((n+0))
 e=
 if [ "$n" -gt 0 ]; then e=" escaped=$n"; fi
+if [ -n "$nowrapper" ] && [ "$n" -eq 0 ]; then
+  # no wrapper and nothing marked (a launch cut short, or one still on its way): stop_requested, written above,
+  # keeps any later wrapper from running the command
+  echo MISSING; exit 0
+fi
 if exit_ok "$D"; then
   if [ -f "$D/term_received" ]; then echo "EXITED $rc stopped$e"; else echo "EXITED $rc$e"; fi
 else
