@@ -618,9 +618,9 @@ def test_a_host_whose_probe_answers_garbage_does_not_keep_the_others_from_being_
 
 
 def test_a_stop_of_a_run_whose_wrapper_never_started_answers_missing_each_time_and_kills_what_it_marked(tmp_path):
-    """A launch cut short (its directory and files there, no wrapper), or one whose job removed its wrapper's pid
-    files: each stop leaves word that none may start, kills what carries the run's marker, and answers MISSING
-    (before: NOPID, which nothing settled, so a run asked to stop hung for ever)."""
+    """A launch cut short (its directory there, no wrapper): each stop leaves word that none may start and answers
+    MISSING (before: NOPID, which nothing settled, so a run asked to stop hung for ever). A process that carries
+    the run's marker there (its wrapper gone, its pid files removed) is killed, and the stop says it was stopped."""
     import os
     import subprocess
 
@@ -638,7 +638,8 @@ def test_a_stop_of_a_run_whose_wrapper_never_started_answers_missing_each_time_a
     marked = subprocess.Popen(["sleep", "30"], env={**os.environ, RUN_MARKER: marker}, start_new_session=True)
     try:
         time.sleep(0.2)
-        assert executor.stop(host, run_id, "cancel", 0.5).state == "MISSING"
+        status = executor.stop(host, run_id, "cancel", 0.5)
+        assert (status.state, status.stop_requested, status.escaped) == ("VANISHED", True, 1), status
         assert marked.wait(timeout=5) != 0
     finally:
         if marked.poll() is None:
