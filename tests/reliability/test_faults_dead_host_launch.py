@@ -40,6 +40,15 @@ def address(cluster, name: str) -> HostAddress:
     return HostAddress(name, "127.0.0.1", host.port, cluster.user, str(cluster.client_key))
 
 
+def round_dies_at(store: Store, cluster, step: str) -> None:
+    """A round that dies at `step` (its process gone, its lease left held), then its lease lapsing."""
+    with pytest.raises(InjectedCrash):
+        one_round(store, cluster, CONFIG, settings=replace(SETTINGS, holder="crashing", lease_ttl_s=30),
+                  crash_at=step)
+    with store.session() as s:
+        s.execute(update(LeaseRow).values(expires_at=time.time() - 1))
+
+
 def test_unreachable_says_whether_the_call_ever_reached_the_host(sshd_hosts):
     """A refused connection reached nothing; a script that overran its deadline on a session did."""
     executor = ssh_executor(str(sshd_hosts.known_hosts), connect_timeout_s=2, retries=1, timeout_s=20)
@@ -138,13 +147,9 @@ def test_a_launch_tried_before_keeps_its_run_planned_while_the_host_is_down(sshd
         register(store, sshd_hosts, tmp_path / "hosts")
         ledger = tmp_path / "ledger"
         job = submit(store, JobRequest(ledger_command(ledger, "sleep 3"), 2, "alice", "vc-a", name="once"))
-        crashing = replace(SETTINGS, holder="crashing", lease_ttl_s=30)
-        with pytest.raises(InjectedCrash):
-            one_round(store, sshd_hosts, CONFIG, settings=crashing, crash_at="after_launch")
+        round_dies_at(store, sshd_hosts, "after_launch")
         (run,) = runs_of(store, job)
         assert run.state == "planned" and run.launch_untried is False, (run.state, run.launch_untried)
-        with store.session() as s:  # the dead round's lease lapses
-            s.execute(update(LeaseRow).values(expires_at=time.time() - 1))
         host = sshd_hosts.hosts[run.host]
         host.stop()
         try:
@@ -322,12 +327,8 @@ def test_a_cancelled_job_whose_launch_went_out_unanswered_is_stopped_before_it_c
         register(store, sshd_hosts, tmp_path / "hosts")
         ledger = tmp_path / "ledger"
         job = submit(store, JobRequest(ledger_command(ledger, "sleep 30"), 2, "alice", "vc-a", name="cancelled"))
-        crashing = replace(SETTINGS, holder="crashing", lease_ttl_s=30)
-        with pytest.raises(InjectedCrash):
-            one_round(store, sshd_hosts, CONFIG, settings=crashing, crash_at="after_launch")
+        round_dies_at(store, sshd_hosts, "after_launch")
         (run,) = runs_of(store, job)
-        with store.session() as s:
-            s.execute(update(LeaseRow).values(expires_at=time.time() - 1))
         deadline = time.monotonic() + 10
         while not ledger.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -364,11 +365,8 @@ def test_a_cancelled_job_whose_launch_was_marked_sent_but_never_ran_ends_cancell
     try:
         register(store, sshd_hosts, tmp_path / "hosts")
         job = submit(store, JobRequest("sleep 30", 2, "alice", "vc-a", name="never-sent"))
-        crashing = replace(SETTINGS, holder="crashing", lease_ttl_s=30)
-        with pytest.raises(InjectedCrash):
-            one_round(store, sshd_hosts, CONFIG, settings=crashing, crash_at="after_record")
+        round_dies_at(store, sshd_hosts, "after_record")
         with store.session() as s:
-            s.execute(update(LeaseRow).values(expires_at=time.time() - 1))
             s.execute(update(RunRow).where(RunRow.job_id == job).values(launch_untried=False))
         (run,) = runs_of(store, job)
         host = sshd_hosts.hosts[run.host]
