@@ -205,9 +205,9 @@ class SettlingSteps(MpsFaultChecks):
         fault = self._partner_fault(run, status)  # a host read, only for a failed run of an MPS pair
         no_daemon = None if fault is not None else self._daemon_start_failed(run, status)  # only for exit 97 there
         now = self.clock()
-        # asked to stop: the host says the stop ended it, or it never ran there (a launch that went unanswered)
-        stopped = run.stop_reason is not None and (
-            status.stop_requested or (status.state == "MISSING" and run.started_at is None))
+        # asked to stop, and the host never ran it (a launch that went unanswered): the stop is as good as done
+        never_ran = run.stop_reason is not None and status.state == "MISSING" and run.started_at is None
+        stopped = (status.stop_requested and run.stop_reason is not None) or never_ran
         by_peer = not stopped and self._ended_after_a_peers_stop(run, status)
         stopped = stopped or by_peer
         if by_peer:
@@ -215,8 +215,7 @@ class SettlingSteps(MpsFaultChecks):
             outcome = (f"stopped: it ended on its own ({code}) after the stop of another node of its run, before "
                        "its own stop reached it")
         elif status.state == "MISSING":
-            outcome = ("not launched: its host never started it (its launch had gone unanswered)"
-                       if run.started_at is None and run.stop_reason is not None
+            outcome = ("not launched: its host never started it (its launch had gone unanswered)" if never_ran
                        else "run directory vanished from the host")
         elif status.state == "VANISHED":
             outcome = STOPPED_OUTCOME if stopped else "process vanished without an exit code"
