@@ -38,14 +38,20 @@ CONFIG = ("[profiler]\ntprof_s = 1.0\nin_place = false\n[binder]\nsharing = \"of
 
 
 def ledger_job(ledger: Path, seconds: float) -> str:
-    """A job that writes its start and end on the host: job, run, GPUs, working directory, wall clock."""
-    return (f'echo "S $LUCID_JOB_ID $LUCID_RUN_ID $CUDA_VISIBLE_DEVICES $PWD $(date +%s.%N)" >> {ledger}; '
+    """A job that writes its start and end on the host: job, run, GPUs, working directory, wall clock.
+
+    Its profiling run waits to be stopped at its window's end: on a loaded machine a round can come later than
+    a short job's length, and a job that ended within its profiling window would complete there, never run
+    on a main host and leave the test's set-up (a job waiting for a main GPU) unmet.
+    """
+    return ('case "$LUCID_RUN_ID" in *-prof*) exec sleep 600;; esac; '
+            f'echo "S $LUCID_JOB_ID $LUCID_RUN_ID $CUDA_VISIBLE_DEVICES $PWD $(date +%s.%N)" >> {ledger}; '
             f'sleep {seconds}; echo "E $LUCID_JOB_ID $LUCID_RUN_ID $(date +%s.%N)" >> {ledger}')
 
 
 def read_ledger(ledger: Path) -> tuple[dict[str, list[str]], dict[tuple[str, int], list[tuple[float, float, str]]]]:
     """job -> main runs started; (host, GPU) -> [(start, end, main run)] from the hosts' own record (profiling
-    runs are left out: they are stopped at their window's end, before writing one)."""
+    runs write none: `ledger_job`)."""
     starts: dict[str, list[str]] = defaultdict(list)
     spans: dict[str, tuple[str, list[int], float]] = {}
     ends: dict[str, float] = {}
