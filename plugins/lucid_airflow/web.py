@@ -174,6 +174,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
     @app.get("/running", response_class=HTMLResponse)
     def running() -> HTMLResponse:
         from lucid_core.runtime.surfaces.host_reads import gpu_utilization
+        from lucid_core.runtime.surfaces.job_views import stopping_words
         from lucid_core.runtime.surfaces.queries import gpu_map
 
         db = store()
@@ -189,8 +190,9 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         rows = [[f'<a href="{prefix}/jobs/{esc(r.job_id)}">{esc(r.job_id)}</a>',
                  esc(names.get(r.job_id, "")), esc(r.kind), esc(r.host),
                  esc(",".join(str(i) for i in saved_indices(r.gpu_indices))), esc(r.partner or ""),
-                 _shared_speed_cell(shared.get(r.job_id) if r.kind == "main" else None, now), esc(r.state),
-                 _running_for(r.started_at, now)] for r in runs]
+                 _shared_speed_cell(shared.get(r.job_id) if r.kind == "main" else None, now),
+                 esc(r.state) + (f"<br><span class='muted'>{esc(stop)}</span>" if (stop := stopping_words(r)) else ""),
+                 _running_for(r.started_at, now, stopping=stop is not None)] for r in runs]
         cards = []
         for host in hosts:
             cells = []
@@ -638,7 +640,8 @@ def _state_history(events: list[Any]) -> str:
 def _runs_table(runs: list[dict[str, Any]]) -> str:
     """The job's runs (profiling and main, one per host), oldest first."""
     rows = [[esc(r["run_id"]), esc(r["kind"]), esc(r["host"]), esc(",".join(str(i) for i in r["gpus"] or [])),
-             esc(r["state"]), esc("" if r["exit_code"] is None else str(r["exit_code"])), esc(r["outcome"] or "")]
+             esc(r["state"]), esc("" if r["exit_code"] is None else str(r["exit_code"])),
+             esc(r["stopping"] or r["outcome"] or "")]
             for r in runs]
     return table(["run", "kind", "host", "GPUs", "state", "exit code", "outcome"], rows, "runs")
 
@@ -654,10 +657,11 @@ def _training_hint(root: Path, ident: str) -> str:
     return f"<p class='hint' id='{ident}'>{esc(said[:1].upper() + said[1:])}.</p>" if said else ""
 
 
-def _running_for(started_at: Any, now: float) -> str:
-    """How long a run has run; "starting" before it has, unreadable for text a hand edit left."""
+def _running_for(started_at: Any, now: float, stopping: bool = False) -> str:
+    """How long a run has run; "starting" before it has ("no start reported" for a launch that went unanswered
+    and is being stopped), unreadable for text a hand edit left."""
     if started_at is None:
-        return "starting"
+        return "no start reported" if stopping else "starting"
     start = saved_float(started_at)
     return hours(max(0.0, now - start)) if start is not None else f"<span class='muted'>{UNREADABLE}</span>"
 

@@ -30,7 +30,8 @@ EDITS = [("jobs", "seq = 2", "queue_position", "soon"), ("jobs", "seq = 2", "pre
          ("runs", "run_id = 'r-b'", "observed_speed", "fast"), ("runs", "run_id = 'r-c'", "gpu_indices", "[0,"),
          ("runs", "run_id = 'r-a'", "observed_speed_at", "x"),  # its speed (0.83) readable, its time not
          ("runs", "run_id = 'r-d0' AND host = 'm1'", "gpu_indices", '["a", null]'),
-         ("jobs", "seq = 1", "known_min_duration", "x")]
+         ("jobs", "seq = 1", "known_min_duration", "x"),
+         ("runs", "run_id = 'r-f'", "stop_reason", 7)]  # a stop pending for a reason no round writes
 
 
 #: The same on PostgreSQL, whose column types refuse text but keep a float's NaN and infinities, and any integer.
@@ -99,3 +100,29 @@ def test_no_read_command_fails_whole_on_hand_edited_values(odd_store, capsys):
         assert code in (0, 2) and (code == 2 or out.strip()), (argv, err[-1500:])
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, (argv, err[-1500:])
     Store(url).dispose()
+
+
+def test_pages_and_commands_say_which_runs_are_being_stopped(store_url, monkeypatch, tmp_path, capsys):
+    """A run kept for a stop after its launch went unanswered has no start time: it reads as being stopped, with
+    why, not as starting; a started run being stopped says why too."""
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LUCID_CONFIG", str(tmp_path / "none.toml"))
+    ids = _fill(store_url)
+    if str(REPO / "plugins") not in sys.path:
+        sys.path.insert(0, str(REPO / "plugins"))
+    from lucid_airflow.web import create_lucid_app
+
+    pages = TestClient(create_lucid_app(lambda: store_url, lambda: tmp_path / "reports", protect=False))
+    running = pages.get("/running").text
+    assert "stopping: its job was cancelled; its launch went unanswered" in running
+    assert "no start reported" in running and "stopping: it yields its GPUs to other work" in running
+    api = TestClient(create_app(store_url))
+    runs = {r["run_id"]: r for job_id in ids for r in api.get(f"/jobs/{job_id}/explain").json()["runs"]}
+    assert runs["r-e"]["stopping"].startswith("stopping: its job was cancelled")
+    job_of_e = next(job_id for job_id in ids
+                    if any(r["run_id"] == "r-e" for r in api.get(f"/jobs/{job_id}").json()["runs"]))
+    assert "stopping: its job was cancelled" in pages.get(f"/jobs/{job_of_e}").text
+    assert main(["status", job_of_e, "--store", store_url]) == 0
+    assert ("r-e on m1 GPUs [6]: running (stopping: its job was cancelled; its launch went unanswered"
+            in capsys.readouterr().out)
+    Store(store_url).dispose()

@@ -47,9 +47,10 @@ def _job(k: int, state: JobState, **changes) -> dict:
 
 def _run(job_id: str, run_id: str, state: RunState, gpus: list[int] | str, *, partner: str | None = None,
          start: float | None = None, end: float | None = None, kind: str = "main", rank: int = 0,
-         speed: float | None = None, host: str = "m0") -> dict:
+         speed: float | None = None, host: str = "m0", stop: str | None = None) -> dict:
     return {"run_id": run_id, "host": host, "job_id": job_id, "kind": kind, "pool": "main", "gpu_indices": gpus,
             "node_rank": rank, "partner": partner, "profile_in_place": False, "state": state.value,
+            "stop_reason": stop,
             "planned_at": (start or NOW) - 5, "started_at": start, "ended_at": end, "pid": 4000 if start else None,
             "exit_code": 0 if end else None, "outcome": "exited" if end else None, "observed_speed": speed,
             "observed_speed_at": NOW - 30 if speed else None, "observed_speed_samples": 12 if speed else None,
@@ -65,7 +66,7 @@ def _fill(url: str) -> list[str]:
     jobs = [_job(k, STATES[k % len(STATES)]) for k in range(70)]
     running = [j["job_id"] for j in jobs if j["state"] == JobState.RUNNING.value]
     finished = [j["job_id"] for j in jobs if j["state"] == JobState.COMPLETED.value]
-    a, b, c, d = running[:4]
+    a, b, c, d, e, f = running[:6]
     runs = [_run(a, "r-a", RunState.RUNNING, [0, 1], partner=b, start=NOW - 600, speed=0.83),
             _run(b, "r-b", RunState.RUNNING, [0, 1], partner=a, start=NOW - 500),
             _run(c, "r-c", RunState.RUNNING, [2], partner=finished[0], start=NOW - 400),  # partner long gone
@@ -73,6 +74,9 @@ def _fill(url: str) -> list[str]:
             _run(c, "r-c2", RunState.ENDED, "[2]", partner=finished[0], start=NOW - 9500, end=NOW - 9400),
             _run(d, "r-d0", RunState.RUNNING, [0, 1, 2, 3], start=NOW - 300, host="m1"),
             _run(d, "r-d0", RunState.RUNNING, [0, 1, 2, 3], start=NOW - 300, host="m0", rank=1),
+            # a stop pending: for a launch that went out unanswered (no start time), and for a run that started
+            _run(e, "r-e", RunState.RUNNING, [6], host="m1", stop="cancel"),
+            _run(f, "r-f", RunState.RUNNING, [7], start=NOW - 200, host="m1", stop="preempt"),
             _run(finished[0], "r-f0", RunState.ENDED, [2], partner=finished[1], start=NOW - 9000, end=NOW - 8000),
             _run(finished[1], "r-f1", RunState.ENDED, [2], partner=finished[0], start=NOW - 8500, end=NOW - 7000),
             _run(finished[2], "r-p2", RunState.ENDED, [4], kind="profiling", start=NOW - 9900, end=NOW - 9700),
@@ -128,6 +132,11 @@ def test_status_of_every_job_equals_the_orm_status(filled):
         # the pair now and the past pair that overlapped, each seen from both sides; the other past pair never ran
         # at one time, so it has words but no span
         assert seen_shared == 2 and seen_spans == 4
+        stopping = {r["run_id"]: r["stopping"] for job_id in ids for r in plain_views.status(reader, job_id)["runs"]}
+        assert stopping["r-e"] == ("stopping: its job was cancelled; its launch went unanswered, so it may not "
+                                   "have started")
+        assert stopping["r-f"] == "stopping: it yields its GPUs to other work"
+        assert stopping["r-a"] is None and stopping["r-f0"] is None
         assert "never ran on one GPU at the same time" in plain_views.status(reader, _completed(ids)[2])["sharing"]
         for missing in ("j999", "", "a\x00b"):
             with pytest.raises(UnknownJob):

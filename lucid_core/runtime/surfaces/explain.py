@@ -22,6 +22,7 @@ from lucid_core.runtime.round.prediction_words import (
 from lucid_core.runtime.round.snapshot import job_of, load_snapshot
 from lucid_core.runtime.store.schema import DecisionRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.job_views import stopping_words
 from lucid_core.runtime.surfaces.queries import shared_speeds
 from lucid_core.runtime.surfaces.shared_time import shared_spans, shared_words
 
@@ -185,7 +186,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
             **asdict(shared), "age_s": None if shared.measured_at is None else max(0.0, now - shared.measured_at)},
         "pending": {"position": row.queue_position, "reason": pending_text(row)} if row.pending_reason else None,
         "runs": [{"run_id": r.run_id, "host": r.host, "kind": r.kind, "gpus": r.gpu_indices, "state": r.state,
-                  "exit_code": r.exit_code, "outcome": r.outcome} for r in runs],
+                  "exit_code": r.exit_code, "outcome": r.outcome, "stopping": stopping_words(r)} for r in runs],
         "decisions": [{"time": d.time, "kind": d.kind, "reason": d.reason, "status": d.status} for d in decisions],
         "events": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
         "models": parts.model_sources,

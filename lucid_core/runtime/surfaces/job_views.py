@@ -33,6 +33,22 @@ MAX_HISTORY_ROWS = 2**31 - 1
 UNSTORABLE = "must be UTF-8 encodable text without NUL characters"
 
 
+#: Why a round stops a run (`runs.stop_reason`), in words.
+STOP_REASON_WORDS = {"peer_ended": "another node of its job ended", "cancel": "its job was cancelled",
+                     "preempt": "it yields its GPUs to other work", "profiling_window": "its profiling window is over",
+                     "unreadable": "its status stayed unreadable on its host"}
+
+
+def stopping_words(run: Any) -> str | None:
+    """Why a run that has not ended is being stopped, or None when no stop is pending. A run with no start time
+    is one whose launch went out unanswered: it may or may not have started, and its job waits for the stop."""
+    if run.state != RunState.RUNNING or not run.stop_reason:
+        return None
+    reason = run.stop_reason if isinstance(run.stop_reason, str) else str(run.stop_reason)
+    words = f"stopping: {STOP_REASON_WORDS.get(reason, reason)}"
+    return words + ("; its launch went unanswered, so it may not have started" if run.started_at is None else "")
+
+
 class UnknownJob(KeyError):
     def __str__(self) -> str:
         return f"no job {self.args[0]!r}"
@@ -132,7 +148,8 @@ def status_view(job: Any, runs: Sequence[Any], shared: SharedSpeed | None,
             "ended_in_profiling": job.ended_in_profiling, "cancel_requested": job.cancel_requested,
             "pending_reason": pending_text(job),
             "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
-                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome} for x in runs],
+                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome, "stopping": stopping_words(x)}
+                     for x in runs],
             # the speed measured while it shares GPUs with `partner` (null: running alone or not yet measured)
             "shared": asdict(shared) if shared is not None else None,
             # when it really shared a GPU, from the run records (a planned partner that never ran beside it: none)

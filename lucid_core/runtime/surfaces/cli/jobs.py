@@ -186,14 +186,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"VC {data['vc']}",
         f"submitted {local_time(data['submit_time'])}  started {local_time(data['start_time'])}  "
         f"ended {local_time(data['end_time'])}{exit_code}",
-        *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {r['outcome'] or ''}"
-          for r in data["runs"]),
+        *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {_run_note(r)}" for r in data["runs"]),
         *([data["sharing"]] if data["sharing"] else []),
         *([f"waiting: {data['pending_reason']}"] if data["pending_reason"] else []),
         *([f"end: {data['end_reason']}"] if data["end_reason"] else []),
     ])
     emit(args, data, text)
     return 0
+
+
+def _run_note(run: dict[str, Any]) -> str:
+    """What `lucid status` says after a run's state: why it is being stopped, else its outcome."""
+    return f"({run['stopping']})" if run["stopping"] else run["outcome"] or ""
 
 
 def _tail_lines(text: str, lines: int | None) -> str:
