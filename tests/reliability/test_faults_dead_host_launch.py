@@ -538,6 +538,40 @@ def test_idle_probes_spread_over_rounds_skip_draining_hosts_and_keep_a_cool_down
         store.dispose()
 
 
+def test_a_cool_down_recorded_after_the_round_read_its_hosts_keeps_its_reason_through_the_probe(tmp_path):
+    """The round's repair step can cool a host down (its launch refused) after the round read its host list; the
+    same round's idle probe of that host must not clear the reason (it read the list's, which had none)."""
+    from lucid_core.runtime.store.schema import HostRow
+
+    store, executor = local_cluster(tmp_path, ("a",))
+    inner_probe = executor.probe
+    until = time.time() + 3600
+
+    def probe_after_a_refusal(host):
+        with store.session() as s:  # what the repair step's refused launch wrote, earlier in this round
+            s.execute(update(HostRow).where(HostRow.name == host.name).values(
+                cooldown_until=until, last_error="launch refused: disk full"))
+        return inner_probe(host)
+
+    executor.probe = probe_after_a_refusal
+    try:
+        local_round(store, executor, idle_probe_s=60.0)
+        assert executor.probes == ["a"]
+        with store.session() as s:
+            host = s.get(HostRow, "a")
+        assert host.reachable and host.cooldown_until == until
+        assert host.last_error == "launch refused: disk full"  # the reason stays while the cool-down lasts
+        with store.session() as s:  # once the cool-down is over, the next answer clears it
+            s.execute(update(HostRow).where(HostRow.name == "a").values(cooldown_until=time.time() - 1,
+                                                                         last_seen=time.time() - 3600))
+        executor.probe = inner_probe
+        local_round(store, executor, idle_probe_s=60.0)
+        with store.session() as s:
+            assert s.get(HostRow, "a").last_error is None
+    finally:
+        store.dispose()
+
+
 def test_an_idle_host_with_an_address_no_resolver_takes_reads_unreachable_and_rounds_go_on(sshd_hosts, tmp_path):
     from lucid_core.runtime.hosts.inventory import HostSpec, add_host
     from lucid_core.runtime.store.schema import HostRow

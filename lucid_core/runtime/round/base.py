@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, case, select, update
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, GpuRef
@@ -209,9 +209,9 @@ class RoundBase:
         if (host is not None and host.reachable and (host.last_error is None or refused)
                 and saved_number(host.last_seen) and 0 <= now - host.last_seen < refresh_s):
             return
-        values: dict[str, Any] = {"reachable": True, "last_seen": now}
-        if not refused:
-            values["last_error"] = None
+        # decided in SQL: a cool-down this round recorded after its host list was read keeps its reason too
+        lasting = and_(HostRow.cooldown_until > now, HostRow.last_error.like("launch refused%"))
+        values = {"reachable": True, "last_seen": now, "last_error": case((lasting, HostRow.last_error), else_=None)}
         with self.store.session() as s:
             s.execute(update_unsynced(HostRow).where(HostRow.name == name).values(**values))
 
