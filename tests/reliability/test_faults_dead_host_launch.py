@@ -204,6 +204,114 @@ def test_runs_planned_before_the_migration_or_by_an_older_version_count_as_tried
         upgraded.dispose()
 
 
+def _freeze(sshd) -> list[int]:
+    """A host that hangs or powers off: its sshd and every process under it stopped (SIGSTOP). Its TCP
+    connections stay open, so a kept SSH connection to it looks alive; nothing on it answers or runs."""
+    import os
+    import signal
+    from pathlib import Path
+
+    pids = [sshd.process.pid]
+    for pid in pids:  # grows as it goes: children, then theirs
+        children = Path(f"/proc/{pid}/task/{pid}/children")
+        pids += [int(x) for x in children.read_text().split()] if children.exists() else []
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def _thaw(pids: list[int]) -> None:
+    import contextlib
+    import os
+    import signal
+
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_script_on_a_kept_connection_to_a_host_that_froze_is_never_sent(sshd_hosts, tmp_path, monkeypatch):
+    """A kept shell idle for a while is asked to answer before a script leaves; a host that froze (or powered
+    off) meanwhile does not, and the call says it never reached the host: the script was not sent, and nothing
+    runs when the host comes back."""
+    from lucid_core.runtime.hosts import ssh_shell
+
+    monkeypatch.setattr(ssh_shell, "CONFIRM_AFTER_S", 0.5)
+    executor = ssh_executor(str(sshd_hosts.known_hosts), connect_timeout_s=1, retries=1, timeout_s=20)
+    transport, main1 = executor.transports["ssh"], sshd_hosts.hosts["main1"]
+    canary = tmp_path / "canary"
+    frozen: list[int] = []
+    try:
+        assert transport.run_script(address(sshd_hosts, "main1"), "echo hi\n", timeout_s=10).stdout.strip() == "hi"
+        frozen = _freeze(main1)
+        time.sleep(0.6)
+        with pytest.raises(HostUnreachable) as silent:
+            transport.run_script(address(sshd_hosts, "main1"), f"touch {canary}\n", timeout_s=2.5)
+        assert silent.value.reached is False, silent.value
+        _thaw(frozen)
+        time.sleep(1.0)
+        assert not canary.exists(), "the script left on a connection the host never answered on"
+        # a kept shell used within the interval sends at once; one that answers its check runs the script
+        assert transport.run_script(address(sshd_hosts, "main1"), "echo back\n", timeout_s=10).stdout.strip() == "back"
+        time.sleep(0.6)
+        transport.run_script(address(sshd_hosts, "main1"), f"touch {canary}\n", timeout_s=10)
+        assert canary.exists()
+    finally:
+        _thaw(frozen)
+        executor.close()
+
+
+def test_a_job_placed_on_a_host_that_froze_behind_a_kept_connection_runs_elsewhere(sshd_hosts, tmp_path,
+                                                                                  monkeypatch):
+    """`lucid round --every` keeps one executor, and its SSH connections, from round to round. A host that froze
+    (or powered off) between two rounds still looks connected; the launch placed there is never sent, so its run
+    ends not launched and its job runs on the other host, once, not on the frozen one when it comes back."""
+    from lucid_core.runtime.hosts import ssh_shell
+    from lucid_core.runtime.round.scheduling_round import SchedulingRound
+
+    monkeypatch.setattr(ssh_shell, "CONFIRM_AFTER_S", 0.5)
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    kept = ssh_executor(str(sshd_hosts.known_hosts), connect_timeout_s=1, retries=1, timeout_s=3)
+    settings = replace(QUICK_LOSS, host_call_deadline_s=5.0)
+    main0 = sshd_hosts.hosts["main0"]
+    frozen: list[int] = []
+
+    def kept_round(**changes):
+        return SchedulingRound(store, kept, CONFIG, replace(settings, **changes), close_executor=False).run()
+
+    try:
+        register(store, sshd_hosts, tmp_path / "hosts")
+        kept_round(idle_probe_s=0.01)  # every host probed: a connection and a shell kept to each
+        assert kept.transports["ssh"]._connected(address(sshd_hosts, "main0"))
+        frozen = _freeze(main0)
+        time.sleep(0.6)
+        ledger = tmp_path / "ledger"
+        jobs = [submit(store, JobRequest(ledger_command(ledger, "sleep 1"), 2, "alice", "vc-a", name=f"j{i}"))
+                for i in range(2)]
+        report = kept_round()
+        on_frozen = [r for j in jobs for r in runs_of(store, j) if r.host == "main0"]
+        assert len(on_frozen) == 1, "no job was placed on the frozen host: the case is not covered"
+        assert on_frozen[0].state == "ended" and on_frozen[0].outcome.startswith("not launched"), on_frozen[0].outcome
+        moved = on_frozen[0].job_id
+        assert moved in report.requeued, report
+        deadline = time.monotonic() + 60  # the frozen host stays so: each round gives it up within a deadline
+        while not all(jobs_by_id(store)[j].state in ("COMPLETED", "FAILED") for j in jobs):
+            assert time.monotonic() < deadline, {j: jobs_by_id(store)[j].state for j in jobs}
+            kept_round()
+            time.sleep(0.2)
+        assert {jobs_by_id(store)[j].state for j in jobs} == {"COMPLETED"}
+        check_invariants(store, jobs, ledger)
+        assert [r.host for r in runs_of(store, moved) if r.started_at is not None] == ["main1"]
+        _thaw(frozen)
+        time.sleep(1.5)  # what the frozen host had been sent would have started by now
+        starts = ledger_starts(ledger)
+        assert all(n == 1 for n in starts.values()) and on_frozen[0].run_id not in {run for run, _ in starts}, starts
+    finally:
+        _thaw(frozen)
+        kept.close()
+        store.dispose()
+
+
 def test_an_idle_host_that_died_is_found_by_its_probe_before_work_is_placed_there(sshd_hosts, tmp_path):
     """`runtime.idle_probe_s`: an idle host not heard from that long is probed; one that died reads unreachable
     and gets no work, and reads reachable again once it answers. Off, the dead host reads reachable."""

@@ -79,3 +79,25 @@ def test_a_large_script_runs_whole_and_needs_no_temporary_file_for_itself(kept):
     result = transport.run_script(host, "\n".join(lines) + "\necho \"$(printf '%s' \"it's\")\"", 10)
     assert result.exit_status == 0
     assert result.stdout.splitlines() == [str(i) for i in range(4000)] + ["it's"]
+
+
+def test_a_shell_idle_past_the_interval_answers_a_check_first_and_stray_bytes_do_not_confuse_it(kept, monkeypatch):
+    """After `CONFIRM_AFTER_S` without a reply the shell must answer an echo before a script is sent; bytes a
+    leftover process writes meanwhile fall before it or between it and the reply, and are dropped."""
+    from lucid_core.runtime.hosts import ssh_shell
+
+    monkeypatch.setattr(ssh_shell, "CONFIRM_AFTER_S", 0.2)
+    sent: list[bytes] = []
+    send = ssh_shell.KeptShell._send
+    monkeypatch.setattr(ssh_shell.KeptShell, "_send", lambda self, data, deadline: (sent.append(data),
+                                                                                    send(self, data, deadline))[1])
+    transport, host = kept
+    first = transport.run_script(host, 'echo "$PPID"; (sleep 0.3; echo STRAY; sleep 0.2; echo STRAY2) & true', 5)
+    assert len(sent) == 1  # a new shell: the host has just answered, no check
+    time.sleep(0.4)
+    second = transport.run_script(host, 'echo "$PPID"', 5)
+    assert len(sent) == 3 and sent[1].startswith(b"printf '%s\\n' LUCID_")  # the check, then the script
+    time.sleep(0.3)
+    third = transport.run_script(host, 'echo "$PPID"', 5)
+    assert first.stdout == second.stdout == third.stdout  # one kept shell answered every call
+    assert transport.connects == 1

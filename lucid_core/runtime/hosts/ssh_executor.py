@@ -27,7 +27,7 @@ from lucid_core.runtime.hosts.executor import (
     ScriptResult,
 )
 from lucid_core.runtime.hosts.local_executor import LocalTransport
-from lucid_core.runtime.hosts.ssh_shell import KeptShell, ShellClosed
+from lucid_core.runtime.hosts.ssh_shell import KeptShell, ShellClosed, ShellSilent
 
 _RETRYABLE = (OSError, EOFError, paramiko.SSHException, socket.timeout)
 IDLE_CHECK_S = 1.0  # how often a kept connection's reader thread wakes while nothing arrives
@@ -120,13 +120,12 @@ class SshTransport:
             return self._host_locks.setdefault(name, threading.Lock())
 
     def _run_once(self, host: HostAddress, script: str, deadline: float, sessions: list[bool]) -> ScriptResult:
-        """One try; appends to `sessions` once it holds a session on the host (from then on the script may run)."""
+        """One try; appends to `sessions` just before the script is sent (from then on it may run on the host)."""
         lock = self._host_lock(host.name)  # one call at a time on a host's kept shell, whoever calls
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise TimeoutError("another call on this host held its shell past this call's deadline")
         try:
             client = self._client(host, deadline)
-            sessions.append(True)
             shell = self._shells.get(host.name)
             if shell is None or not shell.serves(client):
                 timeout_s = deadline - time.monotonic()
@@ -134,7 +133,7 @@ class SshTransport:
                     raise TimeoutError("deadline reached before the script started")
                 shell = self._shells[host.name] = KeptShell(client, timeout_s)
             try:
-                return shell.run(script, deadline)
+                return shell.run(script, deadline, on_send=lambda: sessions.append(True))
             except BaseException:
                 # the shell is out of step with its replies (or gone): the next call starts another one
                 if self._shells.get(host.name) is shell:
@@ -163,8 +162,9 @@ class SshTransport:
                 raise
             except _RETRYABLE as exc:
                 last = exc
-                if not (isinstance(exc, (TimeoutError, ShellClosed)) and self._connected(host)):
-                    self._drop(host)  # a slow script or a lost shell on a live connection keeps it
+                if isinstance(exc, ShellSilent) or not (isinstance(exc, (TimeoutError, ShellClosed))
+                                                        and self._connected(host)):
+                    self._drop(host)  # a slow script or a lost shell on a live connection keeps it; silence not
                 pause = self.backoff_s * (attempt + 1)
                 if attempt == self.retries or time.monotonic() + pause >= deadline:
                     break

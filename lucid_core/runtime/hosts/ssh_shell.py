@@ -21,6 +21,7 @@ import re
 import secrets
 import shlex
 import time
+from collections.abc import Callable
 
 import paramiko
 
@@ -31,8 +32,17 @@ READ_CHUNK = 1 << 16
 _STATUS_ROOM = 64  # bytes a status line may span: a match can start this far before a new chunk
 
 
+#: A kept shell silent for longer than this is asked to answer before a script is sent on it: a host that died
+#: (powered off, hung) keeps its TCP connection looking open, and a script sent into it may or may not have run.
+CONFIRM_AFTER_S = 5.0
+
+
 class ShellClosed(EOFError):
     """The kept shell ended or its channel closed while a call was waiting for its reply."""
+
+
+class ShellSilent(TimeoutError):
+    """A kept shell that had been idle did not answer before the call's deadline; its script was not sent."""
 
 
 class KeptShell:
@@ -45,14 +55,16 @@ class KeptShell:
         self.transport = transport
         self.channel = transport.open_session(timeout=timeout_s)
         self.channel.exec_command("exec sh")
+        self.heard_at = time.monotonic()  # the host confirmed the channel just now
 
     def serves(self, client: paramiko.SSHClient) -> bool:
         """Still open, on this client's connection."""
         return (client.get_transport() is self.transport and not self.channel.closed
                 and not self.channel.exit_status_ready())
 
-    def run(self, script: str, deadline: float) -> ScriptResult:
-        """Run `script` in a fresh `sh -s`; TimeoutError past `deadline` (the shell is then closed)."""
+    def run(self, script: str, deadline: float, on_send: Callable[[], None] = lambda: None) -> ScriptResult:
+        """Run `script` in a fresh `sh -s`; TimeoutError past `deadline` (the shell is then closed). `on_send` is
+        called just before the script leaves: until then nothing of it can run on the host (`ShellSilent`)."""
         token = f"LUCID_{secrets.token_hex(16)}"
         # stderr goes to a file unlinked as soon as it is open (nothing is left behind when a call is cut
         # off); a redirection that fails skips the group, and the reply then says so with status 125
@@ -65,12 +77,33 @@ class KeptShell:
                    f"printf '\\n%s 125\\ncannot open a file for the script'\"'\"'s stderr' {token}; }}\n"
                    f"printf '\\n%s.\\n' {token}\n").encode("utf-8", "surrogateescape")
         try:
+            if time.monotonic() - self.heard_at > CONFIRM_AFTER_S:
+                self._confirm(deadline)
+            on_send()
             self._send(command, deadline)
             reply = self._read_reply(token.encode(), deadline)
         except BaseException:
             self.close()
             raise
+        self.heard_at = time.monotonic()
         return reply
+
+    def _confirm(self, deadline: float) -> None:
+        """A harmless echo that must come back before the script is sent; `ShellSilent` when it does not."""
+        token = f"LUCID_{secrets.token_hex(16)}".encode()
+        line = token + b"\n"
+        self._send(b"printf '%s\\n' " + token + b"\n", deadline)
+        tail = b""
+        while line not in tail:
+            self._drain_own_stderr()
+            try:
+                self.channel.settimeout(_left(deadline))
+                chunk = self.channel.recv(READ_CHUNK)
+            except TimeoutError as exc:  # socket.timeout too
+                raise ShellSilent("the kept shell did not answer before the call's deadline") from exc
+            if not chunk:
+                raise ShellClosed("the kept shell ended before it confirmed it was alive")
+            tail = (tail + chunk)[-(len(line) + READ_CHUNK):]
 
     def _send(self, data: bytes, deadline: float) -> None:
         view = memoryview(data)
