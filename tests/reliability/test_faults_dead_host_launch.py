@@ -204,6 +204,39 @@ def test_runs_planned_before_the_migration_or_by_an_older_version_count_as_tried
         upgraded.dispose()
 
 
+@pytest.mark.parametrize("store_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)],
+                         indirect=True)
+def test_a_cool_down_that_is_no_number_or_a_reason_in_other_case_is_cleared_by_an_answer(store_url, tmp_path):
+    """What placement reads as no cool-down (text, NaN, an infinity: `saved_number`) is none for the answer's SQL
+    either, on both stores; and only a reason a round wrote (its exact prefix) is kept."""
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.hosts.local_executor import local_executor
+    from lucid_core.runtime.store.schema import HostRow
+
+    odd = (["'soon'", "9e999", "-9e999"] if store_url.startswith("sqlite")
+           else ["'NaN'::float", "'Infinity'::float", "'-Infinity'::float"])
+    cases = {f"h{i}": (value, "launch refused: disk full") for i, value in enumerate(odd)}
+    cases["upper"] = (str(time.time() + 3600), "Launch Refused: disk full")
+    cases["kept"] = (str(time.time() + 3600), "launch refused: disk full")
+    store = Store(store_url)
+    try:
+        for name in cases:
+            add_host(store, HostSpec(name, executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                                     workdir=str(tmp_path / name)))
+        with store.engine.begin() as conn:
+            for name, (value, reason) in cases.items():
+                conn.execute(sa.text(f"UPDATE hosts SET cooldown_until = {value}, last_error = :reason, "
+                                     "last_seen = NULL WHERE name = :name"), {"reason": reason, "name": name})
+        executor = FaultyHosts(local_executor())
+        local_round(store, executor, idle_probe_s=60.0, host_parallelism=len(cases))
+        assert sorted(executor.probes) == sorted(cases), executor.probes
+        with store.session() as s:
+            errors = {h.name: h.last_error for h in s.scalars(select(HostRow))}
+        assert errors == {**{name: None for name in cases}, "kept": "launch refused: disk full"}, errors
+    finally:
+        store.dispose()
+
+
 def _freeze(sshd) -> list[int]:
     """A host that hangs or powers off: its sshd and every process under it stopped (SIGSTOP). Its TCP
     connections stay open, so a kept SSH connection to it looks alive; nothing on it answers or runs."""

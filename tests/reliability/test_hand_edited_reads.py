@@ -31,7 +31,8 @@ EDITS = [("jobs", "seq = 2", "queue_position", "soon"), ("jobs", "seq = 2", "pre
          ("runs", "run_id = 'r-a'", "observed_speed_at", "x"),  # its speed (0.83) readable, its time not
          ("runs", "run_id = 'r-d0' AND host = 'm1'", "gpu_indices", '["a", null]'),
          ("jobs", "seq = 1", "known_min_duration", "x"),
-         ("runs", "run_id = 'r-f'", "stop_reason", 7)]  # a stop pending for a reason no round writes
+         ("runs", "run_id = 'r-f'", "stop_reason", 7),  # a stop pending for a reason no round writes
+         ("hosts", "name = 'm1'", "cooldown_until", "soon")]
 
 
 #: The same on PostgreSQL, whose column types refuse text but keep a float's NaN and infinities, and any integer.
@@ -41,7 +42,8 @@ PG_EDITS = [("jobs", "seq = 2", "predicted_duration", "NaN"), ("jobs", "seq = 2"
             ("runs", "run_id = 'r-b'", "observed_speed", "Infinity"),
             ("runs", "run_id = 'r-c'", "gpu_indices", '{"gpus": [0]}'),
             ("runs", "run_id = 'r-a'", "observed_speed_at", "NaN"),  # its speed (0.83) readable, its time not
-            ("runs", "run_id = 'r-d0' AND host = 'm1'", "gpu_indices", "[null]")]
+            ("runs", "run_id = 'r-d0' AND host = 'm1'", "gpu_indices", "[null]"),
+            ("hosts", "name = 'm1'", "cooldown_until", "NaN")]
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, case, select, update
+from sqlalchemy import and_, case, func, select, update
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, GpuRef
@@ -48,6 +48,8 @@ _log = logging.getLogger("lucid.round")
 TERMINAL_VALUES = tuple(state.value for state in TERMINAL_STATES)
 MAX_STORED_SAMPLES = 2000
 WATCH_S = 30 * 86400.0  # a watching agent's limit; it stops with its job long before
+REFUSED = "launch refused"  # how a cool-down's reason begins (`_cool_down`)
+FINITE_BOUND = 1e300  # below it: a stored time that is a finite number (SQL has no isfinite)
 T = TypeVar("T")
 
 
@@ -197,20 +199,23 @@ class RoundBase:
         until = self.clock() + self.settings.host_cooldown_s
         with self.store.session() as s:
             s.execute(update_unsynced(HostRow).where(HostRow.name == name).values(
-                cooldown_until=until, last_error=f"launch refused: {why}"[:1000]))
+                cooldown_until=until, last_error=f"{REFUSED}: {why}"[:1000]))
 
     def _host_seen(self, name: str) -> None:
         """Mark a host that answered as reachable; last_seen is refreshed at most every 30 s per host (half the
         idle probes' interval when shorter). A cool-down's reason stays while it lasts."""
         host, now = self._hosts.get(name), self.clock()
         refused = host is not None and saved_number(host.cooldown_until) and host.cooldown_until > now and (
-            str(host.last_error or "").startswith("launch refused"))
+            str(host.last_error or "").startswith(REFUSED))
         refresh_s = min(30.0, self.settings.idle_probe_s / 2) if self.settings.idle_probe_s else 30.0
         if (host is not None and host.reachable and (host.last_error is None or refused)
                 and saved_number(host.last_seen) and 0 <= now - host.last_seen < refresh_s):
             return
-        # decided in SQL: a cool-down this round recorded after its host list was read keeps its reason too
-        lasting = and_(HostRow.cooldown_until > now, HostRow.last_error.like("launch refused%"))
+        # decided in SQL: a cool-down this round recorded after its host list was read keeps its reason too. As
+        # `saved_number` reads it: text, NaN and infinities (above any number in SQLite's and PostgreSQL's order)
+        # are no cool-down; the prefix compared case-sensitively on both (SQLite's LIKE ignores case)
+        lasting = and_(HostRow.cooldown_until > now, HostRow.cooldown_until < FINITE_BOUND,
+                       func.substr(HostRow.last_error, 1, len(REFUSED)) == REFUSED)
         values = {"reachable": True, "last_seen": now, "last_error": case((lasting, HostRow.last_error), else_=None)}
         with self.store.session() as s:
             s.execute(update_unsynced(HostRow).where(HostRow.name == name).values(**values))

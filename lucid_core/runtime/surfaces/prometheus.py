@@ -103,7 +103,8 @@ def build_registry(store: Store, now: float | None = None) -> CollectorRegistry:
     host_state.labels("reachable").set(sum(1 for h in hosts if h.reachable))
     host_state.labels("unreachable").set(sum(1 for h in hosts if not h.reachable))
     host_state.labels("draining").set(sum(1 for h in hosts if h.draining))
-    host_state.labels("cooling_down").set(sum(1 for h in hosts if h.cooldown_until and h.cooldown_until > now))
+    host_state.labels("cooling_down").set(sum(1 for h in hosts if (until := saved_float(h.cooldown_until)) is not None
+                                                  and until > now))
 
     gauge("lucid_rounds", "Scheduling rounds recorded in the store").set(rounds)
     gauge("lucid_rounds_failed", "Scheduling rounds that recorded an error").set(failed_rounds)
