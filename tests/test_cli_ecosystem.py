@@ -311,6 +311,17 @@ def test_the_everyday_commands_import_no_heavy_library(tmp_path):
         assert [m for m in (*HEAVY, "sqlalchemy") if m in loaded] == [], argv
 
 
+def test_explain_and_eta_load_no_model_library_when_no_model_is_promoted(tmp_path):
+    """Naming the models root and reading the packing tree's path cost pandas and joblib (0.3-0.7 s of each
+    `lucid explain` and `eta`, and of every live round) though nothing was loaded from them."""
+    url = _store(tmp_path, "a")
+    _jobs(url, waiting=2, ended=2)
+    for argv in (["explain", "j000001"], ["eta", "j000001"]):
+        loaded = _imported_by(*argv, "--store", url)
+        assert "lucid_core.runtime.surfaces.explain" in loaded or "lucid_core.runtime.surfaces.eta" in loaded
+        assert [m for m in ("pandas", "joblib", "sklearn", "interpret", "matplotlib") if m in loaded] == [], argv
+
+
 def test_lucid_help_lists_every_subcommand_with_its_modules_help():
     def listed(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from lucid_core.paths import REPO_ROOT
 
 
 def shared_data_dir() -> Path:

@@ -396,7 +396,7 @@ def _nodes_from_sklearn(est: DecisionTreeClassifier) -> list[dict[str, Any]]:
 
 def default_tree_path() -> Path:
     """The shipped default tree (include/models/packing_tree.json)."""
-    from lucid_core.models.datasets import REPO_ROOT
+    from lucid_core.paths import REPO_ROOT
 
     return REPO_ROOT / "include" / "models" / "packing_tree.json"
 

@@ -14,10 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import joblib
-
 import lucid_core
-from lucid_core.models.datasets import REPO_ROOT
+from lucid_core.paths import REPO_ROOT
 
 
 def code_version() -> str:
@@ -78,6 +76,8 @@ def load_artifact(path: str | Path) -> Any:
     with os.fdopen(fd, "rb") as file:
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             raise ValueError(f"model artifact {path} is not a regular file")
+        import joblib  # here, not at the top: naming the models root must not cost its import
+
         return joblib.load(file)
 
 
@@ -113,6 +113,8 @@ class ModelRegistry:
         version = (existing[-1] + 1) if existing else 1
         folder = self._dir(name, version)
         folder.mkdir(parents=True, exist_ok=False)
+        import joblib
+
         joblib.dump(model, folder / "model.joblib")
         meta = ModelVersion(name=name, version=version, kind=kind, created_at=datetime.now(UTC).isoformat(),
                             training_window=(str(training_window[0]), str(training_window[1])),
