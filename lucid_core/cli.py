@@ -364,8 +364,20 @@ def error_line(exc: BaseException) -> str:
     return lines[0].strip() if lines else type(exc).__name__
 
 
+#: Commands whose bare form (no subcommand, options only) means one of their subcommands, as `lucid queue` lists.
+DEFAULT_SUBCOMMANDS = {"hosts": "list"}
+
+
+def with_default_subcommand(argv: list[str]) -> list[str]:
+    """`argv` with the default subcommand put in where a command that has one is given only options."""
+    if argv[:1] and argv[0] in DEFAULT_SUBCOMMANDS and (len(argv) == 1 or (
+            argv[1].startswith("-") and argv[1] not in ("-h", "--help"))):
+        return [argv[0], DEFAULT_SUBCOMMANDS[argv[0]], *argv[1:]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = with_default_subcommand(list(sys.argv[1:] if argv is None else argv))
     parser = parser_for(argv)
     try:
         args = parser.parse_args(argv)

@@ -340,3 +340,32 @@ def test_the_store_opens_at_the_head_without_alembic_knowing_the_head_alembic_kn
     from lucid_core.runtime.store.store import MIGRATIONS_DIR, packaged_head
 
     assert packaged_head() == ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+
+
+def test_the_readmes_local_hosts_are_added_as_written_and_bare_hosts_lists_them(tmp_path, monkeypatch, capsys):
+    """The README's "No GPU host at hand?" commands, run verbatim: both local hosts are added (they once shared
+    the default work directory, and the second was refused), each in a folder of its own under LUCID_HOME; bare
+    `lucid hosts` lists them as `lucid hosts list` does, and a missing or unknown subcommand names the choices."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("No GPU host at hand?"):]
+    block = block[block.index("```") + 3:]
+    commands = [line.split()[1:] for line in block[: block.index("```")].splitlines() if line.startswith("lucid ")]
+    assert len(commands) == 2, commands
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    for argv in commands:
+        assert _cli(capsys, *argv)[0] == 0, argv
+    code, bare, _ = _cli(capsys, "hosts")
+    assert code == 0 and bare == _cli(capsys, "hosts", "list")[1]
+    assert [line.split()[:3] for line in _lines(bare)[1:]] == [["m0", "local", "main"], ["p0", "local", "profiling"]]
+    assert {h["name"] for h in json.loads(_cli(capsys, "hosts", "--json")[1])} == {"m0", "p0"}
+    from lucid_core.runtime.store.schema import HostRow
+
+    store = Store(f"sqlite:///{tmp_path / 'home' / 'lucid.db'}")
+    with store.session() as s:
+        workdirs = {h.name: h.workdir for h in s.scalars(sa.select(HostRow))}
+    store.dispose()
+    assert workdirs == {n: str(tmp_path / "home" / "hosts" / n) for n in ("m0", "p0")}
+    for argv in (["hosts", "bogus"], ["models"]):
+        code, _, err = _cli(capsys, *argv)
+        assert code == 2 and len(_lines(err)) == 1
+    assert "{add,list,drain,remove,check}" in _cli(capsys, "hosts", "bogus")[2]

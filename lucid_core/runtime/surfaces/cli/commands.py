@@ -99,7 +99,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--offset", type=int, default=0, help="skip this many (the next page)")
     p.set_defaults(func=cmd_history)
     hosts = subparsers.add_parser("hosts", help="GPU hosts: add, list, drain, remove, check")
-    hsub = hosts.add_subparsers(dest="hosts_cmd", required=True)
+    hsub = hosts.add_subparsers(dest="hosts_cmd", required=True, metavar="{add,list,drain,remove,check}")
     add = hsub.add_parser("add")
     _common(add)
     add.add_argument("name")
@@ -111,7 +111,9 @@ def add_parser(subparsers: Any) -> None:
     add.add_argument("--pool", choices=("main", "profiling"), default="main")
     add.add_argument("--executor", choices=("ssh", "local"), default="ssh")
     add.add_argument("--telemetry", choices=("nvml", "emulated"), default="nvml")
-    add.add_argument("--workdir", default="~/.lucid-runs")
+    add.add_argument("--workdir", default=None,
+                     help="the host's directory for runs (default: ~/.lucid-runs on an SSH host; LUCID_HOME/hosts/NAME "
+                          "with --executor local, so that local hosts never share one)")
     add.add_argument("--python", default="python3")
     add.add_argument("--gpus", type=int, default=None, help="declare the GPU count (default: discover via nvidia-smi)")
     add.add_argument("--gpu-memory-mb", type=float, default=24576.0)

@@ -24,14 +24,16 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         if args.hosts_cmd == "add":
             spec = HostSpec(args.name, address=args.address, port=args.port, user=args.user or "",
                             key_path=args.key, vc=args.vc, pool=args.pool, executor=args.executor,
-                            telemetry=args.telemetry, workdir=args.workdir, python=args.python, gpus=args.gpus,
+                            telemetry=args.telemetry, workdir=args.workdir or _default_workdir(args),
+                            python=args.python, gpus=args.gpus,
                             gpu_memory_mb=args.gpu_memory_mb, run_as=args.run_as,
                             sharing=args.sharing, gpu_model=args.gpu_model)
             gpus = add_host(store, spec, None if args.gpus else executor_of(args))
             emit(args, {"name": args.name, "gpus": len(gpus)}, f"added {args.name} with {len(gpus)} GPU(s)")
         elif args.hosts_cmd == "list":
             rows = list_hosts(store)
-            lines = [f"{h['name']:<12} {h['address']:<22} {h['pool']:<9} {h['vc']:<10} "
+            lines = [f"{h['name']:<12} {'local' if h['executor'] == 'local' else h['address']:<22} {h['pool']:<9} "
+                     f"{h['vc']:<10} "
                      f"{(h['gpu_model'] or 'unknown')[:20]:<20} {h['sharing']:<10} {h['busy_gpus']}/{h['gpus']}"
                      f"{' jobs run as their user' if h['run_as'] == 'submitter' else ''}"
                      f"{' draining' if h['draining'] else ''}{'' if h['reachable'] else ' UNREACHABLE'}"
@@ -76,3 +78,13 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     sys.stdout.write(render(store_of(args)).decode())
     return 0
+
+
+def _default_workdir(args: argparse.Namespace) -> str:
+    """Where a host added without --workdir keeps its runs: ~/.lucid-runs on an SSH host (its own disk), and a
+    folder of its own under LUCID_HOME for a host on this machine (two local hosts in one folder are refused)."""
+    if args.executor != "local":
+        return "~/.lucid-runs"
+    from lucid_core.config import lucid_home
+
+    return str(lucid_home() / "hosts" / args.name)
