@@ -15,7 +15,7 @@ DEFAULT_REGISTRY = "out/models/registry"
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `lucid models` and its subcommands on the top-level parser."""
     models = subparsers.add_parser("models", help="train, evaluate and version the interpretable models")
-    sub = models.add_subparsers(dest="models_command", required=True)
+    sub = models.add_subparsers(dest="models_command", required=True, metavar="SUBCOMMAND")
 
     p = sub.add_parser("train-packing", help="fit the packing tree on a measured co-location catalog")
     p.add_argument("--catalog", default=str(shared_data_dir() / "lucid_artifact"),
