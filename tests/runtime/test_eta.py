@@ -154,3 +154,14 @@ def test_the_cadence_is_the_median_gap_of_the_recent_rounds(tmp_path: Path, star
     finally:
         store.dispose()
     assert (None if cadence is None else (cadence.interval_s, cadence.origin_s)) == expected
+
+
+def test_a_running_job_past_its_predicted_duration_says_its_end_is_not_known():
+    """C (since 200, predicted 1500 s) read at t=2500 has run 2300 s: the what-if can only end it at once, and the
+    answer says so instead of calling that its predicted end."""
+    view, policy = _cluster()
+    view.now = 2500.0
+    eta = estimate_in_view(view, policy, "C")
+    assert eta.note.startswith("running longer than its predicted 25.0 min (38.3 min so far)"), eta.note
+    assert eta.end == 2500.0  # ended at once in the what-if, as said
+    assert estimate_in_view(*_cluster(), "A").note == "running: predicted end"  # within its 3000 s

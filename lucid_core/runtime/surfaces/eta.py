@@ -118,6 +118,18 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
                             rounds=recent_cadence(store, now))
 
 
+def _overrun_words(started: float | None, now: float, duration: float) -> str | None:
+    """What the answer says of a running job past its whole predicted duration (the what-if can only end it at
+    once), or None while it is within it."""
+    began = saved_float(started)
+    if began is None or now - began <= duration:
+        return None
+    from lucid_core.units import duration_words
+
+    return (f"running longer than its predicted {duration_words(duration)} ({duration_words(now - began)} so far): "
+            "when it ends is not known; the what-if ends it now")
+
+
 def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *, state: str | None = None,
                      held: Collection[str] = (), horizon_s: float = 30 * 86400.0,
                      max_steps: int = 100000, rates: Mapping[str, float] | None = None,
@@ -135,6 +147,7 @@ def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *
     state = state or target.state.value
     alloc = view.allocations.get(job_id)
     was_running = alloc is not None and alloc.pool is Pool.MAIN
+    asked_at = view.now  # the what-if moves the view's clock
     start = StartState.from_view(view, partial(assumed_durations, policy), held=held, rates=rates)
     duration = next((r.duration for r in start.jobs if r.job_id == job_id), None)
     if duration is None:
@@ -145,6 +158,8 @@ def estimate_in_view(view: ClusterView, policy: SchedulingPolicy, job_id: str, *
     outcome = next((o for o in result.outcomes if o.job_id == job_id), None)
     if outcome is not None:
         note = "running: predicted end" if was_running else "placed in the what-if run of the live policy"
+        if was_running and (overrun := _overrun_words(target.start_time, asked_at, duration)):
+            note = overrun
         return Eta(job_id, state, outcome.start_time, outcome.end_time, duration, result.rounds, note)
     limit = (f"{horizon_s / 86400:g} days of simulated time" if result.stopped_by == "time"
              else f"{max_steps} scheduling rounds")
