@@ -111,6 +111,8 @@ class RunStatus:
     # "records" (its whole control directory was gone while its wrapper still ran)
     tampered: tuple[str, ...] = ()
     detail: str = ""  # UNREADABLE: the line the host answered
+    # EXITED: seconds since its exit record was written, by the host's clock (None: the host did not say)
+    ended_ago_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,7 @@ def _finite_or_none(text: str) -> float | None:
 
 PID_MAX = 2**31 - 1  # a pid the store's integer column holds (Linux's own limit is 2**22)
 EXIT_CODE_MAX = 255
+ENDED_AGO_MAX = 10**8  # seconds (three years): a larger age is a clock the host set back and forth
 
 
 def parse_status(words: Sequence[str]) -> RunStatus:
@@ -171,8 +174,10 @@ def parse_status(words: Sequence[str]) -> RunStatus:
         return RunStatus("RUNNING", pid=pid, tampered=tampered)
     exit_code = bounded_int(second, EXIT_CODE_MAX)
     if state == "EXITED" and exit_code is not None:
+        ago = next((n for w in words[2:] if w.startswith("ago=") and (n := bounded_int(w[4:], ENDED_AGO_MAX))
+                    is not None), None)
         return RunStatus("EXITED", exit_code=exit_code, stop_requested="stopped" in words[2:],
-                         disk_full="disk_full" in words[2:], escaped=escaped)
+                         disk_full="disk_full" in words[2:], escaped=escaped, ended_ago_s=ago)
     if state == "VANISHED" and (pid is not None or second == "-"):
         return RunStatus("VANISHED", pid=pid, stop_requested="stopped" in words[2:], escaped=escaped,
                          tampered=tampered)

@@ -19,27 +19,36 @@ def _stop_flag() -> str:
             'then echo " stopped"; fi; }')
 
 
+def _ended_ago() -> str:
+    """How many seconds ago a run's exit record was written, both times on the host's own clock (no skew to the
+    store's): a round that reads the end a minute late still records when the job ended. Nothing where `stat`
+    cannot say (not GNU) or the clock went back."""
+    return ('endedago() { m=$(stat -c %Y -- "$1" 2>/dev/null) || return 0; n=$(date +%s); '
+            'case "$m:$n" in *[!0-9:]*|:*|*:) return 0 ;; esac; [ "$n" -ge "$m" ] && echo " ago=$((n - m))"; }')
+
+
 def poll_script(workdir: str, run_ids: Sequence[str]) -> str:
-    """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc [disk_full] [stopped] | VANISHED pid|-
-    [stopped]; RUNNING and VANISHED lines end with `tampered=pid,exit_code` (what did not pass) when a
+    """One line per run: MISSING | NOPID | RUNNING pid | EXITED rc [disk_full] [stopped] [ago=s] | VANISHED
+    pid|- [stopped]; RUNNING and VANISHED lines end with `tampered=pid,exit_code` (what did not pass) when a
     record failed its check, and a run whose control directory is gone while its wrapper lives is
-    `RUNNING pid tampered=records`."""
+    `RUNNING pid tampered=records`. `ago`: seconds since the exit record was written."""
     ids = " ".join(shlex.quote(check_run_id(r)) for r in run_ids)
     return f"""W={quote_path(workdir)}
 {RECORD_CHECKS}
 {_stop_flag()}
+{_ended_ago()}
 for r in {ids}; do
   if ! setup "$r"; then
     # its control directory is gone (removed by a job on purpose or by accident): alive while its wrapper is
     if find_orphan "$r"; then echo "$r RUNNING $wp tampered=records"; else echo "$r MISSING"; fi
     continue
   fi
-  if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")"; continue; fi
+  if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")$(endedago "$R/exit_code")"; continue; fi
   if find_wrapper "$R" "$r"; then
     if [ -f "$R/exit_code" ]; then bad="${{bad:+$bad,}}exit_code"; fi
     echo "$r RUNNING $wp${{bad:+ tampered=$bad}}"; continue
   fi
-  if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")"; continue; fi
+  if exit_ok "$R"; then echo "$r EXITED $rc $full$(stopflag "$R")$(endedago "$R/exit_code")"; continue; fi
   if [ -f "$R/exit_code" ]; then bad="${{bad:+$bad,}}exit_code"; fi
   if [ -z "$pv$bad" ] && [ ! -s "$R/pid.self" ]; then echo "$r NOPID"; continue; fi
   case "$pv" in ''|*[!0-9]*) pv=- ;; esac

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, PROFILING_END_SLACK_S, JobState, RunState, left_alone
-from lucid_core.policy.view import saved_number
+from lucid_core.policy.view import saved_float, saved_number
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
     HostUnreachable,
@@ -40,6 +40,16 @@ def unreadable_since(stored: Any, now: float) -> float:
     """When a run's unreadable streak began: the stored time where it is a finite time not after `now`
     (another controller or a hand edit may have written anything), else now."""
     return float(stored) if saved_number(stored) and stored <= now else now
+
+
+def ended_at(run: RunRow, status: RunStatus, now: float) -> float:
+    """When a run ended: `now`, or as long before as its host says its exit record was written (a round reads an
+    end up to its interval late, which inflated every job's run time and the durations the models learn), never
+    before the run started."""
+    if status.state != "EXITED" or status.ended_ago_s is None:
+        return now
+    began = saved_float(run.started_at)
+    return max(now - status.ended_ago_s, began if began is not None and began <= now else -math.inf)
 
 
 class SettlingSteps(MpsFaultChecks):
@@ -204,7 +214,7 @@ class SettlingSteps(MpsFaultChecks):
             return
         fault = self._partner_fault(run, status)  # a host read, only for a failed run of an MPS pair
         no_daemon = None if fault is not None else self._daemon_start_failed(run, status)  # only for exit 97 there
-        now = self.clock()
+        ended = ended_at(run, status, self.clock())
         # asked to stop, and the host never ran it (a launch that went unanswered): the stop is as good as done
         never_ran = run.stop_reason is not None and status.state == "MISSING" and run.started_at is None
         stopped = (status.stop_requested and run.stop_reason is not None) or never_ran
@@ -241,7 +251,7 @@ class SettlingSteps(MpsFaultChecks):
             row = s.get(RunRow, (run.run_id, run.host))
             if row is None or row.state == RunState.ENDED:
                 return
-            row.state, row.ended_at, row.exit_code, row.outcome = RunState.ENDED, now, status.exit_code, outcome
+            row.state, row.ended_at, row.exit_code, row.outcome = RunState.ENDED, ended, status.exit_code, outcome
             s.flush()
             still = s.scalar(select(RunRow.host).where(RunRow.run_id == run.run_id,
                                                        RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
@@ -256,28 +266,29 @@ class SettlingSteps(MpsFaultChecks):
                 s.execute(update_unsynced(RunRow).where(RunRow.run_id == run.run_id, RunRow.state == RunState.RUNNING)
                           .values(stop_reason="peer_ended"))
                 self._end_job(s, job, JobState.FAILED, status.exit_code,
-                              f"node {run.host} (rank {run.node_rank}): {outcome}", run)
+                              f"node {run.host} (rank {run.node_rank}): {outcome}", run, at=ended)
                 return
             if stopped or run.stop_reason == "peer_ended":
                 reason = run.stop_reason
                 if reason == "cancel":
-                    self._end_job(s, job, JobState.CANCELLED, None, "cancelled by request", run)
+                    self._end_job(s, job, JobState.CANCELLED, None, "cancelled by request", run, at=ended)
                 elif reason == "peer_ended":
                     return  # the peer that ended first decided the job's fate
                 elif reason == UNREADABLE_STOP:
                     self._end_job(s, job, JobState.FAILED, None, "stopped: its status on host "
-                                  f"{run.host} could not be read for runtime.unreadable_stop_after_s; {outcome}", run)
+                                  f"{run.host} could not be read for runtime.unreadable_stop_after_s; {outcome}", run,
+                                  at=ended)
                 else:
                     self._event(s, job.job_id, "stopped", f"{run.kind} run {run.run_id} stopped ({reason})")
                 return
             if status.state == "EXITED" and status.exit_code == 0:
-                self._end_job(s, job, JobState.COMPLETED, 0, outcome, run)
+                self._end_job(s, job, JobState.COMPLETED, 0, outcome, run, at=ended)
             elif fault is not None:
                 self._requeue(s, job, FAULT_REQUEUE_EVENT, fault, alone=True)
             elif no_daemon is not None:
                 self._requeue(s, job, START_RETRY_EVENT, f"on {run.host}: {no_daemon}", alone=False)
             else:
-                self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run)
+                self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run, at=ended)
 
     def _ended_after_a_peers_stop(self, run: RunRow, status: RunStatus) -> bool:
         """A node of a wide run the round is stopping (a yield, a profiling window's end) that ended before its
@@ -291,10 +302,11 @@ class SettlingSteps(MpsFaultChecks):
                 RunRow.outcome.startswith(STOPPED_OUTCOME)).limit(1))
         return peer is not None
 
-    def _end_job(self, s: Any, job: JobRow, state: JobState, exit_code: int | None, why: str, run: RunRow) -> bool:
-        """Move a job to a terminal state once (compare-and-set: only from a state that is not terminal);
-        False, with a logged conflict, when another writer ended it first."""
-        now = self.clock()
+    def _end_job(self, s: Any, job: JobRow, state: JobState, exit_code: int | None, why: str, run: RunRow,
+                 at: float | None = None) -> bool:
+        """Move a job to a terminal state once (compare-and-set: only from a state that is not terminal), as of
+        `at` (when its run ended; default now); False, with a logged conflict, when another writer ended it first."""
+        now = self.clock() if at is None else at
         ran = run.started_at is not None
         in_window = ran and (run.kind == "profiling" or (run.profiling_until is not None
                                                            and now <= run.profiling_until + PROFILING_END_SLACK_S))
