@@ -322,7 +322,11 @@ class ClusterView:
         # another controller or a hand edit may have written any of these: a value of the wrong kind is
         # not restored (the default stands), so one bad key cannot stop every round
         tprof, nprof = state.get("tprof_s"), state.get("nprof_gpus")
-        if saved_number(tprof) and tprof > 0:
+        # only a window this configuration can set (its Tprof, or its burst Tprof while autoscaling): one saved
+        # under another configuration gives way to this one's at once, not at the next mode check
+        profiler = self.config.profiler
+        allowed = {profiler.tprof_s, *((profiler.burst_tprof_s,) if profiler.autoscale else ())}
+        if saved_number(tprof) and tprof in allowed:
             self.tprof_s = float(tprof)
         if saved_number(nprof) and nprof >= 0 and float(nprof).is_integer():
             self.nprof_gpus = int(nprof)

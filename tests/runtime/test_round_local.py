@@ -457,3 +457,51 @@ def test_a_stored_known_run_time_gone_bad_is_dropped(store, tmp_path):
     jobs = _until(store, lambda jobs: all(jobs[i].state == "COMPLETED" for i in (hold, *ids.values())),
                   config=config, policy_factory=factory)
     assert [jobs[ids[n]].state for n in "abc"] == ["COMPLETED"] * 3
+
+
+def test_a_job_read_as_ended_rounds_later_ends_when_it_ended(store, tmp_path):
+    """A round reads an end up to its interval late: the job's end time (its history's elapsed time, and the
+    durations the models learn) and its run's are when the job exited on its host, not when a round saw it."""
+    _local_cluster(store, tmp_path)
+    config = fast_config(**{"profiler.enabled": False})
+    job = submit(store, JobRequest("sleep 1", 1, "ann", "vc-a", name="short"))
+    started = _until(store, lambda js: js[job].state == "RUNNING", config=config)[job].start_time
+    time.sleep(6.0)  # the job ended about 5 s before the next round reads it
+    read_at = time.time()
+    row = _until(store, lambda js: js[job].state == "COMPLETED", config=config)[job]
+    assert started + 0.5 <= row.end_time <= started + 3.5, (row.end_time - started, read_at - started)
+    from sqlalchemy import select
+
+    from lucid_core.runtime.store.schema import RunRow
+
+    with store.session() as s:
+        run = s.scalars(select(RunRow).where(RunRow.job_id == job)).one()
+    assert run.ended_at == row.end_time and run.ended_at < read_at - 2
+
+
+@pytest.mark.parametrize(("before", "after"), [(3.0, 30.0), (30.0, 3.0)])
+def test_a_changed_profiling_window_applies_from_the_next_round(store, tmp_path, before, after):
+    """The window a round saved with the store's policy state gave way to a changed `profiler.tprof_s` only at
+    the next mode check (10 minutes by default): `lucid round --set profiler.tprof_s=30` still profiled for
+    the window an earlier round had used."""
+    from sqlalchemy import select
+
+    from lucid_core.runtime.store.schema import DecisionRow
+
+    add_host(store, HostSpec("p0", executor="local", pool="profiling", vc="vc-a", telemetry="emulated", gpus=2,
+                             workdir=str(tmp_path / "p0")))
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    first = submit(store, JobRequest("sleep 60", 1, "ann", "vc-a", name="first"))
+    _round(store, fast_config(**{"profiler.tprof_s": before, "profiler.in_place": False}))
+    second = submit(store, JobRequest("sleep 60", 1, "ann", "vc-a", name="second"))
+    _round(store, fast_config(**{"profiler.tprof_s": after, "profiler.in_place": False}))
+    with store.session() as s:
+        said = {d.job_id: d.reason for d in s.scalars(select(DecisionRow).where(DecisionRow.kind == "StartProfiling"))}
+    assert f"window {before:g} s" in said[first] and f"window {after:g} s" in said[second], said
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    for job_id in (first, second):
+        cancel(store, job_id)
+    _until(store, lambda js: all(js[j].state == "CANCELLED" for j in (first, second)),
+           config=fast_config(**{"profiler.tprof_s": after, "profiler.in_place": False}))
