@@ -95,3 +95,32 @@ def test_status_cancel_queue_and_explain_speak_plainly(finished, capsys):
     code, out, _ = _cli(capsys, "explain", good, "--store", url, "--config", str(config))
     assert code == 0 and "used when placed" in out and "['" not in out, out
     assert "predicted" in out and not any(len(tok) > 8 and tok.replace(".", "").isdigit() for tok in out.split())
+
+
+def test_logs_say_when_only_the_end_of_a_long_log_was_read_and_refuse_a_negative_count(finished, capsys):
+    """A log longer than the 64 KiB `lucid logs` reads is shown from its first whole line, and stderr says it was
+    cut (it started mid-line, silently); `-n -5` is refused (it printed nothing); a job cancelled before it ran
+    says it never ran (not "has not started yet")."""
+    url, config, _, _ = finished
+    store = Store(url)
+    long = submit(store, JobRequest("seq 20000 | sed 's/^/line number /'", gpus=1, user="ana", vc="default"))
+    never = submit(store, JobRequest("true", gpus=1, user="ana", vc="default"))
+    store.dispose()
+    assert _cli(capsys, "cancel", never, "--store", url)[0] == 0
+    deadline = time.monotonic() + 30
+    while json.loads(_cli(capsys, "status", long, "--store", url, "--json")[1])["state"] != "COMPLETED":
+        assert _cli(capsys, "round", "--store", url, "--config", str(config))[0] == 0
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    code, out, err = _cli(capsys, "logs", long, "--store", url)
+    lines = out.splitlines()
+    assert code == 0 and lines[-1] == "line number 20000" and 1000 < len(lines) < 20000
+    assert all(line.startswith("line number ") for line in lines)  # no line cut at the front
+    assert "only the last 64 KiB" in err and f"lucid logs {long} -f" in err
+    code, out, err = _cli(capsys, "logs", long, "--store", url, "-n", "3")
+    assert (code, out, err) == (0, "line number 19998\nline number 19999\nline number 20000\n", "")
+    with pytest.raises(SystemExit) as refused:
+        main(["logs", long, "--store", url, "-n", "-5"])
+    assert refused.value.code == 2 and "give 0 or more" in capsys.readouterr().err
+    code, out, err = _cli(capsys, "logs", never, "--store", url)
+    assert code == 0 and out == "" and err.startswith(f"({never} never ran: cancel")

@@ -76,7 +76,7 @@ def add_parser(subparsers: Any) -> None:
     _common(p)
     p.add_argument("job")
     p.add_argument("--stderr", action="store_true", help="the error output instead of stdout")
-    p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("-n", "--lines", type=_count, default=None, metavar="N", help="only the last N lines")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between reads with --follow")
     p.add_argument("--known-hosts", default=None)
@@ -160,3 +160,14 @@ def add_parser(subparsers: Any) -> None:
                    help="keep running rounds this often (e.g. 30s, 1m), one connection to the store")
     p.add_argument("--rounds", type=int, default=None, help="with --every: stop after this many rounds")
     p.set_defaults(func=cmd_round)
+
+
+def _count(text: str) -> int:
+    """A count of lines: a whole number, 0 or more (`-n -5` printed nothing and said nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} lines: give 0 or more")
+    return value

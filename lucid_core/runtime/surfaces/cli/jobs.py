@@ -208,6 +208,11 @@ def _tail_lines(text: str, lines: int | None) -> str:
     return "".join(kept)
 
 
+def _cut_short(text: str, cap: int) -> bool:
+    """Whether a read of at most `cap` bytes came back full: the file it read the end of is longer."""
+    return len(text.encode("utf-8", "surrogateescape")) >= cap - 3  # a multibyte character cut at the front
+
+
 def _new_output(seen: str, now: str) -> str:
     """What `now` (a tail of a growing log) adds after `seen` (an earlier tail of the same log)."""
     if now.startswith(seen):
@@ -242,8 +247,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     stream = "stderr" if args.stderr else "stdout"
     cap = 1 << 20 if args.follow else 65536
     text = logs(store, executor_of(args), args.job, stream, max_bytes=cap)
-    sys.stdout.write(_tail_lines(text, args.lines))
+    cut = not args.follow and _cut_short(text, cap)
+    shown = text.split("\n", 1)[1] if cut and "\n" in text else text  # from its first whole line
+    sys.stdout.write(_tail_lines(shown, args.lines))
     sys.stdout.flush()
+    if cut and (args.lines is None or args.lines > shown.count("\n")):
+        print(f"(only the last {cap // 1024} KiB of its {stream} were read, from the first whole line in them: the "
+              f"log on its host is longer; lucid logs {args.job} -f reads up to 1 MiB)", file=sys.stderr)
     terminal = {s.value for s in TERMINAL_STATES}
     while args.follow:
         ended = status(store, args.job)["state"] in terminal
@@ -263,6 +273,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if other:
             print(f"(stdout of {args.job} is empty; it wrote {len(other)} bytes to stderr: "
                   f"lucid logs {args.job} --stderr)", file=sys.stderr)
+        elif not data["runs"] and data["state"] in terminal:
+            print(f"({args.job} never ran: {data['end_reason'] or data['state']})", file=sys.stderr)
         elif not data["runs"]:
             print(f"({args.job} has not started yet: {data['pending_reason'] or data['state']})", file=sys.stderr)
     return 0
