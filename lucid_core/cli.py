@@ -12,6 +12,9 @@ from pathlib import Path
 
 from lucid_core.config import ConfigError, check_overrides, load_config, parse_overrides
 
+#: What `lucid simulate --format` reads: detected, the trace formats of `sim.traces`, and Pollux workloads.
+SIMULATE_FORMATS = ("auto", "philly", "helios", "generic", "pollux")
+
 
 def _repo_include() -> Path:
     return Path(__file__).resolve().parents[1] / "include"
@@ -21,8 +24,8 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("simulate", help="replay a trace under Lucid and the baselines, side by side")
     p.add_argument("--trace", default=str(_repo_include() / "sample" / "trace.csv"),
                    help="trace file (default: the embedded synthetic sample)")
-    p.add_argument("--format", default="auto", help="auto, philly, helios, generic or pollux (elastic-job "
-                                                    "workloads over measured applications)")
+    p.add_argument("--format", default="auto", choices=SIMULATE_FORMATS,
+                   help="auto, philly, helios, generic or pollux (elastic-job workloads over measured applications)")
     p.add_argument("--policy", default="fifo,sjf,qssf,tiresias,lucid",
                    help="comma-separated: fifo,sjf,qssf,qssf-backfill,horus,tiresias,lucid and lucid ablations "
                         "(lucid-nosharing, lucid-noprofiler, lucid-noestimator, lucid-fixedtprof); "

@@ -369,3 +369,13 @@ def test_the_readmes_local_hosts_are_added_as_written_and_bare_hosts_lists_them(
         code, _, err = _cli(capsys, *argv)
         assert code == 2 and len(_lines(err)) == 1
     assert "{add,list,drain,remove,check}" in _cli(capsys, "hosts", "bogus")[2]
+
+
+def test_simulate_names_every_format_it_reads_and_refuses_a_typo(capsys):
+    """`--format phily` listed the trace formats without `pollux`, which `simulate` reads too."""
+    from lucid_core.cli import SIMULATE_FORMATS
+    from lucid_core.sim.traces import TRACE_FORMATS
+
+    assert ("auto", *TRACE_FORMATS, "pollux") == SIMULATE_FORMATS
+    code, _, err = _cli(capsys, "simulate", "--format", "phily")
+    assert code == 2 and len(_lines(err)) == 1 and "'pollux'" in err and "'philly'" in err

@@ -44,7 +44,7 @@ def _one_round(args: argparse.Namespace, report: Any) -> int:
         return 3
     lines = [f"round {report.round_id}: {len(report.decisions)} decision(s) in {report.decide_ms:.2f} ms "
              f"(round {report.total_ms:.0f} ms)"]
-    lines += [f"  {kind} {job or ''}: {reason}" for kind, job, reason in report.decisions]
+    lines += [f"  {kind}{' ' + job if job else ''}: {reason}" for kind, job, reason in report.decisions]
     lines += [f"  ended {job}: {state}" for job, state in report.ended.items()]
     lines += [f"  unreachable: {h}" for h in report.unreachable]
     lines += [f"  conflict: {c}" for c in report.conflicts]
