@@ -379,3 +379,19 @@ def test_simulate_names_every_format_it_reads_and_refuses_a_typo(capsys):
     assert ("auto", *TRACE_FORMATS, "pollux") == SIMULATE_FORMATS
     code, _, err = _cli(capsys, "simulate", "--format", "phily")
     assert code == 2 and len(_lines(err)) == 1 and "'pollux'" in err and "'philly'" in err
+
+
+def test_draining_or_removing_a_vcs_last_main_host_warns(tmp_path, monkeypatch, capsys):
+    """The change is made (an operator may mean it), and stderr says that VC's jobs will wait."""
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    for name, pool in (("p0", "profiling"), ("m0", "main")):
+        assert _cli(capsys, "hosts", "add", name, "--executor", "local", "--gpus", "1", "--pool", pool)[0] == 0
+    code, out, err = _cli(capsys, "hosts", "drain", "m0")
+    assert code == 0 and out.strip() == "m0: draining"
+    assert err.strip() == ("lucid hosts drain: warning: m0 was the last main host of VC default taking work: its "
+                           "jobs wait until another joins (lucid hosts add ... --vc default)")
+    assert _cli(capsys, "hosts", "drain", "m0", "--undo")[2] == ""
+    assert _cli(capsys, "hosts", "add", "m1", "--executor", "local", "--gpus", "1")[0] == 0
+    assert _cli(capsys, "hosts", "drain", "m0")[2] == "" and _cli(capsys, "hosts", "remove", "p0")[2] == ""
+    code, _, err = _cli(capsys, "hosts", "remove", "m1")
+    assert code == 0 and "warning: m1 was the last main host of VC default" in err  # m0 is draining

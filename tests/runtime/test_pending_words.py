@@ -124,3 +124,14 @@ def test_a_job_whose_vc_has_no_host_is_told_so_by_name():
     untagged.add_job(wide)
     untagged.enqueue_main(wide, (wide.priority, wide.submit_time, "w"))
     assert "no compact fit for 16 GPU(s)" in pending_reasons(untagged, policy)["w"][1]
+
+
+def test_a_job_with_no_main_host_left_says_so():
+    """Once the last main host was removed a waiting job read "the largest free block on one main node is 0 (0 of
+    0 GPUs free)"; it now says there is none and that it waits for one."""
+    config = LucidConfig()
+    view = ClusterView(config)
+    view.add_nodes(Pool.PROFILING, 1)
+    _queued(view, "alone", 600.0, gpus=1)
+    words = pending_reasons(view, LucidPolicy(config))["alone"][1]
+    assert words.startswith("there is no main host: it waits until one joins (lucid hosts add)"), words

@@ -94,6 +94,10 @@ def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, shari
 
 def _no_fit_text(view: ClusterView, gpus: int, vc: str, job_vc: str = "") -> str:
     total = view.main.total_gpus_of(vc)
+    if view.main.total_gpus == 0:  # the last main host was removed (or none was added)
+        return "there is no main host: it waits until one joins (lucid hosts add)"
+    if vc and total == 0:
+        return f"VC {vc} has no main host: it waits until one joins"
     if not vc and job_vc and total < gpus and total < view.main.total_gpus:
         # hosts carry VCs, none the job's, and the untagged ones cannot hold it: say what would let it run
         return (f"no main host serves VC {job_vc}, and the hosts tagged with no VC have {total} GPU(s): it "

@@ -47,8 +47,12 @@ def cmd_hosts(args: argparse.Namespace) -> int:
                      "draining; a round removes it once its runs have ended" if args.remove else "draining")
             emit(args, {"name": args.name, "draining": not args.undo, "remove_when_empty": args.remove},
                    f"{args.name}: {state}")
+            if not args.undo:
+                _warn_if_last(args.name, list_hosts(store), "drain")
         elif args.hosts_cmd == "remove":
+            before = list_hosts(store)
             remove_host(store, args.name, wait_s=args.wait)
+            _warn_if_last(args.name, before, "remove")
             emit(args, {"name": args.name, "removed": True}, f"removed {args.name}")
         elif args.hosts_cmd == "check":
             from lucid_core.runtime.hosts.check import check_host
@@ -88,3 +92,16 @@ def _default_workdir(args: argparse.Namespace) -> str:
     from lucid_core.config import lucid_home
 
     return str(lucid_home() / "hosts" / args.name)
+
+
+def _warn_if_last(name: str, hosts: list[dict], command: str) -> None:
+    """Say on stderr when `name` was the last main host of its VC taking work: that VC's jobs wait, each saying so,
+    until another joins (the change is made: an operator may mean it)."""
+    me = next((h for h in hosts if h["name"] == name), None)
+    if me is None or me["pool"] != "main":
+        return
+    others = [h for h in hosts if h["name"] != name and h["pool"] == "main" and h["vc"] == me["vc"]
+              and not h["draining"]]
+    if not others:
+        print(f"lucid hosts {command}: warning: {name} was the last main host of VC {me['vc']} taking work: its "
+              f"jobs wait until another joins (lucid hosts add ... --vc {me['vc']})", file=sys.stderr)
