@@ -124,3 +124,21 @@ def test_logs_say_when_only_the_end_of_a_long_log_was_read_and_refuse_a_negative
     assert refused.value.code == 2 and "give 0 or more" in capsys.readouterr().err
     code, out, err = _cli(capsys, "logs", never, "--store", url)
     assert code == 0 and out == "" and err.startswith(f"({never} never ran: cancel")
+
+
+def test_explain_of_a_job_that_ran_without_an_estimate_or_a_profile_says_so(tmp_path, capsys, monkeypatch):
+    """A job placed at once (room on the main cluster, profiled in place) that ended in a second had no duration
+    estimate and no profile: explain said "ordered by not ordered yet: it waits for profiling" and "not profiled
+    yet" of a job long finished."""
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    for name, pool in (("p0", "profiling"), ("m0", "main")):
+        assert _cli(capsys, "hosts", "add", name, "--executor", "local", "--telemetry", "emulated", "--gpus", "1",
+                    "--pool", pool)[0] == 0
+    job = _cli(capsys, "submit", "--gpus", "1", "--user", "ana", "--", "true")[1].strip()
+    deadline = time.monotonic() + 30
+    while json.loads(_cli(capsys, "status", job, "--json")[1])["state"] != "COMPLETED":
+        assert _cli(capsys, "round")[0] == 0 and time.monotonic() < deadline
+        time.sleep(0.3)
+    code, out, _ = _cli(capsys, "explain", job)
+    assert code == 0 and "never ordered by predicted GPU-time: placed before it had a duration estimate" in out
+    assert "ordered by not" not in out and "not profiled yet" not in out and "never profiled" in out

@@ -152,6 +152,10 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                                 placed.reason if placed is not None else None,
                                 _payload(placed).get("partner") if placed is not None else None,
                                 float(cap) if saved_number(cap) else math.inf)
+    if job.predicted_duration is None and (placed is not None or row.state in {x.value for x in TERMINAL_STATES}):
+        # the rule's words are for a job still waiting for its estimate; this one started or ended without one
+        words = (f"never ordered by predicted GPU-time: placed before it had a duration estimate ({placed.reason})"
+                 if placed is not None else "never ordered: it ended before it joined the main queue")
     out: dict[str, Any] = {
         "job_id": job_id, "state": row.state, "name": row.name, "user": row.user, "vc": row.vc, "gpus": row.gpus,
         "submit_time": row.submit_time, "start_time": row.start_time, "end_time": row.end_time,

@@ -283,6 +283,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from lucid_core.runtime.round.prediction_words import explain_terms
     from lucid_core.runtime.surfaces.explain import explain, shared_speed_line
+    from lucid_core.runtime.surfaces.job_views import FINISHED_STATES
 
     data = _about_job(args, explain)
     prio = data["priority"]
@@ -291,7 +292,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         lines.append(f"priority {gpu_time_words(prio['value_gpu_s'])} = {prio['gpus']} GPU(s) x predicted "
                      f"{_duration(prio['predicted_duration_s'])}")
     if data.get("ordered_by"):
-        lines.append(f"ordered by {data['ordered_by']['why']}")
+        why = data["ordered_by"]["why"]
+        lines.append(why if why.startswith(("not ordered", "never ordered")) else f"ordered by {why}")
     recorded = prio.get("recorded")
     if recorded:
         lines.append(f"  used when placed ({local_time(recorded['time'])}): {recorded['note']}")
@@ -301,12 +303,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
         lines += [f"    {line}" for line in now_says]
     packing = data["packing"]
     by_host = packing.get("by_host") or []
-    if packing["class"] and len(by_host) <= 1:
+    if len(by_host) == 1 and by_host[0]["class"]:  # the class its host's model gives, with that model's path
+        stored = packing["class"]
+        lines.append(f"packing class {by_host[0]['class']}: " + " / ".join(by_host[0]["path"])
+                     + (f" (it was classed {stored} when profiled)" if stored and stored != by_host[0]["class"]
+                        else ""))
+    elif packing["class"] and not by_host:
         lines.append(f"packing class {packing['class']}: " + " / ".join(packing["path"]))
     for kind in by_host if len(by_host) > 1 or any(k["class"] is None for k in by_host) else []:
         hosts = ", ".join(kind["hosts"][:3]) + (" ..." if len(kind["hosts"]) > 3 else "")
         says = (f"class {kind['class']}: " + " / ".join(kind["path"]) if kind["class"] else
-                f"shares nothing: {kind['why']}" if kind["why"] else "not profiled yet")
+                f"shares nothing: {kind['why']}" if kind["why"] else
+                "never profiled" if data["state"] in FINISHED_STATES else "not profiled yet")
         lines.append(f"on {kind['sharing']} ({hosts}): {says}")
     if data["partner"]:
         partner = data["partner"]
