@@ -24,6 +24,7 @@ from lucid_core.runtime.surfaces import plain_views, queries
 from lucid_core.runtime.surfaces.job_views import HistoryQuery, UnknownJob
 
 NOW = 1_800_000_000.0
+YIELDED_FIRST = NOW - 86_000.0  # when the yielded job of `_fill` first started on the main cluster
 STATES = [JobState.SUBMITTED, JobState.PROFILING, JobState.QUEUED, JobState.RUNNING, JobState.COMPLETED,
           JobState.FAILED, JobState.CANCELLED]
 
@@ -41,7 +42,8 @@ def _job(k: int, state: JobState, **changes) -> dict:
            "ended_in_profiling": finished and k % 2 == 0, "cancel_requested": k % 7 == 0, "amp": k % 2 == 1,
            "preemptible": k % 3 == 0, "predicted_duration": None if k % 6 == 0 else 300.0 + 17 * k,
            "share_class": None if k % 5 == 0 else k % 3, "queue_position": None if finished else 1 + k % 9,
-           "pending_reason": None if finished or state is JobState.RUNNING else f"waits for {1 + k % 8} GPU(s)"}
+           "pending_reason": None if finished or state is JobState.RUNNING else f"waits for {1 + k % 8} GPU(s)",
+           "yields": 0}
     return {**row, **changes}
 
 
@@ -81,7 +83,14 @@ def _fill(url: str) -> list[str]:
             _run(finished[1], "r-f1", RunState.ENDED, [2], partner=finished[0], start=NOW - 8500, end=NOW - 7000),
             _run(finished[2], "r-p2", RunState.ENDED, [4], kind="profiling", start=NOW - 9900, end=NOW - 9700),
             _run(finished[2], "r-f2", RunState.ENDED, [5], partner=finished[3], start=NOW - 9600, end=NOW - 9500),
-            _run(finished[3], "r-f3", RunState.ENDED, [5], partner=finished[2], start=NOW - 9400, end=NOW - 9000)]
+            _run(finished[3], "r-f3", RunState.ENDED, [5], partner=finished[2], start=NOW - 9400, end=NOW - 9000),
+            # a job that yielded once: its stored start is its second run's (below), its first ran before
+            _run(finished[4], "r-y4", RunState.ENDED, [6], start=YIELDED_FIRST, end=YIELDED_FIRST + 300),
+            _run(finished[4], "r-y4b", RunState.ENDED, [6], start=_job(int(finished[4][1:]), JobState.COMPLETED)
+                 ["start_time"], end=NOW - 70_000 + 50 * int(finished[4][1:]))]
+    for job in jobs:
+        if job["job_id"] == finished[4]:
+            job["yields"] = 1
     with store.engine.begin() as conn:
         conn.execute(sa.insert(JobRow.__table__), jobs)
         conn.execute(sa.insert(RunRow.__table__), runs)
@@ -158,6 +167,10 @@ def test_history_equals_the_orm_history(filled, query):
         full = queries.history(session, query)
     assert plain == full
     assert query.offset >= full.total or plain.rows
+    for row in plain.rows:  # the job that yielded counts from its first start on the main cluster
+        if row["job_id"] == _completed(filled[2])[4]:
+            assert row["start_time"] == YIELDED_FIRST and row["queued_s"] == YIELDED_FIRST - row["submit_time"]
+            assert row["elapsed_s"] == row["end_time"] - YIELDED_FIRST
 
 
 def test_odd_stored_values_read_the_same_both_ways(tmp_path, monkeypatch):

@@ -221,9 +221,17 @@ def _span(start: Any, end: Any) -> float | None:
     return None if first is None or last is None else max(0.0, last - first)
 
 
-def history_row(j: Any) -> dict[str, Any]:
-    """One finished job as `history` lists it (`HISTORY_FIELDS`)."""
+def yielded(jobs: Iterable[Any]) -> list[str]:
+    """The ids of the jobs that yielded their GPUs at least once: their stored start is their last run's."""
+    return [j.job_id for j in jobs if isinstance(j.yields, int) and not isinstance(j.yields, bool) and j.yields > 0]
+
+
+def history_row(j: Any, first_start: Any = None) -> dict[str, Any]:
+    """One finished job as `history` lists it (`HISTORY_FIELDS`). `first_start`: when a job that yielded first
+    started on the main cluster (a job's stored start is its last run's: counted from there, the runs before a
+    yield read as time queued and left out of its elapsed time)."""
+    start = first_start if saved_float(first_start) is not None else j.start_time
     return {"job_id": j.job_id, "name": j.name, "user": j.user, "vc": j.vc, "gpus": j.gpus, "state": j.state,
-            "submit_time": j.submit_time, "start_time": j.start_time, "end_time": j.end_time,
-            "queued_s": _span(j.submit_time, j.start_time), "elapsed_s": _span(j.start_time, j.end_time),
+            "submit_time": j.submit_time, "start_time": start, "end_time": j.end_time,
+            "queued_s": _span(j.submit_time, start), "elapsed_s": _span(start, j.end_time),
             "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling}

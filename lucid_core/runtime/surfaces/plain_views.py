@@ -19,6 +19,7 @@ from lucid_core.runtime.surfaces.job_views import (
     speeds_of_pairs,
     status_view,
     storable,
+    yielded,
 )
 from lucid_core.runtime.surfaces.shared_time import spans_by_job
 
@@ -26,7 +27,7 @@ from lucid_core.runtime.surfaces.shared_time import spans_by_job
 _QUEUE_COLUMNS = ("job_id", "seq", "state", "name", "user", "vc", "gpus", "queue_position", "predicted_duration",
                   "share_class", "pending_reason", "submit_time")
 _HISTORY_COLUMNS = ("job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
-                    "exit_code", "end_reason", "ended_in_profiling")
+                    "exit_code", "end_reason", "ended_in_profiling", "yields")
 
 
 def _marks(values: tuple[Any, ...] | list[Any]) -> str:
@@ -80,4 +81,8 @@ def history(reader: PlainReader, query: HistoryQuery) -> HistoryPage:
     jobs = reader.records("jobs", f"SELECT {_columns(_HISTORY_COLUMNS)} FROM jobs WHERE {condition} "
                                   "ORDER BY end_time DESC, seq DESC LIMIT ? OFFSET ?",
                           [*params, query.limit, query.offset])
-    return HistoryPage([history_row(j) for j in jobs], int(total), query)
+    ids = yielded(jobs)  # their first main run's start (rank 0), as `queries.history` reads it
+    firsts = {r.job_id: r.started_at for r in reader.records(
+        "runs", "SELECT job_id, min(started_at) AS started_at FROM runs WHERE kind = 'main' AND node_rank = 0 "
+                f"AND job_id IN ({_marks(ids)}) GROUP BY job_id", ids)} if ids else {}
+    return HistoryPage([history_row(j, firsts.get(j.job_id)) for j in jobs], int(total), query)

@@ -29,6 +29,7 @@ from lucid_core.runtime.surfaces.job_views import (  # noqa: F401  (re-exported:
     speeds_of_pairs,
     status_view,
     storable,
+    yielded,
 )
 from lucid_core.runtime.surfaces.shared_time import shared_spans
 
@@ -122,7 +123,11 @@ def history(session: Session, query: HistoryQuery) -> HistoryPage:
     total = session.scalar(select(func.count()).select_from(JobRow).where(*where)) or 0
     jobs = session.scalars(select(JobRow).where(*where).order_by(JobRow.end_time.desc(), JobRow.seq.desc())
                            .limit(query.limit).offset(query.offset)).all()
-    return HistoryPage([history_row(j) for j in jobs], int(total), query)
+    ids = yielded(jobs)
+    firsts = dict(session.execute(select(RunRow.job_id, func.min(RunRow.started_at)).where(
+        RunRow.kind == "main", RunRow.node_rank == 0, RunRow.job_id.in_(ids)).group_by(RunRow.job_id)).all()
+                  ) if ids else {}
+    return HistoryPage([history_row(j, firsts.get(j.job_id)) for j in jobs], int(total), query)
 
 
 def waiting(store: Store) -> list[dict[str, Any]]:
