@@ -194,8 +194,9 @@ def _simulate_size(args: argparse.Namespace, nodes: int, config, catalog, vc_nod
           f"on {nodes} nodes x {config.cluster.gpus_per_node} GPUs{cadence}")
     metrics, outcomes, timelines = {}, {}, {}
     for name in policies:
-        bar = None if args.no_progress else tqdm(total=len(exp.records), desc=f"{name:>9} @{nodes}",
-                                                 unit="job", leave=False, file=sys.stderr)
+        # a bar only on a terminal: redirected, its redraws filled the file with carriage-return lines
+        bar = None if args.no_progress or not sys.stderr.isatty() else tqdm(
+            total=len(exp.records), desc=f"{name:>9} @{nodes}", unit="job", leave=False, file=sys.stderr)
 
         def progress(done: int, total: int, bar=bar) -> None:
             if bar is not None:

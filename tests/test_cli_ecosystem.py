@@ -395,3 +395,16 @@ def test_draining_or_removing_a_vcs_last_main_host_warns(tmp_path, monkeypatch, 
     assert _cli(capsys, "hosts", "drain", "m0")[2] == "" and _cli(capsys, "hosts", "remove", "p0")[2] == ""
     code, _, err = _cli(capsys, "hosts", "remove", "m1")
     assert code == 0 and "warning: m1 was the last main host of VC default" in err  # m0 is draining
+
+
+def test_simulate_draws_no_progress_bar_into_a_redirected_stderr(tmp_path):
+    """Redirected, the bars' redraws filled the file with carriage-return lines."""
+    trace = tmp_path / "trace.csv"  # long enough for a bar to redraw
+    trace.write_text("job_id,submit_time,duration,gpus,vc,user,name\n" + "".join(
+        f"j{i},{30 * i},{600 + 37 * (i % 500)},{(1, 2, 4)[i % 3]},vc1,u{i % 20},n{i}\n" for i in range(20000)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LUCID_")}
+    done = subprocess.run([str(LUCID), "simulate", "--trace", str(trace), "--format", "generic", "--policy", "fifo",
+                           "--nodes", "16", "--out", str(tmp_path / "sim")],
+                          capture_output=True, env=env, timeout=120)  # bytes: text mode reads \r as \n
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert b"\r" not in done.stderr and b"fifo" in done.stdout
