@@ -122,6 +122,17 @@ def test_logs_say_when_only_the_end_of_a_long_log_was_read_and_refuse_a_negative
     with pytest.raises(SystemExit) as refused:
         main(["logs", long, "--store", url, "-n", "-5"])
     assert refused.value.code == 2 and "give 0 or more" in capsys.readouterr().err
+    # a short log of bytes that are no UTF-8 (each comes back as a 3-byte replacement character) is whole
+    store = Store(url)
+    command = "printf 'HEADER\\n'; head -c 30000 /dev/zero | tr '\\0' '\\377'; printf '\\nTAIL\\n'"
+    binary = submit(store, JobRequest(command, gpus=1, user="ana", vc="default"))
+    store.dispose()
+    while json.loads(_cli(capsys, "status", binary, "--store", url, "--json")[1])["state"] != "COMPLETED":
+        assert _cli(capsys, "round", "--store", url, "--config", str(config))[0] == 0
+        assert time.monotonic() < deadline + 30
+        time.sleep(0.3)
+    code, out, err = _cli(capsys, "logs", binary, "--store", url)
+    assert code == 0 and out.startswith("HEADER\n") and out.endswith("TAIL\n") and err == ""
     code, out, err = _cli(capsys, "logs", never, "--store", url)
     assert code == 0 and out == "" and err.startswith(f"({never} never ran: cancel")
 

@@ -127,6 +127,8 @@ def test_a_profile_window_is_read_from_the_files_front_past_what_the_job_appende
     (["EXITED", "0", "ago=42"], 42), (["EXITED", "0", "disk_full", "stopped", "ago=0"], 0),
     (["EXITED", "0"], None), (["EXITED", "0", "ago=-5"], None), (["EXITED", "0", "ago=\u0664\u0662"], None),
     (["EXITED", "0", "ago=" + "9" * 12], None), (["EXITED", "0", "ago="], None), (["EXITED", "0", "ago=1e3"], None),
+    (["EXITED", "0", "ago=2.125"], 2.125), (["EXITED", "0", "ago=1.2.3"], None), (["EXITED", "0", "ago=.5"], None),
+    (["EXITED", "0", "ago=nan"], None), (["EXITED", "0", "ago=1" + "0" * 25], None),
 ])
 def test_an_exited_line_says_how_long_ago_it_ended_or_nothing(words, ago):
     """What a host says of a run's end age is believed only as plain ASCII seconds, no more than three years."""

@@ -505,3 +505,69 @@ def test_a_changed_profiling_window_applies_from_the_next_round(store, tmp_path,
         cancel(store, job_id)
     _until(store, lambda js: all(js[j].state == "CANCELLED" for j in (first, second)),
            config=fast_config(**{"profiler.tprof_s": after, "profiler.in_place": False}))
+
+
+def _exit_record(tmp_path, store, job_id: str) -> None:
+    """Wait until every run of the job has written its exit record on its host."""
+    from runtime_helpers import runs_of
+
+    deadline = time.monotonic() + 30
+    for run in runs_of(store, job_id):
+        while not (tmp_path / run.host / run.run_id / "exit_code").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_a_job_that_outlived_its_window_and_ended_between_rounds_keeps_its_profile(store, tmp_path):
+    """Its end is dated before the round that reads it: the runs that round ended are read for their windows
+    all the same (they were found by an end time within the round, and were lost: no profile, and marked as
+    ended inside its window)."""
+    _local_cluster(store, tmp_path)
+    config = fast_config(**{"profiler.tprof_s": 1.0})
+    job = submit(store, JobRequest("sleep 4", 1, "alice", "vc-a", name="ends-unread"))
+    _until(store, lambda js: js[job].state == "PROFILING", config=config)
+    _exit_record(tmp_path, store, job)
+    time.sleep(2.0)  # the round reads the end 2 s late
+    _round(store, config)
+    row = jobs_by_id(store)[job]
+    assert row.state == "COMPLETED" and row.profiled and not row.ended_in_profiling, (row.state, row.profiled)
+
+
+def test_a_wide_job_ends_with_its_last_node_whatever_order_they_are_read_in(store, tmp_path):
+    for name in ("m0", "m1"):
+        add_host(store, HostSpec(name, executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                                 workdir=str(tmp_path / name)))
+    config = fast_config(**{"profiler.enabled": False})
+    job = submit(store, JobRequest('case "$LUCID_WORKDIR" in */m0/*) sleep 4 ;; *) sleep 1 ;; esac', 2, "ann",
+                                   "vc-a", name="wide"))
+    row = _until(store, lambda js: js[job].state == "RUNNING", config=config)[job]
+    _exit_record(tmp_path, store, job)
+    time.sleep(1.5)
+    _round(store, config)
+    from runtime_helpers import runs_of
+
+    ends = {r.host: r.ended_at for r in runs_of(store, job)}
+    ended = jobs_by_id(store)[job]
+    assert ended.state == "COMPLETED" and ended.end_time == max(ends.values()), (ended.end_time, ends)
+    assert 3.0 <= ended.end_time - row.start_time <= 5.5 and ends["m1"] < ends["m0"] - 2, ends
+
+
+def test_a_job_that_backdates_its_exit_record_ends_no_earlier_than_the_last_round_saw_it_run(store, tmp_path):
+    """The end's age is the record file's, which a job on an account host can set: it may move its end no
+    earlier than the start of the round before the one that read it (which saw it running)."""
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "m0")))
+    config = fast_config(**{"profiler.enabled": False})
+    forge = ('D="$LUCID_WORKDIR/../../${LUCID_RUN_MARKER%.*}"; setsid sh -c "while [ ! -f $D/exit_code ]; do '
+             'sleep 0.02; done; touch -m -d \'-300 days\' $D/exit_code" </dev/null >/dev/null 2>&1 & sleep 3')
+    job = submit(store, JobRequest(forge, 1, "mallory", "vc-a", name="train"))
+    _until(store, lambda js: js[job].state == "RUNNING", config=config)
+    time.sleep(1.5)
+    saw_running = time.time()
+    _round(store, config)  # sees it running
+    assert jobs_by_id(store)[job].state == "RUNNING"
+    _exit_record(tmp_path, store, job)
+    time.sleep(1.0)
+    _round(store, config)
+    row = jobs_by_id(store)[job]
+    assert row.state == "COMPLETED" and row.end_time >= saw_running - 0.5, (row.end_time - saw_running)

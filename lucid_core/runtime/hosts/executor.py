@@ -112,7 +112,7 @@ class RunStatus:
     tampered: tuple[str, ...] = ()
     detail: str = ""  # UNREADABLE: the line the host answered
     # EXITED: seconds since its exit record was written, by the host's clock (None: the host did not say)
-    ended_ago_s: int | None = None
+    ended_ago_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +160,17 @@ EXIT_CODE_MAX = 255
 ENDED_AGO_MAX = 10**8  # seconds (three years): a larger age is a clock the host set back and forth
 
 
+def _seconds(text: str) -> float | None:
+    """`text` as seconds when it is ASCII digits with at most one point (at most 20 characters, at most
+    `ENDED_AGO_MAX`), else None: a host or a job writes it."""
+    whole, _, fraction = text.partition(".")
+    if not (0 < len(text) <= 20 and whole.isascii() and whole.isdigit()
+            and (not fraction or (fraction.isascii() and fraction.isdigit()))):
+        return None
+    value = float(text)
+    return value if value <= ENDED_AGO_MAX else None
+
+
 def parse_status(words: Sequence[str]) -> RunStatus:
     """Turn the words of one poll line (after the run id) into a RunStatus; a line that does not parse is
     UNREADABLE (with the line as its detail), for that run alone."""
@@ -174,8 +185,7 @@ def parse_status(words: Sequence[str]) -> RunStatus:
         return RunStatus("RUNNING", pid=pid, tampered=tampered)
     exit_code = bounded_int(second, EXIT_CODE_MAX)
     if state == "EXITED" and exit_code is not None:
-        ago = next((n for w in words[2:] if w.startswith("ago=") and (n := bounded_int(w[4:], ENDED_AGO_MAX))
-                    is not None), None)
+        ago = next((n for w in words[2:] if w.startswith("ago=") and (n := _seconds(w[4:])) is not None), None)
         return RunStatus("EXITED", exit_code=exit_code, stop_requested="stopped" in words[2:],
                          disk_full="disk_full" in words[2:], escaped=escaped, ended_ago_s=ago)
     if state == "VANISHED" and (pid is not None or second == "-"):

@@ -20,11 +20,14 @@ def _stop_flag() -> str:
 
 
 def _ended_ago() -> str:
-    """How many seconds ago a run's exit record was written, both times on the host's own clock (no skew to the
-    store's): a round that reads the end a minute late still records when the job ended. Nothing where `stat`
-    cannot say (not GNU) or the clock went back."""
-    return ('endedago() { m=$(stat -c %Y -- "$1" 2>/dev/null) || return 0; n=$(date +%s); '
-            'case "$m:$n" in *[!0-9:]*|:*|*:) return 0 ;; esac; [ "$n" -ge "$m" ] && echo " ago=$((n - m))"; }')
+    """How many seconds ago a run's exit record was written (to the nanosecond where GNU `stat` and `date` say
+    it, else whole seconds), both times on the host's own clock (no skew to the store's): a round that reads the
+    end a minute late still records when the job ended. Nothing where `stat` cannot say or the clock went back."""
+    return ('secs() { case "$1" in ""|*[!0-9.]*|*.*.*|.*|*.) return 1 ;; esac; }; '
+            'endedago() { m=$(stat -c %.9Y -- "$1" 2>/dev/null); n=$(date +%s.%N 2>/dev/null); '
+            'if ! secs "$m" || ! secs "$n"; then m=$(stat -c %Y -- "$1" 2>/dev/null); n=$(date +%s); fi; '
+            'secs "$m" && secs "$n" || return 0; '
+            'awk -v n="$n" -v m="$m" \'BEGIN { if (n >= m) printf " ago=%.3f", n - m }\'; }')
 
 
 def poll_script(workdir: str, run_ids: Sequence[str]) -> str:

@@ -18,7 +18,7 @@ from sqlalchemy import and_, case, func, select, update
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, GpuRef
-from lucid_core.policy.view import saved_number
+from lucid_core.policy.view import saved_float, saved_number
 from lucid_core.runtime.hosts.calls import CallResult, HostCall, HostCallPool
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
@@ -95,6 +95,8 @@ class RoundBase:
         self._speeds: dict[str, SpeedEstimate] = {}  # this round's pair speed estimates, per job
         self._recorded_states: dict[str, str] = {}  # job states this round's decisions just set
         self._ended_read: set[tuple[str, str]] = set()  # ended runs whose window this round already read
+        self._settled: set[tuple[str, str]] = set()  # runs this round recorded as ended (their windows may be due)
+        self._previous_start: list[float | None] = []  # the round before this one's start, once read
         self.now = self.clock()
 
     def close(self) -> None:
@@ -138,6 +140,18 @@ class RoundBase:
             s.add(row)
             s.flush()
             self.report.round_id = row.id
+
+    def _previous_round_start(self) -> float | None:
+        """When the round before this one started (None for the first, or before this round's row is written):
+        a run it saw running ended after it."""
+        if not self._previous_start:
+            if self.report.round_id is None:
+                return None
+            with self.store.session() as s:
+                start = s.scalar(select(RoundRow.started_at).where(RoundRow.id < self.report.round_id)
+                                 .order_by(RoundRow.id.desc()).limit(1))
+            self._previous_start.append(saved_float(start))
+        return self._previous_start[0]
 
     def renew_lease(self) -> None:
         """Before acting on a host: make sure this round still holds the lease (and extend it); raises

@@ -51,8 +51,8 @@ class ProfileSteps(RoundBase):
 
     def collect_due_profiles(self, now: float) -> None:
         """Read the telemetry of every window that ended by `now` and has no profile yet: of running runs, and
-        of runs that outlived their window but ended on its own before a round read them (settled since this
-        round object's start, read once), from the samples they left, as the simulator profiles every job that
+        of runs that outlived their window but ended on its own before a round read them (settled by this round
+        object, read once), from the samples they left, as the simulator profiles every job that
         outlives its window.
 
         Run again right before deciding, with the decision's clock, so that the policy never sees a
@@ -61,12 +61,14 @@ class ProfileSteps(RoundBase):
         unprofiled = (select(RunRow).join(JobRow, JobRow.job_id == RunRow.job_id)
                       .where(RunRow.node_rank == 0, RunRow.profiling_until.is_not(None), RunRow.stop_reason.is_(None),
                              JobRow.profiled.is_(False)))
+        fresh = self._settled - self._ended_read  # ended by this round: its end may be dated before the round
         with self.store.session() as s:
             due = list(s.scalars(unprofiled.where(RunRow.state == RunState.RUNNING, RunRow.profiling_until <= now)))
             ended = {run for run in s.scalars(unprofiled.where(
-                         RunRow.state == RunState.ENDED, RunRow.started_at.is_not(None), RunRow.ended_at >= self.now,
+                         RunRow.state == RunState.ENDED, RunRow.started_at.is_not(None),
+                         RunRow.run_id.in_(sorted({run_id for run_id, _ in fresh})),
                          RunRow.ended_at >= RunRow.profiling_until))
-                     if (run.run_id, run.host) not in self._ended_read}
+                     if (run.run_id, run.host) in fresh} if fresh else set()
             self._ended_read.update((run.run_id, run.host) for run in ended)
         due = [run for run in [*due, *ended]
                if self._hosts.get(run.host) is not None and self._hosts[run.host].reachable]

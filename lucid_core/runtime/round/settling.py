@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, PROFILING_END_SLACK_S, JobState, RunState, left_alone
 from lucid_core.policy.view import saved_float, saved_number
@@ -42,14 +42,16 @@ def unreadable_since(stored: Any, now: float) -> float:
     return float(stored) if saved_number(stored) and stored <= now else now
 
 
-def ended_at(run: RunRow, status: RunStatus, now: float) -> float:
-    """When a run ended: `now`, or as long before as its host says its exit record was written (a round reads an
-    end up to its interval late, which inflated every job's run time and the durations the models learn), never
-    before the run started."""
+def ended_at(run: RunRow, status: RunStatus, answered_at: float, floor: float | None) -> float:
+    """When a run ended: when its host answered, less how long before that the host says its exit record was
+    written (a round reads an end up to its interval late, which inflated every job's run time and the durations
+    the models learn). Never before the run started, nor before `floor` (the previous round's start, when the run
+    was still running): the record's time is a file's, which a job on an account host can set, and a job may
+    not make itself look shorter than what a round could have seen."""
     if status.state != "EXITED" or status.ended_ago_s is None:
-        return now
-    began = saved_float(run.started_at)
-    return max(now - status.ended_ago_s, began if began is not None and began <= now else -math.inf)
+        return answered_at
+    bounds = [b for b in (saved_float(run.started_at), floor) if b is not None and b <= answered_at]
+    return max(answered_at - status.ended_ago_s, *bounds)
 
 
 class SettlingSteps(MpsFaultChecks):
@@ -82,14 +84,16 @@ class SettlingSteps(MpsFaultChecks):
             statuses = call_value(result)
             self._host_seen(name)
             seen.extend((run, statuses[run.run_id]) for run in by_host.get(name, []) if run.run_id in statuses)
+        answered_at = self.clock()  # the polls' answers are in: what a host said of an end is as of then
         swept = self._sweep_leftovers([run for run, status in seen
                                        if status.state == "EXITED" and run.stop_reason is None])
         for run, status in seen:
-            self._judge(run, status, now, swept.get((run.run_id, run.host)))
+            self._judge(run, status, now, swept.get((run.run_id, run.host)), answered_at)
         self._cancel_requested()
         self.collect_due_profiles(now)
 
-    def _judge(self, run: RunRow, status: RunStatus, now: float, sweep: RunStatus | None) -> None:
+    def _judge(self, run: RunRow, status: RunStatus, now: float, sweep: RunStatus | None,
+               answered_at: float | None = None) -> None:
         """Act on one run's polled status (`sweep`: the leftover sweep of a run that ended on its own). Its
         records are the host's and, on account hosts, within reach of jobs: whatever they hold, only this run
         is affected, never the round."""
@@ -106,7 +110,7 @@ class SettlingSteps(MpsFaultChecks):
             return
         if status.state == "EXITED" and run.stop_reason is None and sweep is not None and sweep.state == "EXITED":
             status = replace(status, escaped=sweep.escaped)
-        self._settle(run, status)
+        self._settle(run, status, answered_at)
 
     def _unreadable(self, run: RunRow, status: RunStatus, now: float) -> None:
         """A run whose status line the host garbled: named in the report and the job's events (once), and
@@ -208,13 +212,15 @@ class SettlingSteps(MpsFaultChecks):
                 swept[(run.run_id, run.host)] = value
         return swept
 
-    def _settle(self, run: RunRow, status: RunStatus) -> None:
-        """A run ended (on its own or stopped): record it and decide the job's fate."""
+    def _settle(self, run: RunRow, status: RunStatus, answered_at: float | None = None) -> None:
+        """A run ended (on its own or stopped): record it and decide the job's fate. `answered_at`: when its host's
+        answer came (default now)."""
         if status.state not in {"EXITED", "VANISHED", "MISSING"}:
             return
         fault = self._partner_fault(run, status)  # a host read, only for a failed run of an MPS pair
         no_daemon = None if fault is not None else self._daemon_start_failed(run, status)  # only for exit 97 there
-        ended = ended_at(run, status, self.clock())
+        ended = ended_at(run, status, self.clock() if answered_at is None else answered_at,
+                         self._previous_round_start())
         # asked to stop, and the host never ran it (a launch that went unanswered): the stop is as good as done
         never_ran = run.stop_reason is not None and status.state == "MISSING" and run.started_at is None
         stopped = (status.stop_requested and run.stop_reason is not None) or never_ran
@@ -253,6 +259,10 @@ class SettlingSteps(MpsFaultChecks):
                 return
             row.state, row.ended_at, row.exit_code, row.outcome = RunState.ENDED, ended, status.exit_code, outcome
             s.flush()
+            self._settled.add((run.run_id, run.host))
+            # a wide job ends with its last node: the latest end among its run's nodes, whatever order they are read
+            last = saved_float(s.scalar(select(func.max(RunRow.ended_at)).where(RunRow.run_id == run.run_id)))
+            ended = max(ended, last) if last is not None and last <= self.clock() else ended
             still = s.scalar(select(RunRow.host).where(RunRow.run_id == run.run_id,
                                                        RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
             job = s.get(JobRow, run.job_id)

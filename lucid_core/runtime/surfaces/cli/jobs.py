@@ -209,8 +209,12 @@ def _tail_lines(text: str, lines: int | None) -> str:
 
 
 def _cut_short(text: str, cap: int) -> bool:
-    """Whether a read of at most `cap` bytes came back full: the file it read the end of is longer."""
-    return len(text.encode("utf-8", "surrogateescape")) >= cap - 3  # a multibyte character cut at the front
+    """Whether a read of at most `cap` bytes came back full: the file it read the end of is longer. Only said of
+    text that decoded cleanly: bytes that are no UTF-8 came back as replacement characters, whose count says
+    nothing of the bytes read, and a short log must never lose its first line."""
+    body = text.lstrip("\ufffd")  # a character the read cut at its front: 1-3 bytes, each read as one of these
+    front = len(text) - len(body)
+    return front <= 3 and "\ufffd" not in body and len(body.encode("utf-8")) + front >= cap - 3
 
 
 def _new_output(seen: str, now: str) -> str:
