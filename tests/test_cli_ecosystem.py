@@ -408,3 +408,16 @@ def test_simulate_draws_no_progress_bar_into_a_redirected_stderr(tmp_path):
                           capture_output=True, env=env, timeout=120)  # bytes: text mode reads \r as \n
     assert done.returncode == 0, done.stderr[-2000:]
     assert b"\r" not in done.stderr and b"fifo" in done.stdout
+
+
+def test_a_local_host_under_a_relative_lucid_home_gets_an_absolute_work_directory(tmp_path, monkeypatch, capsys):
+    """Rounds run from other folders (a cron job, an Airflow worker): a relative folder would be another one there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LUCID_HOME", "rel")
+    assert _cli(capsys, "hosts", "add", "m0", "--executor", "local", "--gpus", "1")[0] == 0
+    from lucid_core.runtime.store.schema import HostRow
+
+    store = Store(f"sqlite:///{tmp_path / 'rel' / 'lucid.db'}")
+    with store.session() as s:
+        assert s.get(HostRow, "m0").workdir == str(tmp_path / "rel" / "hosts" / "m0")
+    store.dispose()

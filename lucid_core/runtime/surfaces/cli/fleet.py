@@ -91,7 +91,7 @@ def _default_workdir(args: argparse.Namespace) -> str:
         return "~/.lucid-runs"
     from lucid_core.config import lucid_home
 
-    return str(lucid_home() / "hosts" / args.name)
+    return str((lucid_home() / "hosts" / args.name).absolute())  # a relative LUCID_HOME is this folder's
 
 
 def _warn_if_last(name: str, hosts: list[dict], command: str) -> None:
