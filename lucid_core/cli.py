@@ -272,6 +272,9 @@ def usage_line(error: UsageError, argv: Sequence[str]) -> str:
     if unknown:
         hints = []
         for name in unknown:
+            if name[1:2].isdigit():  # `--since -3d`: a value that begins with a minus reads as an option
+                hints.append(f"{name} (a value with a minus: counts and durations are 0 or more, as in {name[1:]})")
+                continue
             close = difflib.get_close_matches(name, [o for o in parser._option_string_actions if o.startswith("--")],
                                               n=1, cutoff=0.5)
             hints.append(f"{name}" + (f" (did you mean {close[0]}?)" if close else ""))

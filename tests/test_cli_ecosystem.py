@@ -421,3 +421,12 @@ def test_a_local_host_under_a_relative_lucid_home_gets_an_absolute_work_director
     with store.session() as s:
         assert s.get(HostRow, "m0").workdir == str(tmp_path / "rel" / "hosts" / "m0")
     store.dispose()
+
+
+def test_a_value_with_a_minus_is_said_to_be_one(tmp_path, monkeypatch, capsys):
+    """`--since -3d` read as an unknown option `-3d`, with a guess at `--set`."""
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    for argv, value in ((["history", "--since", "-3d"], "-3d"), (["round", "--every", "-2s"], "-2s")):
+        code, _, err = _cli(capsys, *argv)
+        assert code == 2 and len(_lines(err)) == 1 and f"unknown option {value} (a value with a minus" in err
+        assert "did you mean" not in err
