@@ -153,3 +153,24 @@ def test_explain_of_a_job_that_ran_without_an_estimate_or_a_profile_says_so(tmp_
     code, out, _ = _cli(capsys, "explain", job)
     assert code == 0 and "never ordered by predicted GPU-time: placed before it had a duration estimate" in out
     assert "ordered by not" not in out and "not profiled yet" not in out and "never profiled" in out
+
+
+def test_queue_columns_stay_aligned_with_wide_and_combining_characters_in_names(tmp_path, capsys):
+    import unicodedata
+
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    store = Store(url)
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, workdir=str(tmp_path / "m0")))
+    for name in ("héllo wörld 🚀", "日本語の名前がとても長いジョブの名前", "plain", "e\u0301te\u0301"):
+        submit(store, JobRequest("true", gpus=1, user="ana", vc="default", name=name))
+    store.dispose()
+    code, out, _ = _cli(capsys, "queue", "--store", url)
+
+    def width(text: str) -> int:
+        return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+                   for c in text)
+
+    rows = out.splitlines()[1:]
+    assert code == 0 and len(rows) == 4
+    assert {width(line[: line.index(" ana ")]) for line in rows} == {35}, rows  # JOB 10 + NAME 24 + spaces
+    assert any("~" in line for line in rows)  # the long name is cut, with its mark

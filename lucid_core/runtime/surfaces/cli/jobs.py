@@ -93,8 +93,25 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "~"
+def _fit(text: str, width: int) -> str:
+    """`text` in exactly `width` terminal columns: wide characters (CJK, emoji) take two, combining marks none,
+    control characters show as '?'; cut with '~' when longer (a name like 'héllo wörld 🚀' pushed the columns out)."""
+    import unicodedata
+
+    def columns(char: str) -> int:
+        return 0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
+
+    chars = ["?" if unicodedata.category(c) == "Cc" else c for c in text]
+    total = sum(columns(c) for c in chars)
+    if total <= width:
+        return "".join(chars) + " " * (width - total)
+    kept, used = [], 0
+    for char in chars:
+        if used + columns(char) > width - 1:
+            break
+        kept.append(char)
+        used += columns(char)
+    return "".join(kept) + "~" + " " * (width - 1 - used)
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
@@ -112,8 +129,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     for r in rows:
         pred = "-" if r["predicted_duration_s"] is None else _duration(r["predicted_duration_s"])
         prio = "-" if r["priority_gpu_s"] is None else gpu_time_words(r["priority_gpu_s"])
-        lines.append(f"{r['job_id']:<10} {_cut(r['name'] or '-', 24):<24} {_cut(r['user'], 10):<10} "
-                     f"{_cut(r['vc'], 10):<10} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
+        lines.append(f"{r['job_id']:<10} {_fit(r['name'] or '-', 24)} {_fit(r['user'], 10)} "
+                     f"{_fit(r['vc'], 10)} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
                      f"{prio:>12}  {r['pending_reason'] or ''}")
     emit(args, rows, "\n".join(lines) if rows else "no running or waiting job (finished ones: lucid history)")
     return 0
