@@ -578,14 +578,20 @@ def test_policy_state_round_trips_through_the_view():
 
     config = LucidConfig()
     view = ClusterView(config, now=10.0)
-    view.sharing_mode, view.tprof_s, view.nprof_gpus, view.last_mode_check = SharingMode.APATHETIC, 123.0, 4, 7.0
+    burst = config.profiler.burst_tprof_s  # a window this configuration sets (a burst's)
+    view.sharing_mode, view.tprof_s, view.nprof_gpus, view.last_mode_check = SharingMode.APATHETIC, burst, 4, 7.0
     view.borrowed_nodes = ["n1"]
     saved = json.loads(json.dumps(view.policy_state()))
     fresh = ClusterView(config, now=20.0)
     assert fresh.restore_policy_state(saved) == {"n1"}
     assert (fresh.sharing_mode, fresh.tprof_s, fresh.nprof_gpus, fresh.last_mode_check) == (
-        SharingMode.APATHETIC, 123.0, 4, 7.0)
+        SharingMode.APATHETIC, burst, 4, 7.0)
     assert ClusterView(config).restore_policy_state({}) == set()  # nothing saved yet: the config's defaults
+    # a window no setting of this configuration gives (saved under another one) yields to its Tprof
+    assert ClusterView(config).restore_policy_state({**saved, "tprof_s": 123.0}) == {"n1"}
+    other = ClusterView(config)
+    other.restore_policy_state({**saved, "tprof_s": 123.0})
+    assert other.tprof_s == config.profiler.tprof_s
 
 
 def test_a_policy_declares_its_placement_once_and_every_scan_uses_it():
