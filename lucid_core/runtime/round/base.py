@@ -96,7 +96,7 @@ class RoundBase:
         self._recorded_states: dict[str, str] = {}  # job states this round's decisions just set
         self._ended_read: set[tuple[str, str]] = set()  # ended runs whose window this round already read
         self._settled: set[tuple[str, str]] = set()  # runs this round recorded as ended (their windows may be due)
-        self._previous_start: list[float | None] = []  # the round before this one's start, once read
+        self.previous_start: float | None = None  # when the round before this one started (`open_round`)
         self.now = self.clock()
 
     def close(self) -> None:
@@ -140,18 +140,9 @@ class RoundBase:
             s.add(row)
             s.flush()
             self.report.round_id = row.id
-
-    def _previous_round_start(self) -> float | None:
-        """When the round before this one started (None for the first, or before this round's row is written):
-        a run it saw running ended after it."""
-        if not self._previous_start:
-            if self.report.round_id is None:
-                return None
-            with self.store.session() as s:
-                start = s.scalar(select(RoundRow.started_at).where(RoundRow.id < self.report.round_id)
-                                 .order_by(RoundRow.id.desc()).limit(1))
-            self._previous_start.append(saved_float(start))
-        return self._previous_start[0]
+            # a run the round before saw running ended after it started (`settling.ended_at`)
+            self.previous_start = saved_float(s.scalar(select(RoundRow.started_at).where(RoundRow.id < row.id)
+                                                       .order_by(RoundRow.id.desc()).limit(1)))
 
     def renew_lease(self) -> None:
         """Before acting on a host: make sure this round still holds the lease (and extend it); raises

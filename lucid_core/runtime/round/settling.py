@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, PROFILING_END_SLACK_S, JobState, RunState, left_alone
-from lucid_core.policy.view import saved_float, saved_number
+from lucid_core.policy.view import saved_float, saved_indices, saved_number
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
     HostUnreachable,
@@ -219,8 +219,7 @@ class SettlingSteps(MpsFaultChecks):
             return
         fault = self._partner_fault(run, status)  # a host read, only for a failed run of an MPS pair
         no_daemon = None if fault is not None else self._daemon_start_failed(run, status)  # only for exit 97 there
-        ended = ended_at(run, status, self.clock() if answered_at is None else answered_at,
-                         self._previous_round_start())
+        ended = ended_at(run, status, self.clock() if answered_at is None else answered_at, self.previous_start)
         # asked to stop, and the host never ran it (a launch that went unanswered): the stop is as good as done
         never_ran = run.stop_reason is not None and status.state == "MISSING" and run.started_at is None
         stopped = (status.stop_requested and run.stop_reason is not None) or never_ran
@@ -260,14 +259,12 @@ class SettlingSteps(MpsFaultChecks):
             row.state, row.ended_at, row.exit_code, row.outcome = RunState.ENDED, ended, status.exit_code, outcome
             s.flush()
             self._settled.add((run.run_id, run.host))
-            # a wide job ends with its last node: the latest end among its run's nodes, whatever order they are read
-            last = saved_float(s.scalar(select(func.max(RunRow.ended_at)).where(RunRow.run_id == run.run_id)))
-            ended = max(ended, last) if last is not None and last <= self.clock() else ended
             still = s.scalar(select(RunRow.host).where(RunRow.run_id == run.run_id,
                                                        RunRow.state.in_(ACTIVE_RUN_STATES)).limit(1))
             job = s.get(JobRow, run.job_id)
             if job is None or left_alone(job.state):
                 return
+            ended = self._last_node_end(s, run, job, ended)
             if still is not None and not stopped:
                 # a wide job: other nodes still run. Success waits for them; a failure fails the
                 # job now and takes the other nodes down with it.
@@ -299,6 +296,14 @@ class SettlingSteps(MpsFaultChecks):
                 self._requeue(s, job, START_RETRY_EVENT, f"on {run.host}: {no_daemon}", alone=False)
             else:
                 self._end_job(s, job, JobState.FAILED, status.exit_code, outcome, run, at=ended)
+
+    def _last_node_end(self, s: Any, run: RunRow, job: JobRow, ended: float) -> float:
+        """A wide job ends with its last node: the latest end among its run's nodes, whatever order they were read
+        in (`ended`, this node's, for a job on one host)."""
+        if not isinstance(job.gpus, int) or job.gpus <= len(saved_indices(run.gpu_indices)):
+            return ended
+        last = saved_float(s.scalar(select(func.max(RunRow.ended_at)).where(RunRow.run_id == run.run_id)))
+        return max(ended, last) if last is not None and last <= self.clock() else ended
 
     def _ended_after_a_peers_stop(self, run: RunRow, status: RunStatus) -> bool:
         """A node of a wide run the round is stopping (a yield, a profiling window's end) that ended before its

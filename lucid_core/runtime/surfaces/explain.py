@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, Pool, ShareClass
+from lucid_core.domain import ACTIVE_RUN_STATES, Pool, ShareClass
 from lucid_core.policy.orchestrator import ordering_rule
 from lucid_core.policy.predictors import UtilizationRuleClassifier
 from lucid_core.policy.view import saved_number
@@ -22,7 +22,7 @@ from lucid_core.runtime.round.prediction_words import (
 from lucid_core.runtime.round.snapshot import job_of, load_snapshot
 from lucid_core.runtime.store.schema import DecisionRow, JobEventRow, JobRow, RunRow
 from lucid_core.runtime.store.store import Store
-from lucid_core.runtime.surfaces.job_views import stopping_words
+from lucid_core.runtime.surfaces.job_views import FINISHED_STATES, stopping_words
 from lucid_core.runtime.surfaces.queries import shared_speeds
 from lucid_core.runtime.surfaces.shared_time import shared_spans, shared_words
 
@@ -152,7 +152,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                                 placed.reason if placed is not None else None,
                                 _payload(placed).get("partner") if placed is not None else None,
                                 float(cap) if saved_number(cap) else math.inf)
-    if job.predicted_duration is None and (placed is not None or row.state in {x.value for x in TERMINAL_STATES}):
+    if job.predicted_duration is None and (placed is not None or row.state in FINISHED_STATES):
         # the rule's words are for a job still waiting for its estimate; this one started or ended without one
         words = (f"never ordered by predicted GPU-time: placed before it had a duration estimate ({placed.reason})"
                  if placed is not None else "never ordered: it ended before it joined the main queue")
@@ -184,7 +184,7 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                     "sharing_now": any(x.ongoing and x.partner == partner for x in spans)} if partner else None,
         # when it really shared a GPU, from the run records (a partner that never ran beside it: none)
         "shared_spans": [{**asdict(x), "seconds": x.seconds} for x in spans],
-        "shared_time": shared_words(spans, partner, row.state in {x.value for x in TERMINAL_STATES}),
+        "shared_time": shared_words(spans, partner, row.state in FINISHED_STATES),
         "sharing": _sharing(row, splits, events),
         "shared": None if shared is None else {
             **asdict(shared), "age_s": None if shared.measured_at is None else max(0.0, now - shared.measured_at)},
