@@ -174,3 +174,30 @@ def test_queue_columns_stay_aligned_with_wide_and_combining_characters_in_names(
     assert code == 0 and len(rows) == 4
     assert {width(line[: line.index(" ana ")]) for line in rows} == {35}, rows  # JOB 10 + NAME 24 + spaces
     assert any("~" in line for line in rows)  # the long name is cut, with its mark
+
+
+def test_history_columns_stay_aligned_with_wide_names_and_a_nameless_job_shows_a_dash(tmp_path, capsys):
+    """History aligned its columns by `len`: a CJK or emoji name pushed every column after it out, and a job
+    submitted without a name showed a blank where the queue shows '-'."""
+    import unicodedata
+
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    store = Store(url)
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, workdir=str(tmp_path / "m0")))
+    jobs = [submit(store, JobRequest("true", gpus=1, user="ana", vc="default", name=name))
+            for name in ("héllo wörld 🚀", "日本語の名前", "plain", "")]
+    store.dispose()
+    for job in jobs:
+        assert _cli(capsys, "cancel", job, "--store", url)[0] == 0
+    assert _cli(capsys, "round", "--store", url)[0] == 0  # a round ends the cancelled jobs
+    code, out, _ = _cli(capsys, "history", "--store", url, "--format", "jobid,jobname,user")
+
+    def width(text: str) -> int:
+        return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+                   for c in text)
+
+    header, *rows = out.splitlines()[:-1]  # the last line: which page of how many
+    assert code == 0 and len(rows) == 4, out
+    assert {width(line[: line.index(" ana")]) for line in rows} == {width(header[: header.index(" USER")])}, out
+    nameless = next(line for line in rows if line.startswith(jobs[3]))
+    assert nameless.split() == [jobs[3], "-", "ana"], out

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from lucid_core.runtime.surfaces.terminal_text import columns, pad
+
 #: What a time or duration shows when the store holds no number there (text a hand edit left in a SQLite store).
 UNREADABLE = "unreadable"
 
@@ -76,7 +78,8 @@ def history_columns(text: str | None) -> list[str]:
 
 
 def history_cell(field: str, value: Any) -> str:
-    if value is None:
+    """One field as shown in the table: '-' for none (and for a job submitted without a name)."""
+    if value is None or (field == "name" and value == ""):
         return "-"
     if field.endswith("_time"):
         return local_time(value)
@@ -91,5 +94,5 @@ def history_lines(fields: list[str], rows: list[dict[str, Any]]) -> list[str]:
     """The table: a header of sacct-like names, then one aligned line per job."""
     table = [[HISTORY_HEADERS.get(f, f.upper()) for f in fields]]
     table += [[history_cell(f, row[f]) for f in fields] for row in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(fields))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    widths = [max(columns(r[i]) for r in table) for i in range(len(fields))]
+    return ["  ".join(pad(c, w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]

@@ -28,6 +28,7 @@ from lucid_core.runtime.surfaces.history_table import (
     local_time,
     parse_since,
 )
+from lucid_core.runtime.surfaces.terminal_text import fit
 from lucid_core.units import gpu_time_words
 
 if TYPE_CHECKING:
@@ -93,27 +94,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fit(text: str, width: int) -> str:
-    """`text` in exactly `width` terminal columns: wide characters (CJK, emoji) take two, combining marks none,
-    control characters show as '?'; cut with '~' when longer (a name like 'héllo wörld 🚀' pushed the columns out)."""
-    import unicodedata
-
-    def columns(char: str) -> int:
-        return 0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
-
-    chars = ["?" if unicodedata.category(c) == "Cc" else c for c in text]
-    total = sum(columns(c) for c in chars)
-    if total <= width:
-        return "".join(chars) + " " * (width - total)
-    kept, used = [], 0
-    for char in chars:
-        if used + columns(char) > width - 1:
-            break
-        kept.append(char)
-        used += columns(char)
-    return "".join(kept) + "~" + " " * (width - 1 - used)
-
-
 def cmd_queue(args: argparse.Namespace) -> int:
     from lucid_core.runtime.surfaces import plain_views
 
@@ -129,8 +109,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     for r in rows:
         pred = "-" if r["predicted_duration_s"] is None else _duration(r["predicted_duration_s"])
         prio = "-" if r["priority_gpu_s"] is None else gpu_time_words(r["priority_gpu_s"])
-        lines.append(f"{r['job_id']:<10} {_fit(r['name'] or '-', 24)} {_fit(r['user'], 10)} "
-                     f"{_fit(r['vc'], 10)} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
+        lines.append(f"{r['job_id']:<10} {fit(r['name'] or '-', 24)} {fit(r['user'], 10)} "
+                     f"{fit(r['vc'], 10)} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
                      f"{prio:>12}  {r['pending_reason'] or ''}")
     emit(args, rows, "\n".join(lines) if rows else "no running or waiting job (finished ones: lucid history)")
     return 0
