@@ -244,7 +244,7 @@ def test_a_job_cannot_make_its_log_download_read_outside_its_run_directory(tmp_p
     secret.parent.mkdir()
     secret.write_text("TOP-SECRET host file\n")
     store, job = _finished_job_with(tmp_path, f"rm -f stdout.log; ln -s {secret} stdout.log")
-    assert "TOP-SECRET" not in logs(store, local_executor(), job, "stdout")
+    assert "TOP-SECRET" not in logs(store, local_executor(), job, "stdout").text
     store.dispose()
 
 

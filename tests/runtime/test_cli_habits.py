@@ -201,3 +201,32 @@ def test_history_columns_stay_aligned_with_wide_names_and_a_nameless_job_shows_a
     assert {width(line[: line.index(" ana")]) for line in rows} == {width(header[: header.index(" USER")])}, out
     nameless = next(line for line in rows if line.startswith(jobs[3]))
     assert nameless.split() == [jobs[3], "-", "ana"], out
+
+
+def test_logs_say_a_cut_by_the_size_on_the_host_and_keep_carriage_returns(finished, capsys):
+    """Whether the 64 KiB read is the whole log was guessed from the decoded text: a long log of bytes that are no
+    UTF-8 was never said to be cut. A local host's logs lost their carriage returns (a progress bar's updates
+    came back as lines), and a job that wrote only to stderr was said to have written its decoded length."""
+    url, config, _, _ = finished
+    store = Store(url)
+    long_binary = submit(store, JobRequest(
+        "for i in $(seq 400); do head -c 300 /dev/zero | tr '\\0' '\\377'; echo; done; echo END",
+        gpus=1, user="ana", vc="default"))
+    progress = submit(store, JobRequest("printf 'step 1\\rstep 2\\rstep 3\\ndone\\n'", gpus=1, user="ana",
+                                        vc="default"))
+    quiet = submit(store, JobRequest("printf '\\303\\251\\303\\251' >&2", gpus=1, user="ana", vc="default"))
+    store.dispose()
+    deadline = time.monotonic() + 30
+    while any(json.loads(_cli(capsys, "status", job, "--store", url, "--json")[1])["state"] != "COMPLETED"
+              for job in (long_binary, progress, quiet)):
+        assert _cli(capsys, "round", "--store", url, "--config", str(config))[0] == 0
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    checks = {"stderr bytes": False, "carriage returns": False, "cut": False}
+    code, out, err = _cli(capsys, "logs", quiet, "--store", url)  # "é" twice: 2 characters, 4 bytes
+    checks["stderr bytes"] = code == 0 and out == "" and f"it wrote 4 bytes to stderr: lucid logs {quiet}" in err
+    code, out, err = _cli(capsys, "logs", progress, "--store", url)
+    checks["carriage returns"] = (code, out, err) == (0, "step 1\rstep 2\rstep 3\ndone\n", "")
+    code, out, err = _cli(capsys, "logs", long_binary, "--store", url)
+    checks["cut"] = code == 0 and out.endswith("\nEND\n") and "only the last 64 KiB" in err
+    assert all(checks.values()), checks

@@ -252,7 +252,7 @@ def test_a_job_runs_as_its_submitter_its_log_comes_back_and_cancel_kills_it(stor
     assert [user for pid, user, _ in processes if pid == run.pid] == [SERVICE]  # the wrapper stays the account's
 
     deadline = time.monotonic() + 10
-    while "whoami" not in (text := logs(store, ssh_executor(str(submitter_host.known_hosts)), job)):
+    while "whoami" not in (text := logs(store, ssh_executor(str(submitter_host.known_hosts)), job).text):
         assert time.monotonic() < deadline, text
         time.sleep(0.2)
     assert f"whoami={USER_A} home={pwd.getpwnam(USER_A).pw_dir} secret=s3 cr$t" in text
@@ -340,7 +340,7 @@ def test_a_user_the_host_refuses_fails_the_job_with_the_reason_once(store, submi
     jobs = rounds_until(store, submitter_host, lambda jobs: jobs[fine].state in TERMINAL)
     assert jobs[fine].state == "COMPLETED", jobs[fine].end_reason
     assert jobs[fine].end_reason == "exited with code 0"  # (no disk-full note on a roomy disk)
-    assert logs(store, ssh_executor(str(submitter_host.known_hosts)), fine).strip() == USER_B
+    assert logs(store, ssh_executor(str(submitter_host.known_hosts)), fine).text.strip() == USER_B
 
 
 def test_a_wide_job_one_of_whose_hosts_refuses_its_user_fails_and_stops_the_node_that_started(

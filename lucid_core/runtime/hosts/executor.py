@@ -116,6 +116,18 @@ class RunStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class FileTail:
+    """The end of a run's file as read from its host, and the file's whole size (None: absent or not said)."""
+
+    text: str
+    size: int | None = None
+
+    def cut(self, max_bytes: int) -> bool:
+        """Whether the file is longer than the read of at most `max_bytes` that returned this tail."""
+        return self.size is not None and self.size > max_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     index: int
     model: str
@@ -305,6 +317,14 @@ class HostExecutor:
 
     def read(self, host: HostAddress, run_id: str, name: str, max_bytes: int = 1 << 20) -> str:
         return self._run(host, host_reads.read_script(host.workdir, run_id, name, max_bytes)).stdout
+
+    def read_tail(self, host: HostAddress, run_id: str, name: str, max_bytes: int) -> FileTail:
+        """The last `max_bytes` of a run's file with the file's size (`FileTail.cut` says whether it is all)."""
+        out = self._run(host, host_reads.read_tail_script(host.workdir, run_id, name, max_bytes)).stdout
+        size, newline, text = out.partition("\n")
+        if newline and size.isascii() and size.isdigit():
+            return FileTail(text, int(size))
+        return FileTail(out)
 
     def read_front_lines(self, host: HostAddress, run_id: str, name: str, max_bytes: int, line_bytes: int,
                          scan_bytes: int) -> str:

@@ -10,11 +10,13 @@ from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor, HostUnr
 class LocalTransport:
     def run_script(self, host: HostAddress, script: str, timeout_s: float) -> ScriptResult:
         try:
-            done = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, errors="replace",
+            done = subprocess.run(["sh", "-s"], input=script.encode("utf-8", "replace"), capture_output=True,
                                   timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired as exc:
             raise HostUnreachable(f"host {host.name}: local script timed out after {timeout_s:g} s") from exc
-        return ScriptResult(done.returncode, done.stdout, done.stderr)
+        # decoded as the SSH transport decodes: a job's carriage returns (progress bars) stay as it wrote them
+        return ScriptResult(done.returncode, done.stdout.decode("utf-8", "replace"),
+                            done.stderr.decode("utf-8", "replace"))
 
     def close(self) -> None:
         """Nothing to release."""

@@ -66,6 +66,13 @@ def read_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
     return _run_file_script(workdir, run_id, name, f'tail -c {int(max_bytes)} -- "$f"')
 
 
+def read_tail_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
+    """The file's size in bytes on a line of its own, then its last `max_bytes` (nothing when absent): the size
+    says whether the tail is the whole file, whatever its bytes decode to."""
+    return _run_file_script(workdir, run_id, name,
+                            f'{{ wc -c < "$f" | tr -d " "; tail -c {int(max_bytes)} -- "$f"; }}')
+
+
 def read_front_lines_script(workdir: str, run_id: str, name: str, max_bytes: int, line_bytes: int,
                             scan_bytes: int) -> str:
     """The first `max_bytes` of the lines no longer than `line_bytes` among a file's first `scan_bytes`.

@@ -34,7 +34,7 @@ from lucid_core.runtime.surfaces.job_views import (  # noqa: F401  (re-exported:
 from lucid_core.runtime.surfaces.shared_time import shared_spans
 
 if TYPE_CHECKING:  # imported where used: `lucid queue`, `status` and `history` start without the fleet and the round
-    from lucid_core.runtime.hosts.executor import HostExecutor
+    from lucid_core.runtime.hosts.executor import FileTail, HostExecutor
     from lucid_core.runtime.store.store import Store
 
 
@@ -91,18 +91,19 @@ def latest_run(store: Store, job_id: str) -> tuple[RunRow, HostRow] | None:
 
 
 def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdout",
-         max_bytes: int = 65536) -> str:
-    """The tail of the job's latest run's stdout or stderr, read from its host."""
+         max_bytes: int = 65536) -> FileTail:
+    """The tail of the job's latest run's stdout or stderr, read from its host, with the log's whole size."""
+    from lucid_core.runtime.hosts.executor import FileTail
     from lucid_core.runtime.hosts.inventory import host_address
 
     if stream not in ("stdout", "stderr"):
         raise ValueError("stream must be stdout or stderr")
     found = latest_run(store, job_id)
     if found is None:
-        return ""
+        return FileTail("")
     run, host = found
     try:
-        return executor.read(host_address(host), run.run_id, f"{stream}.log", max_bytes)
+        return executor.read_tail(host_address(host), run.run_id, f"{stream}.log", max_bytes)
     finally:
         executor.close()
 

@@ -205,15 +205,6 @@ def _tail_lines(text: str, lines: int | None) -> str:
     return "".join(kept)
 
 
-def _cut_short(text: str, cap: int) -> bool:
-    """Whether a read of at most `cap` bytes came back full: the file it read the end of is longer. Only said of
-    text that decoded cleanly: bytes that are no UTF-8 came back as replacement characters, whose count says
-    nothing of the bytes read, and a short log must never lose its first line."""
-    body = text.lstrip("\ufffd")  # a character the read cut at its front: 1-3 bytes, each read as one of these
-    front = len(text) - len(body)
-    return front <= 3 and "\ufffd" not in body and len(body.encode("utf-8")) + front >= cap - 3
-
-
 def _new_output(seen: str, now: str) -> str:
     """What `now` (a tail of a growing log) adds after `seen` (an earlier tail of the same log)."""
     if now.startswith(seen):
@@ -247,8 +238,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     store = store_of(args)
     stream = "stderr" if args.stderr else "stdout"
     cap = 1 << 20 if args.follow else 65536
-    text = logs(store, executor_of(args), args.job, stream, max_bytes=cap)
-    cut = not args.follow and _cut_short(text, cap)
+    tail = logs(store, executor_of(args), args.job, stream, max_bytes=cap)
+    text = tail.text
+    cut = not args.follow and tail.cut(cap)
     shown = text.split("\n", 1)[1] if cut and "\n" in text else text  # from its first whole line
     sys.stdout.write(_tail_lines(shown, args.lines))
     sys.stdout.flush()
@@ -259,7 +251,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     while args.follow:
         ended = status(store, args.job)["state"] in terminal
         time.sleep(0 if ended else args.interval)
-        now = logs(store, executor_of(args), args.job, stream, max_bytes=cap)
+        now = logs(store, executor_of(args), args.job, stream, max_bytes=cap).text
         sys.stdout.write(_new_output(text, now))
         sys.stdout.flush()
         text = now
@@ -270,9 +262,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
         print(pruned, file=sys.stderr)
     elif not text and stream == "stdout":
         data = status(store, args.job)
-        other = logs(store, executor_of(args), args.job, "stderr", max_bytes=4096)
-        if other:
-            print(f"(stdout of {args.job} is empty; it wrote {len(other)} bytes to stderr: "
+        other = logs(store, executor_of(args), args.job, "stderr", max_bytes=1)
+        if other.size:
+            print(f"(stdout of {args.job} is empty; it wrote {other.size} bytes to stderr: "
                   f"lucid logs {args.job} --stderr)", file=sys.stderr)
         elif not data["runs"] and data["state"] in terminal:
             print(f"({args.job} never ran: {data['end_reason'] or data['state']})", file=sys.stderr)
