@@ -18,7 +18,7 @@ from lucid_core.runtime.hosts.telemetry import RECORD_BYTES_BOUND, parse_samples
 from lucid_core.runtime.surfaces.queries import latest_run
 
 if TYPE_CHECKING:
-    from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor
+    from lucid_core.runtime.hosts.executor import FileTail, HostAddress, HostExecutor
     from lucid_core.runtime.store.schema import RunRow
     from lucid_core.runtime.store.store import Store
     from lucid_core.runtime.surfaces.queries import GpuMap
@@ -59,10 +59,13 @@ def read_problem(host: str, error: BaseException) -> str:
     return f"reading from host {host} failed: {type(error).__name__}: {error}"
 
 
-def last_lines(text: str, lines: int, read_bytes: int) -> str:
-    """The last `lines` lines of a file's tail; a tail cut at `read_bytes` loses its first, partial line."""
-    kept = text.splitlines()
-    if len(text.encode("utf-8", "replace")) >= read_bytes and len(kept) > 1:
+def last_lines(tail: FileTail, lines: int, read_bytes: int) -> str:
+    """The last `lines` lines of a file's tail as a terminal leaves them: a line a job rewrote with carriage
+    returns (a progress bar) shows its last version; a tail cut at `read_bytes` loses its first, partial line."""
+    kept = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in tail.text.split("\n")]
+    if kept and kept[-1] == "":
+        kept.pop()  # the newline that ends the file
+    if tail.cut(read_bytes) and len(kept) > 1:
         kept = kept[1:]
     return "\n".join(kept[-lines:]) if lines > 0 else ""
 
@@ -89,10 +92,10 @@ def log_tail(store: Store, executor: HostExecutor, job_id: str, *, lines: int = 
     run, host = found
     address = host_address(host)
 
-    def both() -> tuple[str, str]:
+    def both() -> tuple[FileTail, FileTail]:
         """stdout then stderr, on the host's one connection."""
-        return (executor.read(address, run.run_id, "stdout.log", read_bytes),
-                executor.read(address, run.run_id, "stderr.log", read_bytes))
+        return (executor.read_tail(address, run.run_id, "stdout.log", read_bytes),
+                executor.read_tail(address, run.run_id, "stderr.log", read_bytes))
 
     answer = within({host.name: both}, deadline_s)[host.name]
     if isinstance(answer, BaseException):
