@@ -222,11 +222,13 @@ def test_logs_say_a_cut_by_the_size_on_the_host_and_keep_carriage_returns(finish
         assert _cli(capsys, "round", "--store", url, "--config", str(config))[0] == 0
         assert time.monotonic() < deadline
         time.sleep(0.3)
-    checks = {"stderr bytes": False, "carriage returns": False, "cut": False}
+    checks: dict[str, bool] = {}
     code, out, err = _cli(capsys, "logs", quiet, "--store", url)  # "é" twice: 2 characters, 4 bytes
     checks["stderr bytes"] = code == 0 and out == "" and f"it wrote 4 bytes to stderr: lucid logs {quiet}" in err
     code, out, err = _cli(capsys, "logs", progress, "--store", url)
     checks["carriage returns"] = (code, out, err) == (0, "step 1\rstep 2\rstep 3\ndone\n", "")
+    code, out, err = _cli(capsys, "logs", progress, "--store", url, "-n", "2")  # lines as `tail -n` counts them
+    checks["lines of carriage returns"] = (code, out, err) == (0, "step 1\rstep 2\rstep 3\ndone\n", "")
     code, out, err = _cli(capsys, "logs", long_binary, "--store", url)
     checks["cut"] = code == 0 and out.endswith("\nEND\n") and "only the last 64 KiB" in err
     assert all(checks.values()), checks

@@ -198,11 +198,17 @@ def _run_note(run: dict[str, Any]) -> str:
 
 
 def _tail_lines(text: str, lines: int | None) -> str:
-    """The last `lines` lines of `text` (all of it when None)."""
+    """The last `lines` lines of `text` (all of it when None), lines as `tail -n` counts them: ended by a newline
+    only (a progress bar's carriage returns rewrite one line, they do not make lines)."""
     if lines is None or not text:
         return text
-    kept = text.splitlines(keepends=True)[-lines:] if lines > 0 else []
-    return "".join(kept)
+    kept = text.split("\n")
+    if kept[-1] == "":
+        kept.pop()  # the newline that ends the log
+        end = "\n"
+    else:
+        end = ""
+    return "\n".join(kept[-lines:]) + end if lines > 0 else ""
 
 
 def _new_output(seen: str, now: str) -> str:
