@@ -61,6 +61,11 @@ def context_lineage(context: Mapping[str, Any]) -> str:
 ADOPTED_STATES = frozenset(s.value for s in JobState) - {JobState.FAILED.value}
 
 
+def _seconds(limit: timedelta | float | None) -> float | None:
+    """A time limit as the store keeps it: seconds (None: no limit)."""
+    return limit.total_seconds() if isinstance(limit, timedelta) else limit
+
+
 class LucidSubmitJobOperator(BaseOperator):
     """Submit a job to the Lucid GPU scheduler and, by default, wait for it to end.
 
@@ -79,6 +84,11 @@ class LucidSubmitJobOperator(BaseOperator):
     :param env: environment variables for the job; templated
     :param amp: the job trains with mixed precision (a duration-model feature)
     :param long_cold_start: the job needs long to start (the profiler then watches it longer)
+    :param preemptible: the job resumes from its own checkpoints, kept on a path every host sees, so Lucid
+        may stop it for a much shorter job and start it again
+    :param time_limit: the longest the job may run, all its runs together (a timedelta or seconds); past it
+        Lucid stops it and it fails (the task with it). Unlike `execution_timeout`, time spent queued does not
+        count
     :param wait_for_completion: wait for the job to end; otherwise succeed once it is submitted
     :param deferrable: wait in the triggerer rather than holding a worker slot
     :param poll_interval: seconds between status reads while waiting
@@ -91,7 +101,8 @@ class LucidSubmitJobOperator(BaseOperator):
 
     def __init__(self, *, command: str | Sequence[str], gpus: int = 1, vc: str = "default",
                  user: str | None = None, name: str | None = None, env: Mapping[str, str] | None = None,
-                 amp: bool = False, long_cold_start: bool = False, wait_for_completion: bool = True,
+                 amp: bool = False, long_cold_start: bool = False, preemptible: bool = False,
+                 time_limit: timedelta | float | None = None, wait_for_completion: bool = True,
                  deferrable: bool = True, poll_interval: float = 30.0, lucid_conn_id: str = STORE_CONN_ID,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -103,6 +114,8 @@ class LucidSubmitJobOperator(BaseOperator):
         self.env = dict(env or {})
         self.amp = amp
         self.long_cold_start = long_cold_start
+        self.preemptible = preemptible
+        self.time_limit = time_limit
         self.wait_for_completion = wait_for_completion
         self.deferrable = deferrable
         self.poll_interval = poll_interval
@@ -121,7 +134,8 @@ class LucidSubmitJobOperator(BaseOperator):
         key = task_idempotency_key(context_lineage(context), ti.try_number, str(ti.id))
         return JobRequest(command=self.command, gpus=self.gpus, user=self.user or self.owner, vc=self.vc,
                           name=self.name or f"{ti.dag_id}.{ti.task_id}", amp=self.amp,
-                          long_cold_start=self.long_cold_start, env=self.env, idempotency_key=key)
+                          long_cold_start=self.long_cold_start, preemptible=self.preemptible, env=self.env,
+                          time_limit_s=_seconds(self.time_limit), idempotency_key=key)
 
     def execute(self, context: Mapping[str, Any]) -> str:
         try:

@@ -561,12 +561,22 @@ def _job_facts(data: dict[str, Any], job: Any, eta: str, prefix: str) -> str:
             ("GPUs", str(data["gpus"])), ("state", f"<b>{esc(data['state'])}</b>"),
             ("submitted", esc(_utc(data["submit_time"]))), ("started", esc(_utc(data["start_time"]))),
             ("ended", esc(_utc(data["end_time"]))), ("exit code", esc(exit_code)),
-            ("end reason", esc(data["end_reason"] or "")), ("waiting because", esc(pending_text(job) or "")),
+            ("end reason", esc(data["end_reason"] or "")), ("time limit", esc(_limit_words(data))),
+            ("waiting because", esc(pending_text(job) or "")),
             ("ETA", eta), ("shares GPUs with", _partner_cell(data["shared_spans"], data["sharing"], prefix))]
     always = {"command", "user", "VC", "state", "ETA", "shares GPUs with"}
     cells = "".join(f"<tr><th>{esc(label)}</th><td>{value}</td></tr>" for label, value in rows
                     if value or label in always)
     return f"<table id='job'><tbody>{cells}</tbody></table>"
+
+
+def _limit_words(data: dict[str, Any]) -> str:
+    """The job's time limit in words, all its runs together ('' when it has none or a writer broke it)."""
+    from lucid_core.policy.view import saved_float
+    from lucid_core.units import duration_words
+
+    limit = saved_float(data.get("time_limit_s"))
+    return f"{duration_words(limit)}, all its runs together" if limit is not None and limit > 0 else ""
 
 
 def _partner_cell(spans: list[dict[str, Any]], sharing: str | None, prefix: str) -> str:

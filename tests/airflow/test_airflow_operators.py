@@ -161,6 +161,27 @@ def test_a_failing_job_fails_the_task_with_its_reason_and_each_retry_submits_ane
     assert all(j.end_reason == "exited with code 1" for j in jobs.values())
 
 
+def test_the_operator_passes_a_time_limit_and_preemptible_and_fails_with_the_jobs_reason(lucid_store, tmp_path,
+                                                                                         capfd):
+    """`time_limit` bounds the job's running time (queued time does not count, unlike execution_timeout): the job
+    is stopped past it and the task fails with its reason; `preemptible` reaches the job (the operator dropped it)."""
+    from datetime import timedelta
+
+    dag = _example_dag()
+    train = dag.task_dict["train"]
+    train.poll_interval, train.time_limit, train.preemptible = 1, timedelta(seconds=2), True
+    started = time.monotonic()
+    with RoundLoop(lucid_store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, "sleep 120;"))
+    assert not rounds.errors, rounds.errors
+    assert time.monotonic() - started < 100, "the task waited for the 120 s job"
+    assert _state(_tis(run)["train"].state) == "failed"
+    (job,) = _jobs(lucid_store).values()
+    assert (job.state, job.time_limit_s, job.preemptible) == ("FAILED", 2.0, True), job.end_reason
+    assert "ran past its time limit of 2 s" in job.end_reason
+    assert f"Lucid job {job.job_id} FAILED: {job.end_reason}" in capfd.readouterr().out
+
+
 def _run_a_long_job_past_its_timeout(dag, store, tmp_path):
     """The example DAG on a 120 s job, with rounds running until every job it left is CANCELLED (30 s at most);
     the run. The rounds must have reported no error."""

@@ -26,6 +26,7 @@ from lucid_core.runtime.round.base import (
     update_unsynced,
 )
 from lucid_core.runtime.round.mps_faults import FAULT_REQUEUE_EVENT, START_RETRY_EVENT, MpsFaultChecks
+from lucid_core.runtime.round.time_limits import TIME_LIMIT_STOP, TimeLimitSteps, time_limit_words
 from lucid_core.runtime.store.schema import (
     HostRow,
     JobRow,
@@ -54,7 +55,7 @@ def ended_at(run: RunRow, status: RunStatus, answered_at: float, floor: float | 
     return max(answered_at - status.ended_ago_s, *bounds)
 
 
-class SettlingSteps(MpsFaultChecks):
+class SettlingSteps(MpsFaultChecks, TimeLimitSteps):
     """Poll and settle steps of a round."""
 
     # ---------------------------------------------------------------------------- reconcile
@@ -89,6 +90,7 @@ class SettlingSteps(MpsFaultChecks):
                                        if status.state == "EXITED" and run.stop_reason is None])
         for run, status in seen:
             self._judge(run, status, now, swept.get((run.run_id, run.host)), answered_at)
+        self.hold_time_limits(answered_at)
         self._cancel_requested()
         self.collect_due_profiles(now)
 
@@ -281,6 +283,11 @@ class SettlingSteps(MpsFaultChecks):
                     self._end_job(s, job, JobState.CANCELLED, None, "cancelled by request", run, at=ended)
                 elif reason == "peer_ended":
                     return  # the peer that ended first decided the job's fate
+                elif reason == TIME_LIMIT_STOP:
+                    limit = saved_float(job.time_limit_s)
+                    words = time_limit_words(limit) if limit is not None else "its time limit"
+                    self._end_job(s, job, JobState.FAILED, None, f"stopped: it ran past {words}; {outcome}", run,
+                                  at=ended)
                 elif reason == UNREADABLE_STOP:
                     self._end_job(s, job, JobState.FAILED, None, "stopped: its status on host "
                                   f"{run.host} could not be read for runtime.unreadable_stop_after_s; {outcome}", run,

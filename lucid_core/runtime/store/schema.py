@@ -55,6 +55,8 @@ class JobRow(Base):
     known_min_duration: Mapped[float] = mapped_column(Float, default=0.0)
     no_share: Mapped[bool] = mapped_column(Boolean, default=False)
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False)  # it resumes from its own checkpoints
+    # the longest it may run, all its runs together; past it the round stops it and it fails (None: no limit)
+    time_limit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     yields: Mapped[int] = mapped_column(Integer, default=0)  # times Lucid stopped it for a shorter job
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -44,6 +44,8 @@ class SubmitBody(BaseModel):
     preemptible: bool = False
     env: dict[str, str] = Field(default_factory=dict)
     workload: str | None = None
+    time_limit_s: float | None = Field(None, description="the longest it may run, all its runs together, in "
+                                       "seconds; past it the job is stopped and fails")
 
 
 def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Callable[..., Any] | None = None,

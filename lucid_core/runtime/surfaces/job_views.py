@@ -36,7 +36,8 @@ UNSTORABLE = "must be UTF-8 encodable text without NUL characters"
 #: Why a round stops a run (`runs.stop_reason`), in words.
 STOP_REASON_WORDS = {"peer_ended": "another node of its job ended", "cancel": "its job was cancelled",
                      "preempt": "it yields its GPUs to other work", "profiling_window": "its profiling window is over",
-                     "unreadable": "its status stayed unreadable on its host"}
+                     "unreadable": "its status stayed unreadable on its host",
+                     "time_limit": "its job reached its time limit"}
 
 
 def stopping_words(run: Any) -> str | None:
@@ -146,6 +147,8 @@ def status_view(job: Any, runs: Sequence[Any], shared: SharedSpeed | None,
             "gpus": job.gpus, "command": job.command, "submit_time": job.submit_time, "start_time": job.start_time,
             "end_time": job.end_time, "exit_code": job.exit_code, "end_reason": job.end_reason,
             "ended_in_profiling": job.ended_in_profiling, "cancel_requested": job.cancel_requested,
+            # the longest it may run, all its runs together (null: no limit); past it the round stops it
+            "time_limit_s": getattr(job, "time_limit_s", None),
             "pending_reason": pending_text(job),
             "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
                       "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome, "stopping": stopping_words(x)}

@@ -27,6 +27,7 @@ MAX_COMMAND = 65536
 MAX_ENV_VARS = 64
 MAX_ENV_VALUE = 4096
 MAX_IDEMPOTENCY_KEY = 128
+MAX_TIME_LIMIT_S = 366 * 86400.0  # a year: past that a limit is a typo, not a plan
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
 RESERVED_ENV_PREFIX = "LUCID_"
 SEQ_LOCK_KEY = 0x6C756369_6A6F6273  # PostgreSQL advisory lock held while a job id is allocated
@@ -54,6 +55,8 @@ class JobRequest:
     preemptible: bool = False  # the job resumes from its own checkpoints: Lucid may stop and restart it
     env: Mapping[str, str] = field(default_factory=dict)
     workload: str | None = None  # catalog key for hosts with emulated telemetry
+    # the longest it may run, all its runs together (seconds); past it the round stops it and it fails
+    time_limit_s: float | None = None
     # a client-chosen key: submitting again with the same key (same user) returns the first job
     idempotency_key: str | None = None
 
@@ -155,6 +158,10 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
     if request.workload is not None and (not isinstance(request.workload, str) or len(request.workload) > 256
                                          or not storable(request.workload)):
         errors["workload"] = "must be a catalog key of at most 256 characters"
+    limit = request.time_limit_s
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or not 1 <= limit <= MAX_TIME_LIMIT_S):  # NaN fails the comparison too
+        errors["time_limit_s"] = f"must be seconds from 1 to {MAX_TIME_LIMIT_S:.0f} (366 days), got {limit!r}"
     key = request.idempotency_key
     if key is not None and (not isinstance(key, str) or not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY
                             or not storable(key)):
@@ -253,6 +260,7 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
                     gpus=request.gpus, command=command_line(request.command), env=dict(request.env or {}),
                     workload=request.workload, idempotency_key=key, amp=request.amp,
                     long_cold_start=request.long_cold_start, preemptible=request.preemptible,
+                    time_limit_s=None if request.time_limit_s is None else float(request.time_limit_s),
                     state=JobState.SUBMITTED.value, submit_time=now))
                 s.flush()
                 s.add(JobEventRow(job_id=job_id, time=now, kind="submitted",

@@ -49,6 +49,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _duration(text: str) -> float:
+    """An option's duration in seconds (units.parse_duration), refused in argparse's words."""
+    from lucid_core.units import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_parser(subparsers: Any) -> None:
     """Register the live-scheduler subcommands on the `lucid` parser's subparsers."""
     p = subparsers.add_parser("submit", help="submit a job: lucid submit --gpus 2 [--vc VC] -- COMMAND...")
@@ -63,6 +73,9 @@ def add_parser(subparsers: Any) -> None:
                    help="the job resumes from its own checkpoints, so Lucid may stop it for a much shorter job")
     p.add_argument("--env", action="append", metavar="NAME=VALUE")
     p.add_argument("--workload", default=None, help="catalog key for hosts with emulated telemetry")
+    p.add_argument("--time-limit", "-t", type=_duration, default=None, metavar="DURATION", dest="time_limit_s",
+                   help="the longest it may run, all its runs together (90m, 12h, 2d, or Slurm's HH:MM:SS, "
+                   "D-HH:MM:SS); past it the job is stopped and fails")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_submit)
     for name, func, doc in (("cancel", cmd_cancel, "cancel a job"), ("status", cmd_status, "a job's state and runs"),

@@ -53,7 +53,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     store = store_of(args)
     request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc or _only_vc(store),
                          name=args.name, amp=args.amp, long_cold_start=args.long_cold_start,
-                         preemptible=args.preemptible, env=env, workload=args.workload)
+                         preemptible=args.preemptible, env=env, workload=args.workload,
+                         time_limit_s=args.time_limit_s)
     try:
         job_id = submit(store, request)
     except SubmissionError as exc:
@@ -185,6 +186,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"ended {local_time(data['end_time'])}{exit_code}",
         *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {_run_note(r)}" for r in data["runs"]),
         *([data["sharing"]] if data["sharing"] else []),
+        *([f"time limit: {_duration(data['time_limit_s'])}, all its runs together"]
+          if data.get("time_limit_s") is not None else []),
         *([f"waiting: {data['pending_reason']}"] if data["pending_reason"] else []),
         *([f"end: {data['end_reason']}"] if data["end_reason"] else []),
     ])

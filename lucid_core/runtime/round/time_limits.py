@@ -1,0 +1,82 @@
+"""Round step that holds jobs to their time limits (`lucid submit --time-limit`).
+
+A job's running time is the time its runs ran, all of them together: profiling, each run after a yield and
+each run after a host fault. Once it reaches the job's limit, its runs are stopped (the stop reason
+`time_limit`) and the job fails saying so when they have ended; a job between runs that has used its time
+fails at once. Every write is conditional, so a cancel or a stop that came first stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import select
+
+from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
+from lucid_core.policy.view import saved_float
+from lucid_core.runtime.round.base import TERMINAL_VALUES, RoundBase, update_unsynced
+from lucid_core.runtime.store.schema import JobRow, RunRow
+from lucid_core.units import duration_words
+
+TIME_LIMIT_STOP = "time_limit"  # the stop reason of a run whose job reached its time limit
+
+
+def time_limit_words(limit_s: float) -> str:
+    """A job's limit as its end reason and events say it."""
+    return f"its time limit of {duration_words(limit_s)} (--time-limit)"
+
+
+def time_run(runs: Iterable[RunRow], now: float) -> float:
+    """Seconds a job's runs have run: per run, from its first node's start to its last node's end (now while
+    a node still runs). Times another writer broke (text, infinite, before the start) count as nothing."""
+    spans: dict[str, list[float]] = {}
+    for run in runs:
+        start = saved_float(run.started_at)
+        if start is None or start > now:
+            continue
+        end = now if run.state in ACTIVE_RUN_STATES else saved_float(run.ended_at)
+        if end is None:
+            continue
+        span = spans.setdefault(run.run_id, [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    return sum(max(0.0, min(end, now) - start) for start, end in spans.values())
+
+
+class TimeLimitSteps(RoundBase):
+    """Stop the runs of jobs past their time limit; fail such a job that has no run left."""
+
+    def hold_time_limits(self, now: float) -> None:
+        active = [st.value for st in JobState if st not in TERMINAL_STATES]
+        with self.store.session() as s:
+            jobs = list(s.scalars(select(JobRow).where(JobRow.time_limit_s.is_not(None), JobRow.state.in_(active))))
+            if not jobs:
+                return
+            runs: dict[str, list[RunRow]] = {job.job_id: [] for job in jobs}
+            for run in s.scalars(select(RunRow).where(RunRow.job_id.in_(list(runs)))):
+                runs[run.job_id].append(run)
+            for job in jobs:
+                limit = saved_float(job.time_limit_s)
+                if limit is None or limit <= 0:
+                    continue  # a limit another writer broke holds nothing
+                ran = time_run(runs[job.job_id], now)
+                if ran >= limit:
+                    self._past_time_limit(s, job, runs[job.job_id], ran, limit)
+
+    def _past_time_limit(self, s: Any, job: JobRow, runs: list[RunRow], ran: float, limit: float) -> None:
+        live = [r for r in runs if r.state in ACTIVE_RUN_STATES]
+        if live:
+            stopping = s.execute(update_unsynced(RunRow).where(
+                RunRow.job_id == job.job_id, RunRow.state == RunState.RUNNING, RunRow.stop_reason.is_(None))
+                .values(stop_reason=TIME_LIMIT_STOP)).rowcount
+            if stopping:
+                self._event(s, job.job_id, "stopping", f"it has run {duration_words(ran)}, past "
+                            f"{time_limit_words(limit)}: stopping it, the job fails")
+            return
+        ended = s.execute(update_unsynced(JobRow).where(
+            JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES)).values(
+            state=JobState.FAILED.value, end_time=self.clock(), end_reason=f"it used up {time_limit_words(limit)} "
+            f"in earlier runs ({duration_words(ran)})", pending_reason=None, queue_position=None)).rowcount
+        if ended:
+            self._event(s, job.job_id, "failed", f"past {time_limit_words(limit)} between runs")
+            self.report.ended[job.job_id] = JobState.FAILED.value

@@ -1,0 +1,132 @@
+"""`lucid submit --time-limit`: the duration people type, the submission's check, and real rounds that stop a job
+past its limit (its process gone, the job FAILED saying why) while a job inside its limit completes."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from runtime_helpers import SETTINGS, fast_config, jobs_by_id, marked_processes, pid_alive
+from sqlalchemy import select
+
+from lucid_core.cli import main
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.round.scheduling_round import SchedulingRound
+from lucid_core.runtime.round.time_limits import time_run
+from lucid_core.runtime.store.schema import JobEventRow, RunRow
+from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, submit
+from lucid_core.units import parse_duration
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("45s", 45), ("90m", 5400), ("90 min", 5400), ("1.5h", 5400), ("2d", 172800), ("2H", 7200),
+    ("10:00", 600), ("90:30", 5430), ("1:30:00", 5400), ("2-00:00:00", 172800), ("1-12", 129600),
+    ("1-2:30", 95400)])
+def test_durations_read_as_slurm_and_people_write_them(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["10", "", "1:60:00", "1-0:90", "abc", "-5m", "1:2:3:4", "1-", "\u0663m", "5 y"])
+def test_a_duration_without_a_unit_or_out_of_range_is_refused(text):
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+
+
+def test_the_cli_refuses_a_bare_number_naming_the_forms(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as refused:
+        main(["submit", "--gpus", "1", "--time-limit", "30", "--", "true"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "--time-limit" in err and "90m" in err and "HH:MM:SS" in err
+
+
+@pytest.mark.parametrize("limit", [0, -1, float("nan"), float("inf"), True, "1h", 367 * 86400.0])
+def test_a_time_limit_that_is_no_time_is_refused_naming_the_field(store, tmp_path, limit):
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
+    with pytest.raises(SubmissionError) as refused:
+        submit(store, JobRequest("true", 1, "ann", "default", time_limit_s=limit))
+    assert set(refused.value.errors) == {"time_limit_s"}
+
+
+def test_the_api_takes_a_time_limit_in_seconds_and_refuses_text(store, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from lucid_core.runtime.surfaces.api import create_app
+
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
+    client = TestClient(create_app(store.url, store=store))
+    body = {"command": "true", "gpus": 1, "user": "ann", "vc": "default"}
+    made = client.post("/jobs", json={**body, "time_limit_s": 3600})
+    assert made.status_code in (200, 201), made.text
+    shown = client.get(f"/jobs/{made.json()['job_id']}").json()
+    assert shown["time_limit_s"] == 3600
+    refused = client.post("/jobs", json={**body, "time_limit_s": "1h"})
+    assert refused.status_code == 422 and "time_limit_s" in refused.text
+
+
+def _run(started, ended, state="ended", run_id="r1"):
+    return SimpleNamespace(run_id=run_id, started_at=started, ended_at=ended, state=state)
+
+
+def test_time_run_adds_runs_counts_a_wide_run_once_and_ignores_broken_times():
+    now = 1000.0
+    runs = [_run(100.0, 110.0, run_id="a"),  # 10 s, ended
+            _run(900.0, None, state="running", run_id="b"), _run(905.0, None, state="running", run_id="b"),  # wide
+            _run("x", 500.0, run_id="c"), _run(float("inf"), None, state="running", run_id="d"),
+            _run(200.0, None, run_id="e"),  # ended without an end time: nothing
+            _run(None, None, state="planned", run_id="f")]
+    assert time_run(runs, now) == pytest.approx(10.0 + 100.0)
+
+
+def test_a_job_past_its_limit_is_stopped_and_fails_and_one_inside_it_completes(store, tmp_path):
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, workdir=str(tmp_path / "m0")))
+    config = fast_config(**{"profiler.enabled": False})
+    long = submit(store, JobRequest("sleep 120", 1, "ann", "default", time_limit_s=2.0))
+    short = submit(store, JobRequest("sleep 0.5; echo done", 1, "ann", "default", time_limit_s=60.0))
+    deadline, seen_running = time.monotonic() + 40, False
+    while True:
+        SchedulingRound(store, local_executor(), config, SETTINGS).run()
+        jobs = jobs_by_id(store)
+        if jobs[long].state == "RUNNING" and not seen_running:  # the check below can see its processes
+            with store.session() as s:
+                run_id = s.scalars(select(RunRow.run_id).where(RunRow.job_id == long)).one()
+            marker = (tmp_path / "m0" / run_id / "marker").read_text().strip()
+            seen_running = bool(marked_processes(f"LUCID_RUN_MARKER={marker}"))
+        if jobs[long].state == "FAILED" and jobs[short].state == "COMPLETED":
+            break
+        assert time.monotonic() < deadline, {j: (r.state, r.end_reason) for j, r in jobs.items()}
+        time.sleep(0.3)
+    job = jobs[long]
+    assert seen_running
+    assert "ran past its time limit of 2 s (--time-limit)" in job.end_reason, job.end_reason
+    assert 2.0 <= job.end_time - job.start_time < 20.0
+    with store.session() as s:
+        run = s.scalars(select(RunRow).where(RunRow.job_id == long)).one()
+        kinds = [e.kind for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == long))]
+    assert run.stop_reason == "time_limit" and run.pid is not None and "stopping" in kinds
+    marker = (tmp_path / "m0" / run.run_id / "marker").read_text().strip()
+    assert not pid_alive(run.pid) and not marked_processes(f"LUCID_RUN_MARKER={marker}")  # `sleep 120` too
+    assert jobs[short].exit_code == 0
+
+
+def test_status_says_the_limit_and_a_job_that_used_it_up_between_runs_fails_before_placement(store, tmp_path,
+                                                                                           capsys):
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
+    job = submit(store, JobRequest("true", 1, "ann", "default", time_limit_s=5.0))
+    now = time.time()
+    with store.session() as s:  # an earlier run (before a yield) that ran 8 s: the job waits with no time left
+        s.add(RunRow(run_id=f"{job}-main1", host="m0", job_id=job, kind="main", pool="main", gpu_indices=[0],
+                     node_rank=0, state="ended", planned_at=now - 20, started_at=now - 19, ended_at=now - 11))
+    code = main(["status", job, "--store", store.url])
+    out = capsys.readouterr().out
+    assert code == 0 and "time limit: 5 s, all its runs together" in out, out
+    SchedulingRound(store, local_executor(), fast_config(**{"profiler.enabled": False}), SETTINGS).run()
+    row = jobs_by_id(store)[job]
+    assert row.state == "FAILED" and "used up its time limit of 5 s" in row.end_reason, row.end_reason
+    with store.session() as s:
+        assert len(s.scalars(select(RunRow).where(RunRow.job_id == job)).all()) == 1  # never placed again
+    code = main(["status", job, "--store", store.url, "--json"])
+    assert json.loads(capsys.readouterr().out)["time_limit_s"] == 5.0
