@@ -8,10 +8,11 @@ seconds (past the lease TTL) between its snapshot and its writes, as a slow host
 Meanwhile short jobs are submitted and some cancelled, and an admin loop adds a host, drains it to be
 removed, removes it, and adds it again. A share of the jobs (`--preemptible-share`, default 0.3) are
 submitted `--preemptible` and run longer, so they yield live to the short ones (the soak's config lets a job
-yield after 1 s of run). At the end the queue is drained and every job and run is audited against the
-ledger the job processes wrote on their hosts: a job started on the main pool more often than it yielded,
-or two runs of one job at once (double starts), GPUs held by two runs at once, jobs not in exactly one
-terminal state. The last line is machine-readable:
+yield after 1 s of run). Another share (`--time-limit-share`, default 0.1, drawn apart so the rest of the
+stream stays as it was) carries a `--time-limit` of half its run, so rounds stop it past its limit. At the end
+the queue is drained and every job and run is audited against the ledger the job processes wrote on their
+hosts: a job started on the main pool more often than it yielded, or two runs of one job at once (double
+starts), GPUs held by two runs at once, jobs not in exactly one terminal state. The last line is machine-readable:
 
     soak minutes=M jobs=N yields=Y double_starts=X overlapping_gpu=Y not_one_terminal=Z stalls=S
 """
@@ -154,6 +155,8 @@ def main() -> int:
     parser.add_argument("--store", default=None, help="PostgreSQL URL (default: a fresh database, dropped after)")
     parser.add_argument("--preemptible-share", type=float, default=0.3,
                         help="share of the jobs submitted --preemptible (they run 4-12 s and may yield)")
+    parser.add_argument("--time-limit-share", type=float, default=0.1,
+                        help="share of the jobs submitted with a time limit of half their run (they are stopped)")
     parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -187,7 +190,7 @@ def main() -> int:
     stop, counts = threading.Event(), Counter()
     admin_thread = threading.Thread(target=admin_loop, args=(store, root, stop, counts), daemon=True)
     admin_thread.start()
-    rng = random.Random(1)
+    rng, limits = random.Random(1), random.Random(2)
     jobs: list[str] = []
     began = time.monotonic()
     drained_s = float("nan")
@@ -198,9 +201,10 @@ def main() -> int:
             gpus = 2 if rng.random() < 0.15 else 1
             resumes = rng.random() < args.preemptible_share
             seconds = round(rng.uniform(4.0, 12.0) if resumes else rng.uniform(0.3, 4.0), 2)
+            limit = max(1.0, seconds / 2) if limits.random() < args.time_limit_share else None
             jobs.append(submit(store, JobRequest(ledger_job(ledger, seconds), gpus, f"u{rng.randint(1, 4)}", "vc-a",
                                                  name=f"soak-{'long' if resumes else 'short'}-{len(jobs)}",
-                                                 preemptible=resumes)))
+                                                 preemptible=resumes, time_limit_s=limit)))
             if jobs and rng.random() < 0.1:
                 try:
                     cancel(store, rng.choice(jobs))
@@ -238,6 +242,8 @@ def main() -> int:
 
     with store.session() as s:
         yielded = s.scalar(sa.select(sa.func.coalesce(sa.func.sum(Jobs.yields), 0)).where(Jobs.job_id.in_(jobs)))
+        limited = s.scalar(sa.select(sa.func.count()).where(Jobs.job_id.in_(jobs), Jobs.state == "FAILED",
+                                                           Jobs.end_reason.like("%time limit%")))
     stalls = len(stall_log.read_text().splitlines()) if stall_log.exists() else 0
     from lucid_core.runtime.store.schema import RoundRow
 
@@ -246,7 +252,7 @@ def main() -> int:
         rounds = s.scalar(sa.select(sa.func.count()).select_from(RoundRow))
     minutes = (time.monotonic() - began) / 60
     print(f"rounds {rounds} (fenced {fenced}, failed {failures}), admin {dict(counts)}, "
-          f"queue drained in {drained_s:.0f} s")
+          f"queue drained in {drained_s:.0f} s, {limited} jobs stopped past their time limit")
     store.dispose()
     if args.store is None:
         with admin.connect() as conn:

@@ -190,6 +190,9 @@ class Job:
     no_share: bool = False
     preemptible: bool = False  # the job resumes from its own checkpoints, so it may be stopped and restarted
     yields: int = 0  # times it was stopped to let a shorter job run (Lucid's yielding)
+    # the longest it may run, all its runs together (live: `--time-limit`; the traces have none): it is stopped
+    # there, so no prediction of its duration exceeds it
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.job_id:

@@ -41,9 +41,10 @@ def parse_duration(text: str) -> float:
     unit = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|m|min|h|d)", cleaned, re.ASCII)
     if unit:
         return float(unit.group(1)) * _DURATION_UNITS[unit.group(2)]
-    days, clock = cleaned.split("-", 1) if "-" in cleaned else ("", cleaned)
+    days, dash, clock = cleaned.rpartition("-")
     parts = clock.split(":")
-    if (days == "" or days.isdigit()) and len(parts) <= 3 and all(p.isascii() and p.isdigit() for p in parts):
+    if (not dash or (days.isascii() and days.isdigit())) and len(parts) <= 3 and all(
+            p.isascii() and p.isdigit() for p in parts):
         numbers = [int(p) for p in parts]
         if days:  # D-HH, D-HH:MM, D-HH:MM:SS
             hours, minutes, seconds = [*numbers, 0, 0][:3]
@@ -53,7 +54,7 @@ def parse_duration(text: str) -> float:
             hours, minutes, seconds = 0, numbers[0], numbers[1]
         else:
             hours = minutes = seconds = 60  # a bare number: refused below
-        if seconds < 60 and (minutes < 60 or (not days and len(numbers) == 2)):
+        if seconds < 60 and (minutes < 60 or (not days and len(numbers) == 2)) and (not days or hours < 24):
             return float(((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds)
     raise ValueError(f"{text!r} is not a duration: give a number with a unit (45s, 90m, 1.5h, 2d) or Slurm's "
                      "form (MM:SS, HH:MM:SS, D-HH:MM:SS)")

@@ -265,8 +265,9 @@ def _usable_prediction(value: object) -> float:
 
 def floored_prediction(job: Job, value: object) -> float:
     """A model's prediction for `job` as every caller takes it: a usable number, at least what the job
-    is known to have run already and at least a second."""
-    return max(_usable_prediction(value), job.known_min_duration, 1.0)
+    is known to have run already and at least a second; never past the job's time limit, where it is stopped."""
+    floored = max(_usable_prediction(value), job.known_min_duration, 1.0)
+    return floored if job.time_limit_s is None else max(1.0, min(floored, job.time_limit_s))
 
 
 class Orchestrator:

@@ -8,6 +8,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from duration_stubs import FixedDurations
 from runtime_helpers import SETTINGS, fast_config, jobs_by_id, marked_processes, pid_alive
 from sqlalchemy import select
 
@@ -29,7 +30,8 @@ def test_durations_read_as_slurm_and_people_write_them(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["10", "", "1:60:00", "1-0:90", "abc", "-5m", "1:2:3:4", "1-", "\u0663m", "5 y"])
+@pytest.mark.parametrize("text", ["10", "", "1:60:00", "1-0:90", "abc", "-5m", "1:2:3:4", "1-", "\u0663m", "5 y",
+                                  "-1:00", "-01:00:00", "\u0661-01:00", "\u00b2-01:00", "1-99:00", "1-24", "1--2"])
 def test_a_duration_without_a_unit_or_out_of_range_is_refused(text):
     with pytest.raises(ValueError, match="is not a duration"):
         parse_duration(text)
@@ -130,3 +132,100 @@ def test_status_says_the_limit_and_a_job_that_used_it_up_between_runs_fails_befo
         assert len(s.scalars(select(RunRow).where(RunRow.job_id == job)).all()) == 1  # never placed again
     code = main(["status", job, "--store", store.url, "--json"])
     assert json.loads(capsys.readouterr().out)["time_limit_s"] == 5.0
+
+
+def test_no_prediction_passes_a_jobs_time_limit_so_it_is_ordered_by_it(store, tmp_path):
+    """A job stopped at 60 s runs at most 60 s: a model's 600 s for it put it behind a 120 s job."""
+    from lucid_core.policy.lucid import LucidPolicy
+
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
+    durations = {"hold": 600.0, "capped": 600.0, "plain": 120.0}
+
+    def factory(cfg, snapshot):
+        policy = LucidPolicy(cfg, duration_model=FixedDurations(durations, key=lambda job: job.name))
+        policy.model_sources = {"duration": "fixed"}
+        return policy
+
+    config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off"})
+    hold = submit(store, JobRequest("sleep 30", 1, "ann", "default", name="hold"))
+    SchedulingRound(store, local_executor(), config, SETTINGS, policy_factory=factory).run()
+    plain = submit(store, JobRequest("true", 1, "ann", "default", name="plain"))
+    capped = submit(store, JobRequest("true", 1, "ann", "default", name="capped", time_limit_s=60.0))
+    SchedulingRound(store, local_executor(), config, SETTINGS, policy_factory=factory).run()
+    jobs = jobs_by_id(store)
+    assert jobs[hold].state == "RUNNING"
+    assert (jobs[capped].predicted_duration, jobs[plain].predicted_duration) == (60.0, 120.0)
+    assert (jobs[capped].queue_position, jobs[plain].queue_position) == (1, 2)
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    cancel(store, hold)
+    SchedulingRound(store, local_executor(), config, SETTINGS, policy_factory=factory).run()
+
+
+def test_a_cancel_pending_on_a_job_that_used_up_its_limit_between_runs_stands(store, tmp_path):
+    """The time-limit step ran before the cancels and failed such a job: a cancel that came first must stand."""
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
+    job = submit(store, JobRequest("true", 1, "ann", "default", time_limit_s=5.0))
+    now = time.time()
+    with store.session() as s:
+        s.add(RunRow(run_id=f"{job}-main1", host="m0", job_id=job, kind="main", pool="main", gpu_indices=[0],
+                     node_rank=0, state="ended", planned_at=now - 20, started_at=now - 19, ended_at=now - 11))
+    cancel(store, job)
+    SchedulingRound(store, local_executor(), fast_config(**{"profiler.enabled": False}), SETTINGS).run()
+    assert jobs_by_id(store)[job].state == "CANCELLED"
+
+
+def test_a_job_with_a_run_in_a_state_this_version_does_not_know_is_not_called_over(store, tmp_path):
+    """Such a run may be running (another controller's): the job is not failed while it exists, as a cancel waits."""
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
+    job = submit(store, JobRequest("true", 1, "ann", "default", time_limit_s=5.0))
+    now = time.time()
+    with store.session() as s:
+        s.add(RunRow(run_id=f"{job}-main1", host="m0", job_id=job, kind="main", pool="main", gpu_indices=[0],
+                     node_rank=0, state="ended", planned_at=now - 40, started_at=now - 39, ended_at=now - 31))
+        s.add(RunRow(run_id=f"{job}-main2", host="m0", job_id=job, kind="main", pool="main", gpu_indices=[0],
+                     node_rank=0, state="suspended", planned_at=now - 20, started_at=now - 19))
+    SchedulingRound(store, local_executor(), fast_config(**{"profiler.enabled": False}), SETTINGS).run()
+    assert jobs_by_id(store)[job].state not in ("FAILED", "COMPLETED", "CANCELLED")
+
+
+@pytest.mark.parametrize("first_line", ["7" * 5000, "size=3", ""])
+def test_no_line_of_a_log_is_read_as_its_size(tmp_path, first_line):
+    """The size came as the output's first line: a log read while it was being rewritten gave its own first line
+    (5,000 digits: int() refused it, and the page showed a ValueError)."""
+    from lucid_core.runtime.hosts.executor import HostAddress
+
+    (tmp_path / "w" / "r1").mkdir(parents=True)
+    log = tmp_path / "w" / "r1" / "stdout.log"
+    log.write_bytes(f"{first_line}\nrest\n".encode())
+    address = HostAddress("h", executor="local", workdir=str(tmp_path / "w"))
+    tail = local_executor().read_tail(address, "r1", "stdout.log", 100)
+    assert tail.size == log.stat().st_size and tail.text.endswith("rest\n")
+    assert tail.cut(100) == (log.stat().st_size > 100)
+    log.unlink()
+    assert local_executor().read_tail(address, "r1", "stdout.log", 100) == type(tail)("", None)
+
+
+def test_an_answer_whose_first_line_is_no_size_marker_reads_as_a_size_not_known():
+    """What a host answers when the log vanished between its check and `wc` (a job rewriting it): the log's own
+    first line came where the size should be, and 5,000 digits made int() raise."""
+    from lucid_core.runtime.hosts.executor import HostAddress, HostExecutor, ScriptResult
+
+    class Canned:
+        def __init__(self, out: str) -> None:
+            self.out = out
+
+        def run_script(self, host, script, timeout_s):
+            return ScriptResult(0, self.out, "")
+
+        def close(self) -> None:
+            """Nothing held."""
+
+    address = HostAddress("h", executor="local")
+    for out, size in (("7" * 5000 + "\nrest\n", None), ("size=\nrest\n", None), ("size=" + "9" * 30 + "\nx", None),
+                      ("size=12\nrest\n", 12)):
+        tail = HostExecutor({"local": Canned(out)}).read_tail(address, "r1", "stdout.log", 100)
+        assert tail.size == size, out[:20]
+        assert tail.cut(100) is False  # no size known, or 12 bytes: the read is all there is to say

@@ -321,10 +321,11 @@ class HostExecutor:
     def read_tail(self, host: HostAddress, run_id: str, name: str, max_bytes: int) -> FileTail:
         """The last `max_bytes` of a run's file with the file's size (`FileTail.cut` says whether it is all)."""
         out = self._run(host, host_reads.read_tail_script(host.workdir, run_id, name, max_bytes)).stdout
-        size, newline, text = out.partition("\n")
-        if newline and size.isascii() and size.isdigit():
-            return FileTail(text, int(size))
-        return FileTail(out)
+        head, newline, text = out.partition("\n")
+        if not newline or not head.startswith("size="):
+            return FileTail(out)  # the file is absent (nothing printed)
+        size = head[len("size="):]
+        return FileTail(text, int(size) if size.isascii() and size.isdigit() and len(size) <= 19 else None)
 
     def read_front_lines(self, host: HostAddress, run_id: str, name: str, max_bytes: int, line_bytes: int,
                          scan_bytes: int) -> str:

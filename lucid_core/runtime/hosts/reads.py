@@ -67,10 +67,12 @@ def read_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
 
 
 def read_tail_script(workdir: str, run_id: str, name: str, max_bytes: int) -> str:
-    """The file's size in bytes on a line of its own, then its last `max_bytes` (nothing when absent): the size
-    says whether the tail is the whole file, whatever its bytes decode to."""
+    """`size=N` (the file's size in bytes; N empty when it could not be read) on a line of its own, then its last
+    `max_bytes` (nothing when absent): the size says whether the tail is the whole file, whatever its bytes
+    decode to. The marker line is always the first, so no line of the file can be read as the size."""
     return _run_file_script(workdir, run_id, name,
-                            f'{{ wc -c < "$f" | tr -d " "; tail -c {int(max_bytes)} -- "$f"; }}')
+                            f'{{ printf "size=%s\\n" "$(wc -c < "$f" 2>/dev/null | tr -cd 0-9 | head -c 19)"; '
+                            f'tail -c {int(max_bytes)} -- "$f"; }}')
 
 
 def read_front_lines_script(workdir: str, run_id: str, name: str, max_bytes: int, line_bytes: int,

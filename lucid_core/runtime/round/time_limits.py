@@ -3,7 +3,8 @@
 A job's running time is the time its runs ran, all of them together: profiling, each run after a yield and
 each run after a host fault. Once it reaches the job's limit, its runs are stopped (the stop reason
 `time_limit`) and the job fails saying so when they have ended; a job between runs that has used its time
-fails at once. Every write is conditional, so a cancel or a stop that came first stands.
+fails at once. Every write is conditional, so a cancel or a stop that came first stands; a job whose cancel is
+pending is left to it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class TimeLimitSteps(RoundBase):
             for run in s.scalars(select(RunRow).where(RunRow.job_id.in_(list(runs)))):
                 runs[run.job_id].append(run)
             for job in jobs:
+                if job.cancel_requested is True:
+                    continue  # a cancel that came first stands: the job ends CANCELLED, not past its limit
                 limit = saved_float(job.time_limit_s)
                 if limit is None or limit <= 0:
                     continue  # a limit another writer broke holds nothing
@@ -64,7 +67,8 @@ class TimeLimitSteps(RoundBase):
                     self._past_time_limit(s, job, runs[job.job_id], ran, limit)
 
     def _past_time_limit(self, s: Any, job: JobRow, runs: list[RunRow], ran: float, limit: float) -> None:
-        live = [r for r in runs if r.state in ACTIVE_RUN_STATES]
+        # a run in a state this version does not know may be running: the job is not called over while one exists
+        live = [r for r in runs if r.state not in (RunState.ENDED, RunState.LOST)]
         if live:
             stopping = s.execute(update_unsynced(RunRow).where(
                 RunRow.job_id == job.job_id, RunRow.state == RunState.RUNNING, RunRow.stop_reason.is_(None))
