@@ -757,9 +757,16 @@ def _replayable(job: Mapping[str, Any]) -> tuple[float, float, int] | None:
     return submit, end - start, gpus
 
 
+def _stored_limit(value: Any) -> float | None:
+    """A stored job's time limit as the live round reads it: a positive finite number of seconds, else none."""
+    limit = saved_float(value)
+    return limit if limit is not None and limit > 0 else None
+
+
 def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> StoredRecords:
     """Finished jobs of the store (dict rows) as trace records on a clock starting at the first submit; each
-    keeps its own `preemptible` flag, so the replay yields only the jobs the live round could have stopped.
+    keeps its own `preemptible` flag, so the replay yields only the jobs the live round could have stopped, and
+    its time limit, which bounds its predictions there as live.
     Odd rows (`_replayable`) are left out and counted in `odd_jobs`, so one never fails a whole sweep."""
     done = [j for j in jobs if not _never_ran(j)]
     kept = [(j, times) for j in done if (times := _replayable(j)) is not None]
@@ -769,7 +776,8 @@ def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> StoredRecords:
     records = [TraceRecord(job_id=str(j["job_id"]), submit_time=submit - origin, duration=max(1.0, run), gpus=gpus,
                            vc=str(j.get("vc") or "default"), user=str(j.get("user") or ""),
                            name=str(j.get("name") or ""), state=str(j.get("state") or ""),
-                           preemptible=stored_flag(j.get("preemptible")))
+                           preemptible=stored_flag(j.get("preemptible")),
+                           time_limit_s=_stored_limit(j.get("time_limit_s")))
                for j, (submit, run, gpus) in kept]
     return StoredRecords(sorted(records, key=lambda r: (r.submit_time, r.job_id)), odd_jobs=len(done) - len(kept))
 

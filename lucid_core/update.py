@@ -29,12 +29,13 @@ if TYPE_CHECKING:
     from lucid_core.runtime.store.store import Store
 
 JOB_COLUMNS = ["job_id", "user", "vc", "name", "gpus", "submit_time", "start_time", "end_time", "duration", "state",
-               "gpu_util", "mem_util", "gpu_mem_mb", "amp", "preemptible"]
+               "gpu_util", "mem_util", "gpu_mem_mb", "amp", "preemptible", "time_limit_s"]
 SLOT_S = 600.0
 REFERENCE_SAMPLE = 512  # input values kept per feature to compute PSI later
 DURATION_INPUTS = ("gpus", "submit_hour", "gpu_util")
 #: the job log's number columns, as numbers whatever the store holds (text there is missing)
-NUMBER_COLUMNS = ("gpus", "submit_time", "start_time", "end_time", "gpu_util", "mem_util", "gpu_mem_mb")
+NUMBER_COLUMNS = ("gpus", "submit_time", "start_time", "end_time", "gpu_util", "mem_util", "gpu_mem_mb",
+                  "time_limit_s")
 #: the batch files' text columns: read as text whatever they hold ("NA", "None" and "nan" can be user names)
 TEXT_COLUMNS = ("job_id", "user", "vc", "name", "state")
 #: end states a job reaches without ever starting (cancelled in the queue, refused at every launch)

@@ -27,11 +27,15 @@ class TraceRecord:
     # the job resumes from its own checkpoints (a `preemptible` column, or `--preemptible-share`): only such
     # a job may yield under Lucid, as live; Tiresias and Pollux preempt every job, as they assume checkpoints
     preemptible: bool = False
+    # the longest it could run (a stored job's `--time-limit`, replayed by the System Tuner; traces have none):
+    # the policy predicts no longer, as live
+    time_limit_s: float | None = None
 
     def to_job(self) -> Job:
         """The job a policy sees: what a submission says (never the duration); a user-less trace's VC as user."""
         return Job(job_id=self.job_id, user=self.user or self.vc, vc=self.vc, gpus=self.gpus,
-                   submit_time=self.submit_time, name=self.name, preemptible=self.preemptible)
+                   submit_time=self.submit_time, name=self.name, preemptible=self.preemptible,
+                   time_limit_s=self.time_limit_s)
 
 
 def replay_problem(record: TraceRecord) -> str | None:

@@ -229,3 +229,20 @@ def test_an_answer_whose_first_line_is_no_size_marker_reads_as_a_size_not_known(
         tail = HostExecutor({"local": Canned(out)}).read_tail(address, "r1", "stdout.log", 100)
         assert tail.size == size, out[:20]
         assert tail.cut(100) is False  # no size known, or 12 bytes: the read is all there is to say
+
+
+def test_explain_says_a_prediction_stops_at_the_time_limit(store, tmp_path, capsys):
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
+    hold = submit(store, JobRequest("sleep 30", 1, "ann", "default"))
+    config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off"})
+    SchedulingRound(store, local_executor(), config, SETTINGS).run()
+    capped = submit(store, JobRequest("true", 1, "ann", "default", time_limit_s=2.0))
+    SchedulingRound(store, local_executor(), config, SETTINGS).run()
+    assert jobs_by_id(store)[capped].predicted_duration == 2.0
+    code = main(["explain", capped, "--store", store.url, "--set", "profiler.enabled=false"])
+    out = capsys.readouterr().out
+    assert code == 0 and "predicted no longer than its time limit of 2 s (--time-limit)" in out, out
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    cancel(store, hold)
+    SchedulingRound(store, local_executor(), config, SETTINGS).run()

@@ -116,6 +116,28 @@ def test_the_tuner_replays_each_stored_job_with_its_own_flag(tmp_path):
     assert {r.job_id: r.to_job().preemptible for r in records} == {"resumes": True, "plain": False}
 
 
+def test_the_tuner_replays_each_stored_job_with_its_time_limit_which_bounds_its_prediction(tmp_path):
+    """A stored job's `--time-limit` bounds its predictions live (it is stopped there): the replay keeps it, so
+    the tuner's Lucid orders that job as the live round does. A limit another writer broke is no limit."""
+    from lucid_core.policy.orchestrator import floored_prediction
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.tuner import records_from_jobs
+    from lucid_core.update import extract_job_log
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = Store(url)
+    with store.session() as s:
+        for seq, (job_id, limit) in enumerate((("limited", 700.0), ("plain", None), ("broken", -5.0)), start=1):
+            s.add(JobRow(job_id=job_id, seq=seq, name=job_id, user="ann", vc="a", gpus=1, command="true", env={},
+                         state="COMPLETED", submit_time=1000.0 + seq, start_time=1010.0 + seq,
+                         end_time=1610.0 + seq, time_limit_s=limit))
+    store.dispose()
+    jobs = {r.job_id: r.to_job() for r in records_from_jobs(extract_job_log(url).to_dict("records"))}
+    assert {j: job.time_limit_s for j, job in jobs.items()} == {"limited": 700.0, "plain": None, "broken": None}
+    assert [floored_prediction(jobs[j], 3600.0) for j in ("limited", "plain", "broken")] == [700.0, 3600.0, 3600.0]
+
+
 @pytest.mark.parametrize(("value", "flag"), [(True, True), (1, True), (1.0, True), (False, False), (0, False),
                                              (None, False), (float("nan"), False), ("1", False), ("yes", False)])
 def test_a_stored_flag_is_yes_only_when_it_is_a_real_yes(value, flag):

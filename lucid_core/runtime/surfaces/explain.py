@@ -164,6 +164,8 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
             "value_gpu_s": row.gpus * row.predicted_duration if row.predicted_duration is not None else None,
             "formula": "gpus x predicted duration (lower runs first)",
             "gpus": row.gpus, "predicted_duration_s": row.predicted_duration,
+            # its --time-limit (None: none): no prediction passes it, since the round stops the job there
+            "time_limit_s": job.time_limit_s,
             "duration": duration_terms(duration_model, job) if duration_model is not None else None,
             # the predicted duration the placement used, as the round recorded it then
             "recorded": next(({"time": e.time, "note": e.message} for e in reversed(events)

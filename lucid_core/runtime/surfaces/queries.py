@@ -195,7 +195,7 @@ def active_model_version(store: Store, kind: str) -> str | None:
 
 #: The columns of the finished-job log, in the order `finished_job_log` returns them.
 JOB_LOG_FIELDS = ("job_id", "user", "vc", "name", "gpus", "submit_time", "start_time", "end_time", "state",
-                  "gpu_util", "mem_util", "gpu_mem_mb", "amp", "preemptible")
+                  "gpu_util", "mem_util", "gpu_mem_mb", "amp", "preemptible", "time_limit_s")
 
 
 def finished_job_log(store: Store, since: float | None = None, until: float | None = None) -> list[tuple[Any, ...]]:

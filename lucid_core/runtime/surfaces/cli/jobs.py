@@ -283,6 +283,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from lucid_core.policy.view import saved_float
     from lucid_core.runtime.round.prediction_words import explain_terms
     from lucid_core.runtime.surfaces.explain import explain, shared_speed_line
     from lucid_core.runtime.surfaces.job_views import FINISHED_STATES
@@ -293,6 +294,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if prio["predicted_duration_s"] is not None:
         lines.append(f"priority {gpu_time_words(prio['value_gpu_s'])} = {prio['gpus']} GPU(s) x predicted "
                      f"{_duration(prio['predicted_duration_s'])}")
+        predicted, limit = saved_float(prio["predicted_duration_s"]), prio.get("time_limit_s")
+        if limit is not None and predicted is not None and predicted >= limit:
+            lines.append(f"  predicted no longer than its time limit of {_duration(prio['time_limit_s'])} "
+                         "(--time-limit): it is stopped there")
     if data.get("ordered_by"):
         why = data["ordered_by"]["why"]
         lines.append(why if why.startswith(("not ordered", "never ordered")) else f"ordered by {why}")
