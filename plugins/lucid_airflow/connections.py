@@ -68,8 +68,15 @@ def host_key_entry(conn, where: str, key: str) -> str:
     return entry
 
 
+#: connection types whose host, port, login, password and schema name a PostgreSQL store (`lucid`: LucidHook's own)
+POSTGRES_TYPES = frozenset({"postgres", "postgresql", "lucid"})
+
+
 def sqlalchemy_url(conn) -> str:
-    """A SQLAlchemy URL from an Airflow Connection (get_uri() loses the SQLite path and says postgres://)."""
+    """A SQLAlchemy URL from an Airflow Connection (get_uri() loses the SQLite path and says postgres://): its
+    `extra.sqlalchemy_url`, else a SQLite file or PostgreSQL from its fields. A `lucid`-typed connection is read as
+    PostgreSQL everywhere (the DAGs and the plugin's pages, as LucidHook reads it); any other type is refused
+    naming the ones that work (get_uri() gave `lucid://...`, which no SQLAlchemy dialect takes)."""
     from sqlalchemy.engine import URL
 
     extra = extra_fields(conn, ("sqlalchemy_url",))
@@ -78,11 +85,13 @@ def sqlalchemy_url(conn) -> str:
     kind = (conn.conn_type or "").lower()
     if kind == "sqlite":
         return f"sqlite:///{conn.host or conn.schema}"
-    if kind in {"postgres", "postgresql"}:
+    if kind in POSTGRES_TYPES:
         return URL.create("postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
                           host=conn.host or None, port=conn.port or None,
                           database=conn.schema or None).render_as_string(hide_password=False)
-    return conn.get_uri()
+    raise ConnectionProblem(f"connection {conn.conn_id}: conn type {kind or '(none)'!r} names no Lucid store: use "
+                            "postgres, lucid (PostgreSQL fields) or sqlite (host: the file), or set "
+                            "extra.sqlalchemy_url")
 
 
 def store_url(conn_id: str = STORE_CONN_ID) -> str:

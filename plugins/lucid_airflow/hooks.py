@@ -9,7 +9,6 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-import attrs
 from airflow.sdk import BaseHook
 
 from lucid_airflow.connections import STORE_CONN_ID, sqlalchemy_url
@@ -80,11 +79,6 @@ class LucidHook(BaseHook):
     @classmethod
     def url_from_connection(cls, conn: Any) -> str:
         """The store's SQLAlchemy URL; a `lucid`-typed connection's fields are read as PostgreSQL's."""
-        from lucid_airflow.connections import extra_fields
-
-        if (conn.conn_type or "").lower() == cls.conn_type and "sqlalchemy_url" not in extra_fields(
-                conn, ("sqlalchemy_url",)):
-            conn = attrs.evolve(conn, conn_type="postgres")
         return sqlalchemy_url(conn)
 
     def store_url(self) -> str:

@@ -139,6 +139,13 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                     for error in exc.errors()]
         return invalid_input_page(problems, prefix)
 
+    from lucid_airflow.connections import ConnectionProblem
+
+    @app.exception_handler(ConnectionProblem)
+    async def store_unusable(request: Request, exc: ConnectionProblem) -> HTMLResponse:
+        """A store connection the pages cannot use (a conn type no store has), named on a page: not a bare 500."""
+        return error_response(StarletteHTTPException(503, f"The Lucid store cannot be opened: {exc}"), prefix)
+
     @cache
     def store():
         from lucid_core.runtime.store.store import Store
@@ -826,9 +833,11 @@ class _LazyApp:
         if scope["type"] == "lifespan":
             return
         if self.app is None:
+            from lucid_airflow.connections import ConnectionProblem
+
             try:
                 self.app = self.factory()
-            except ImportError as exc:
+            except (ImportError, ConnectionProblem) as exc:  # built again at the next request, once mended
                 from starlette.responses import JSONResponse
 
                 await JSONResponse({"detail": f"runtime API unavailable: {exc}"}, status_code=503)(scope, receive, send)

@@ -105,6 +105,27 @@ def test_store_url_from_airflow_connections():
     assert sqlalchemy_url(explicit) == "sqlite:///y.db"
 
 
+def test_a_lucid_typed_connection_opens_the_store_everywhere_and_other_types_are_named(tmp_path):
+    """include/airflow/README offers conn type `lucid` for LucidHook: the DAGs and every page read the same
+    connection through `sqlalchemy_url`, which gave `lucid://...` (no SQLAlchemy dialect: every DAG failed, every
+    page was a bare 500). Another type is refused naming the ones that work, and a page says so (503)."""
+    from airflow.models.connection import Connection
+    from fastapi.testclient import TestClient
+    from lucid_airflow.connections import ConnectionProblem, sqlalchemy_url
+    from lucid_airflow.web import create_lucid_app
+
+    typed = Connection(conn_id="lucid_db", conn_type="lucid", host="127.0.0.1", port=5432, login="u", schema="lucid")
+    assert sqlalchemy_url(typed) == "postgresql+psycopg2://u@127.0.0.1:5432/lucid"
+    odd = Connection(conn_id="lucid_db", conn_type="generic", host="127.0.0.1")
+    with pytest.raises(ConnectionProblem, match="conn type 'generic' names no Lucid store"):
+        sqlalchemy_url(odd)
+    client = TestClient(create_lucid_app(lambda: sqlalchemy_url(odd), lambda: tmp_path, protect=False))
+    shown = client.get("/queue")
+    assert shown.status_code == 503 and "conn type &#x27;generic&#x27; names no Lucid store" in shown.text, shown.text
+    api = client.get("/api/jobs")
+    assert api.status_code == 503 and "names no Lucid store" in api.json()["detail"]
+
+
 def test_connection_extras_of_the_wrong_shape_are_named_without_their_values(tmp_path, monkeypatch):
     """What an Airflow connection holds is typed by people: an extra that is a JSON list or not JSON at all,
     a URL or a key that is not text, a host key that would add a second known_hosts line. Each is refused
