@@ -119,10 +119,10 @@ def lucid_update_engine():
         checks in a row each model drifted (the alert waits for `drift_checks_in_a_row`)."""
         from lucid_airflow.tuning import reports_root
 
-        from lucid_core.update import checked_versions, drift_reports, drifted_checks_before, save_drift_history
+        from lucid_core.update import drift_reports, drifted_checks_before, save_drift_history
 
         root = reports_root() / "drift"
-        before = drifted_checks_before(root, run_id, versions=checked_versions(decision))
+        before = drifted_checks_before(root, run_id)
         reports = drift_reports(decision, params["drift_mae_ratio"], params["drift_psi"],
                                 drifted_before=before,
                                 checks_to_alert=params["drift_checks_in_a_row"])

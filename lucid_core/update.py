@@ -561,14 +561,14 @@ def drift_reports(decision: dict[str, Any], mae_ratio: float, psi: float, *,
     return reports
 
 
-def drifted_checks_before(directory: str | Path, this_run: str | None = None, most: int = 50,
-                          versions: dict[str, Any] | None = None) -> dict[str, int]:
+def drifted_checks_before(directory: str | Path, this_run: str | None = None, most: int = 50) -> dict[str, int]:
     """Per model, how many of the latest checks in the drift history drifted one after another, newest first
     (`this_run`'s own record, left by an earlier try of its task, is not one of them; a run with two records, its
     check retried, counts once, by its newest). A run that did not check a model says nothing of it and is passed
-    over; a check that did not drift, a check of another version than `versions` names for the model (the one
-    checked now: a replaced version's drift is not the new one's), or a history file that cannot be read (cut
-    short, not one of ours) ends the count. At most `most` files read."""
+    over; a check that did not drift, or a history file that cannot be read (cut short, not one of ours), ends the
+    count. Checks of the versions a retraining promoted in between count: the model a kind served drifted in
+    each (with a new version promoted at every run, counting one version's checks alone never reached two, so a
+    drift that retraining did not cure never alerted). At most `most` files read."""
     root = Path(directory)
     files = sorted(root.glob("*.json"), reverse=True)[:most] if root.is_dir() else []
     counts: dict[str, int] = {}
@@ -580,27 +580,19 @@ def drifted_checks_before(directory: str | Path, this_run: str | None = None, mo
             run = data.get("run_id")
             if (this_run is not None and run == this_run) or (isinstance(run, str) and run in seen_runs):
                 continue
-            checked = {str(r["model"]): (r.get("drifted") is True, r.get("version")) for r in data.get("reports")}
+            checked = {str(r["model"]): r.get("drifted") is True for r in data.get("reports")}
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             break  # nothing after an unreadable record is known to follow on from this run
         if isinstance(run, str):
             seen_runs.add(run)
-        for model, (drifted, version) in checked.items():
+        for model, drifted in checked.items():
             if model in ended:
                 continue
-            now_checked = (versions or {}).get(model)
-            if drifted and (now_checked is None or str(version) == str(now_checked)):
+            if drifted:
                 counts[model] = counts.get(model, 0) + 1
             else:
                 ended.add(model)
     return counts
-
-
-def checked_versions(decision: dict[str, Any]) -> dict[str, Any]:
-    """Per model, the promoted version this run's drift check is of (what `drifted_checks_before` counts for)."""
-    models = decision.get("evaluation", {}).get("models", {})
-    return {str(kind): entry.get("promoted_version") for kind, entry in models.items()
-            if isinstance(entry, dict) and entry.get("promoted_version") is not None}
 
 
 def save_drift_history(directory: str | Path, run_id: str | None, reports: list[dict[str, Any]],

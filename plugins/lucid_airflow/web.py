@@ -300,7 +300,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         from lucid_core.runtime.surfaces.queries import model_versions
 
         versions = model_versions(store())
-        rows = [[esc(v.kind), esc(v.version), promoted_words(v), esc(json.dumps(v.metrics)[:300]),
+        rows = [[esc(v.kind), esc(v.version), promoted_words(v), esc(metrics_words(v.metrics)),
                  esc(v.note)] for v in versions]
         root = reports_root() / "models"
         pictures = sorted(root.glob("**/*.png")) if root.is_dir() else []
@@ -375,10 +375,14 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             try:
                 for report in data.get("reports", []):
                     shifts = ", ".join(_shift_text(s, report["psi_threshold"]) for s in report.get("shifts", []))
-                    rows.append([esc(str(data.get("run_id", path.stem))), esc(str(report["model"])),
+                    state = _drift_state(report)
+                    version = report.get("version")
+                    model = str(report["model"]) + (f" v{version}" if version not in (None, "") else "")
+                    rows.append([esc(str(data.get("run_id", path.stem))), esc(model),
                                  f"{report['reference_mae']:.4g}", f"{report['recent_mae']:.4g}",
-                                 f"{report['mae_ratio']:.3f}", esc(shifts), _drift_state(report),
-                                 esc(str(data.get("alert_sent_to", "")))])
+                                 f"{report['mae_ratio']:.3f}", esc(shifts), state,
+                                 # the mail was of the models that alerted: not of a row that was ok
+                                 esc(str(data.get("alert_sent_to", ""))) if state == "ALERT" else ""])
             except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):  # cut short, not one of ours,
                 # or numbers past a float's range (a 400-digit integer, an infinite count)
                 rows.append([esc(path.stem), "", "", "", "", "", "this record cannot be read", ""])
@@ -401,6 +405,37 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
 
     app.mount("/api", _LazyApp(lambda: _runtime_api(store_url())))
     return app
+
+
+#: a promoted model's metrics people read, in this order, with how each is written (the per-job errors and inputs
+#: the drift check keeps are left out: hundreds of numbers, cut mid-number at the cell's end before)
+METRIC_WORDS = (("reference_mae", "MAE {:.4g}"), ("train_rows", "trained on {:,} jobs"),
+                ("recent_rows", "{:,} recent"), ("fit_seconds", "fit in {:.1f} s"))
+
+
+def metrics_words(metrics: Any) -> str:
+    """A model version's metrics in a line: its error, what it was trained on and when, other single values by
+    name; what another writer left that is no mapping, as text cut to 300 characters."""
+    if not isinstance(metrics, dict):
+        return str(metrics)[:300]
+    words = []
+    for key, pattern in METRIC_WORDS:
+        try:
+            words.append(pattern.format(metrics[key]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    window = metrics.get("training_window")
+    if isinstance(window, list | tuple) and len(window) == 2 and all(saved_time(t) for t in window):
+        words.append("window " + " to ".join(time.strftime("%Y-%m-%d %H:%M", time.gmtime(t)) for t in window))
+    known = {key for key, _ in METRIC_WORDS} | {"training_window"}
+    words += [f"{key} {value}" for key, value in metrics.items()
+              if key not in known and isinstance(value, str | int | float) and not isinstance(value, bool)]
+    return "; ".join(words)[:300]
+
+
+def saved_time(value: Any) -> bool:
+    """Whether `value` is a time `time.gmtime` can show (a finite number within years 1970-9999)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 253402300800
 
 
 def promoted_words(version) -> str:

@@ -78,6 +78,8 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     history = client.get("/drift")
     assert "ALERT" in history.text and "3.000" in history.text and "ops@example.org" in history.text
     assert "shifted" in history.text and "submit_gpu_job" in history.text and "(bar 50.000)" in history.text
+    drift_rows = {row.split("</td>")[1].rsplit(">", 1)[-1]: row for row in history.text.split("<tr>")[2:]}
+    assert "ops@example.org" in drift_rows["duration"] and "ops@example.org" not in drift_rows["throughput"]
     assert not bursty.drifted and bursty.shifts[0].psi > 0.2
     assert client.get("/models").status_code == 200
     # a promoted version whose file lies outside LUCID_HOME/models: rounds do not load it, and the page says so
@@ -85,11 +87,17 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
 
     with store.session() as s:
         record_promotion(s, "duration", "v9", str(tmp_path / "elsewhere.joblib"), {}, "by hand")
-        record_promotion(s, "throughput_forecaster", "v2", str(lucid_home / "models" / "registry" / "x.joblib"), {},
-                         "by the engine")
+        record_promotion(s, "throughput_forecaster", "v2", str(lucid_home / "models" / "registry" / "x.joblib"),
+                         {"reference_mae": 1.23456, "reference_errors": [0.778761452826715] * 200, "train_rows": 4210,
+                          "recent_rows": 88, "fit_seconds": 2.5, "training_window": [1764547200.0, 1765152000.0],
+                          "reference_inputs": {"gpus": [1.0] * 100}}, "by the engine")
     rows = {row.split("</td>")[0].rsplit(">", 1)[-1]: row for row in client.get("/models").text.split("<tr>")[2:]}
     assert "not loaded: its file lies outside LUCID_HOME/models" in rows["duration"]
     assert "not loaded" not in rows["throughput_forecaster"] and "<td>yes</td>" in rows["throughput_forecaster"]
+    # its metrics in words: error, rows, fit time, window; not the per-job errors cut mid-number
+    assert ("MAE 1.235; trained on 4,210 jobs; 88 recent; fit in 2.5 s; window 2025-12-01 00:00 to 2025-12-08 00:00"
+            in rows["throughput_forecaster"]), rows["throughput_forecaster"]
+    assert "0.7787" not in rows["throughput_forecaster"]
     api = client.get("/api/queue")
     assert api.status_code == 200 and isinstance(api.json(), list | dict), api.text
     assert json.dumps(api.json())
