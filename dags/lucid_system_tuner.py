@@ -108,15 +108,23 @@ def lucid_system_tuner():
     def expand_grid(params=None, dag_run=None, dag=None) -> list[dict]:
         """One item per configuration of the grid (the unit each mapped task simulates); the run's inputs are
         checked first, so a typo or a file it may not read fails before any simulating."""
-        from lucid_airflow.run_inputs import checked_trace_path, refuse_unknown_conf, refuse_window_without_trace
-        from lucid_airflow.tuning import current_config, tuner_fleet, tuner_window
+        from lucid_airflow.run_inputs import (
+            checked_trace_path,
+            refuse_unknown_conf,
+            refuse_unreadable_window,
+            refuse_window_without_trace,
+        )
+        from lucid_airflow.tuning import current_config, load_tuner_trace, tuner_fleet, tuner_window
 
         from lucid_core.tuner import GRID_KNOBS, sweep_grid_with_configurations, sweep_items
 
-        refuse_unknown_conf(getattr(dag_run, "conf", None), dag.params.keys())  # params: conf merged in
-        refuse_window_without_trace(params)
+        conf = getattr(dag_run, "conf", None)
+        refuse_unknown_conf(conf, dag.params.keys())  # params: conf merged in
+        refuse_window_without_trace(params, conf)
         if params.get("trace_path"):
             checked_trace_path(params["trace_path"])
+            refuse_unreadable_window(params)
+            load_tuner_trace(params)  # read once here: a wrong trace_format or an empty window fails no mapped task
         configs = sweep_grid_with_configurations({name: params.get(name) for name in GRID_KNOBS},
                                                  params.get("around") or [], current_config(),
                                                  most=params["max_configurations"]).configs

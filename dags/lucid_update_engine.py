@@ -55,15 +55,18 @@ def lucid_update_engine():
         """Job log and submissions per slot from the store, written as the run's batch files. The run's inputs
         are checked first: a typo in its conf, or recipients no alert could reach, fail before any training."""
         from lucid_airflow.connections import store_url
-        from lucid_airflow.run_inputs import refuse_non_finite, refuse_unknown_conf
+        from lucid_airflow.run_inputs import refuse_non_finite, refuse_unknown_conf, smtp_connection
         from lucid_airflow.tuning import reports_root, safe_name
 
         from lucid_core.alerts import alert_recipients
         from lucid_core.update import extract_batch
 
-        refuse_unknown_conf(getattr(dag_run, "conf", None), dag.params.keys())  # params: conf merged in
+        conf = getattr(dag_run, "conf", None) or {}
+        refuse_unknown_conf(conf, dag.params.keys())  # params: conf merged in
         refuse_non_finite(params)
         alert_recipients(params["alert_to"])
+        if "smtp_conn_id" in conf:  # one named for this run that does not exist was found only at the alert
+            smtp_connection(params["smtp_conn_id"])  # (the default may be missing where no mail is wanted)
 
         batch = extract_batch(store_url(), reports_root() / "update" / safe_name(run_id), params["mode"],
                               logical_date.timestamp() if logical_date else None,
@@ -135,6 +138,8 @@ def lucid_update_engine():
         retry after it went sends nothing), and record in the drift history who it went to once it went."""
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
         from airflow.sdk import get_current_context
+        from airflow.sdk.exceptions import AirflowFailException
+        from lucid_airflow.run_inputs import smtp_connection
 
         from lucid_core.alerts import alert_message, alert_recipients
         from lucid_core.update import send_alert_once
@@ -143,6 +148,10 @@ def lucid_update_engine():
         if message is None:
             return []
         recipients = alert_recipients(params["alert_to"])
+        try:
+            smtp_connection(params["smtp_conn_id"])
+        except ValueError as exc:  # a setting to mend, not a mail server out for a while: no retry
+            raise AirflowFailException(str(exc)) from None
         notifier = SmtpNotifier(to=recipients, subject=message[0], html_content=message[1],
                                 smtp_conn_id=params["smtp_conn_id"])
         send_alert_once(drift["history"], recipients, lambda: notifier.notify(get_current_context()))

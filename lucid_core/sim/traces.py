@@ -279,7 +279,9 @@ def detect_format(path: str | Path) -> str:
     raise TraceFormatError(f"{path}: header {sorted(header)} matches none of {', '.join(TRACE_FORMATS)}")
 
 
-def _as_datetime(value: datetime | date | str | None, name: str) -> datetime | None:
+def as_window_time(value: datetime | date | str | None, name: str) -> datetime | None:
+    """A window's bound as a naive datetime (None for none); TraceFormatError naming `name` when it is no ISO
+    date or time."""
     if value is None or isinstance(value, datetime):
         return _naive(value) if value is not None else None
     if isinstance(value, date):
@@ -341,7 +343,7 @@ class ParsedTrace:
     def window(self, start: datetime | date | str | None = None,
                end: datetime | date | str | None = None) -> Trace:
         """Jobs submitted in [start, end), sorted by submit time; a job id seen before in the window is skipped."""
-        window_start, window_end = _as_datetime(start, "start"), _as_datetime(end, "end")
+        window_start, window_end = as_window_time(start, "start"), as_window_time(end, "end")
         if window_start and window_end and window_end <= window_start:
             raise TraceFormatError(f"empty window: end {window_end} is not after start {window_start}")
         problems = list(self.problems)
@@ -408,7 +410,7 @@ def parse_trace(path: str | Path, fmt: str = "auto") -> ParsedTrace:
 def read_trace(path: str | Path, fmt: str = "auto", start: datetime | date | str | None = None,
                end: datetime | date | str | None = None) -> Trace:
     """Read a trace file, keep jobs submitted in [start, end), sorted by submit time."""
-    window_start, window_end = _as_datetime(start, "start"), _as_datetime(end, "end")
+    window_start, window_end = as_window_time(start, "start"), as_window_time(end, "end")
     if window_start and window_end and window_end <= window_start:  # said before the file is read
         raise TraceFormatError(f"empty window: end {window_end} is not after start {window_start}")
     return parse_trace(path, fmt).window(start, end)

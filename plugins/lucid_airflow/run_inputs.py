@@ -61,11 +61,38 @@ def checked_trace_path(path: str) -> Path:
     return resolved
 
 
-def refuse_window_without_trace(params: Mapping[str, Any]) -> None:
-    """window_start/window_end cut trace_path's file; without one the store's last window_days are replayed."""
+def refuse_window_without_trace(params: Mapping[str, Any], conf: Mapping[str, Any] | None = None) -> None:
+    """The inputs that choose how trace_path's file is read (window_start, window_end, trace_format) mean nothing
+    without one, and window_days (the store's window) nothing with one: each was accepted and ignored."""
     if not params.get("trace_path"):
         given = [k for k in ("window_start", "window_end") if params.get(k)]
+        if params.get("trace_format") not in (None, "", "auto"):
+            given.append("trace_format")
         if given:
-            raise ValueError(f"{' and '.join(given)} choose a window of trace_path's file, and no trace_path is "
-                             "given (the store's finished jobs of the last window_days are replayed): leave "
-                             f"{'them' if len(given) > 1 else 'it'} out or give trace_path")
+            raise ValueError(f"{' and '.join(given)} {'say' if len(given) > 1 else 'says'} how to read "
+                             "trace_path's file, and no trace_path is given (the store's finished jobs of the last "
+                             f"window_days are replayed): leave {'them' if len(given) > 1 else 'it'} out or give "
+                             "trace_path")
+    elif "window_days" in (conf or {}):
+        raise ValueError("window_days chooses how much of the store's history to replay, and trace_path is given "
+                         "(its file is replayed, cut by window_start and window_end): leave one out")
+
+
+def refuse_unreadable_window(params: Mapping[str, Any]) -> None:
+    """window_start / window_end that are no ISO date or time, named as the form names them."""
+    from lucid_core.sim.traces import as_window_time
+
+    for name in ("window_start", "window_end"):
+        if params.get(name):
+            as_window_time(params[name], name)
+
+
+def smtp_connection(conn_id: str) -> None:
+    """ValueError when `conn_id` names no Airflow connection: the drift alert could reach nobody."""
+    from airflow.sdk import BaseHook
+
+    try:
+        BaseHook.get_connection(conn_id)
+    except Exception as exc:  # the Task SDK's not-found error, or a secrets backend's own
+        raise ValueError(f"smtp_conn_id {conn_id!r} names no Airflow connection the alert could be sent "
+                         f"through ({type(exc).__name__}): add it, or give the one your SMTP server has") from None

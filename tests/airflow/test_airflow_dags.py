@@ -264,13 +264,36 @@ def test_update_engine_refuses_training_on_a_bad_batch(airflow_db, lucid_home, m
     assert Path(report["job_log"]["clean_path"]).exists()
 
 
+@pytest.mark.parametrize(("conf", "said"), [
+    ({"window_start": "2024/03/04"}, "window_start='2024/03/04' is not an ISO date or time"),
+    ({"trace_format": "philly"}, "not a philly trace"),
+    ({"window_days": 30}, "window_days chooses how much of the store's history to replay, and trace_path is given"),
+])
+def test_a_tuner_run_on_a_trace_it_cannot_read_as_asked_fails_before_any_mapped_task(airflow_db, lucid_home,
+                                                                                     monkeypatch, capfd, conf, said):
+    """A window date that is no ISO date or a trace_format the file is not failed all eleven mapped tasks with the
+    same error (naming `start`, not window_start); window_days beside a trace_path was ignored without a word."""
+    _store_connection(lucid_home, monkeypatch)
+    run = _dagbag().dags["lucid_system_tuner"].test(run_conf={
+        "trace_path": str(SAMPLE_TRACE), "main_nodes": 2, "tprof_s": [200], **conf})
+    states = _ti_states(run)
+    assert states["expand_grid"] == ["failed"], states
+    assert "simulate_configuration" not in states or not any(x == "failed" for x in states["simulate_configuration"])
+    out = capfd.readouterr()
+    assert said in out.out + out.err
+
+
 @pytest.mark.parametrize(("dag_id", "conf", "failed", "said"), [
     ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": [200], "sharng": ["off"]}, "expand_grid",
      "run conf key 'sharng' is not a parameter of this DAG (did you mean 'sharing'?)"),  # a typo
     ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": [200], "trace_path": "/etc/hostname"}, "expand_grid",
      "is outside the folders tuner runs may read traces from"),
     ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": [200], "window_start": "2099-01-01"}, "expand_grid",
-     "window_start choose a window of trace_path's file"),
+     "window_start says how to read trace_path's file, and no trace_path is given"),
+    ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": [200], "trace_format": "philly"}, "expand_grid",
+     "trace_format says how to read trace_path's file, and no trace_path is given"),
+    ("lucid_update_engine", {"mode": "full", "smtp_conn_id": "nope"}, "extract",
+     "smtp_conn_id 'nope' names no Airflow connection the alert could be sent through"),
     ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": list(range(100, 1100, 10)),
                             "aging": list(range(0, 100, 2)), "around": [], "max_configurations": 64}, "expand_grid",
      "the grid has 5,000 combinations, more than max_configurations=64"),
