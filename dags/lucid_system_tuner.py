@@ -175,15 +175,20 @@ def lucid_system_tuner():
     def apply_best(summary: dict, params=None) -> str:
         """Write the best configuration to the live config file, only when asked to."""
         from airflow.sdk.exceptions import AirflowSkipException
+        from lucid_airflow.tuning import record_applied
 
         if not params["apply"]:
+            record_applied(summary["directory"], None, "apply was off: proposed only, nothing was changed")
             raise AirflowSkipException("apply is off: the report proposes, nothing was changed")
         if summary.get("keep_current"):
+            record_applied(summary["directory"], None, "nothing to apply: the verdict keeps the current configuration")
             raise AirflowSkipException(f"nothing to apply: {summary.get('verdict')}")
         from lucid_core.config import live_config_path
         from lucid_core.tuner import chosen_overrides, write_config_toml
 
-        return str(write_config_toml(chosen_overrides(summary), live_config_path()))
+        written = str(write_config_toml(chosen_overrides(summary), live_config_path()))
+        record_applied(summary["directory"], written, f"written to {written}")
+        return written
 
     items = expand_grid()
     results = simulate_configuration.expand(item=items)

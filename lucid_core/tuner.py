@@ -173,7 +173,9 @@ def sweep_grid(explicit: Mapping[str, Any], around: Sequence[str], base: LucidCo
     `most`: refuse, before building any, a grid of more combinations (a few long lists multiply to millions)."""
     request = grid_request(explicit, around, base)
     size = grid_size(request)
-    if most is not None and size > most:
+    # one combination more than `most` may be the current configuration, which is replayed apart and not counted
+    # among the grid's configurations (callers check the count once it is dropped)
+    if most is not None and size > most + 1:
         raise ValueError(f"the grid has {size:,} combinations, more than max_configurations={most}: give the knobs "
                          f"fewer values ({', '.join(f'{k}: {len(v)}' for k, v in request.items())})")
     grid = grid_expansion(request, base)
@@ -182,7 +184,11 @@ def sweep_grid(explicit: Mapping[str, Any], around: Sequence[str], base: LucidCo
 
 def sweep_grid_with_configurations(explicit: Mapping[str, Any], around: Sequence[str],
                                    base: LucidConfig, most: int | None = None) -> GridExpansion:
-    """`sweep_grid`, refusing a grid with nothing left to replay (the CLI's and the DAG's one message)."""
+    """`sweep_grid`, refusing a grid with nothing left to replay, or that sweeps no knob (the current configuration
+    alone was replayed as a candidate, and the report said "the knobs swept make no difference" of none): the
+    CLI's and the DAG's one message."""
+    if not grid_request(explicit, around, base):
+        raise ValueError("the grid sweeps no knob: give some knob's values, or name knobs in around")
     grid = sweep_grid(explicit, around, base, most)
     if not grid.configs:  # a grid of only current values still replays them (drop_current): a conflict left this
         which = "its only combination" if grid.dropped == 1 else f"all {grid.dropped} of its combinations"
@@ -438,14 +444,15 @@ def _verdict_text(objective: str, band: NoiseBand, best: ConfigResult, counts: M
                       f"more than the run-to-run noise ({spread}); the closest, #{best.index}, is worse by "
                       f"{delta_text(metric, -band.gain(value), unit)}{relative}.")
     if counts["worse"]:
+        worse = counts["worse"]
         return True, (f"Keep the current configuration: none of the {total} configurations beats it by more than "
-                      f"the run-to-run noise ({spread}); {counts['worse']} are worse beyond it and "
-                      f"{total - counts['worse']} within it.")
+                      f"the run-to-run noise ({spread}); {worse} {'is' if worse == 1 else 'are'} worse beyond it and "
+                      f"{total - worse} within it.")
     text = (f"Keep the current configuration: no configuration differs from it by more than the run-to-run noise "
             f"({spread}).")
     if counts["same"] == total:
-        text += " Every configuration gave exactly the current result: on this cluster and history the knobs swept " \
-                "make no difference."
+        text += (f" Every configuration gave exactly the current {objective}: on this cluster and history the knobs "
+                 "swept do not change it.")
     return True, text
 
 
@@ -468,8 +475,10 @@ def assess(ranked: Sequence[ConfigResult], current_runs: Sequence[ConfigResult],
                                         "no noise check."}
     band, current = measured
     noise = band.spread
+    floor = (f" (never less than {NOISE_FLOOR:.0%} of the current value)" if band.threshold > noise else "")
     spread = (f"the current configuration's {objective} varied by {delta_text(metric, noise, unit)} over "
-              f"{band.draws} workload draws; differences up to {delta_text(metric, band.threshold, unit)} are noise")
+              f"{band.draws} workload draws; differences up to {delta_text(metric, band.threshold, unit)} are "
+              f"noise{floor}")
     result = {"current": current.to_dict(), "noise": noise, "threshold": band.threshold}
     if not finished:
         return {**result, "keep_current": True, "gain": None, "counts": empty,

@@ -182,12 +182,14 @@ def _advice(suite: str, outcome: Any, batch: Batch) -> str:
     if short is None:
         return "see validation.json beside the batch for the failing rows and expectations"
     need = short.bounds[0]
+    longer = ("run with mode=full for the longer window" if batch.mode != "full" else
+              "give full_days a longer window")  # already mode=full: the advice to run it said nothing new
     if suite == "job_log":
         return (f"what to do: let at least {need} jobs finish in the {batch.mode} window (then the next run "
-                "trains), run with mode=full for the longer window, or lower the bound in include/gx/job_log.json; "
+                f"trains), {longer}, or lower the bound in include/gx/job_log.json; "
                 "until then the scheduler predicts durations from job history")
     return (f"what to do: the load forecast needs submissions in at least {need} slots of {SLOT_S / 60:.0f} min; "
-            "wait for more submission history or run with mode=full")
+            f"wait for more submission history or {longer}")
 
 
 # ---------------------------------------------------------------- models
@@ -595,6 +597,14 @@ def drifted_checks_before(directory: str | Path, this_run: str | None = None, mo
     return counts
 
 
+def safe_file_part(run_id: str) -> str:
+    """A run id as part of a file name, from its start (its last 24 characters dropped `manual__2026` and left a
+    name like `-12-07T165110.9869570000`)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("_")[:80] or "run"
+
+
 def save_drift_history(directory: str | Path, run_id: str | None, reports: list[dict[str, Any]],
                        alert_to: str = "") -> Path:
     """Append this run's drift reports to the history the plugin shows; `alert_to`: who the alert already went
@@ -602,7 +612,7 @@ def save_drift_history(directory: str | Path, run_id: str | None, reports: list[
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    path = out / f"{stamp}-{(run_id or 'manual').replace(':', '').replace('+', '')[-24:]}.json"
+    path = out / f"{stamp}-{safe_file_part(run_id or 'manual')}.json"
     path.write_text(json.dumps({"run_id": run_id, "time": time.time(), "reports": reports,
                                 "alert_sent_to": alert_to}, indent=2, default=str), encoding="utf-8")
     return path

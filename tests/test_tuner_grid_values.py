@@ -107,3 +107,18 @@ def test_the_cli_and_the_dag_refuse_an_empty_grid_with_one_message():
         sweep_grid_with_configurations({"tiny_threshold": [0.9], "medium_threshold": [0.92]}, [], LucidConfig())
     grid = sweep_grid_with_configurations({"tprof_s": [100, 300]}, [], LucidConfig())
     assert [c["profiler.tprof_s"] for c in grid.configs] == [100, 300] and grid.dropped == 0
+
+
+def test_max_configurations_counts_what_the_report_counts_and_a_grid_that_sweeps_nothing_is_refused():
+    """The default sweep (Tprof and sharing, three values each) is the current configuration and 8 others, and the
+    report says 8 configurations; max_configurations=8 refused it as 9 combinations. `around: []` with no knob's
+    values replayed the current configuration as its own candidate and said the knobs made no difference."""
+    from lucid_core.tuner import GRID_KNOBS, sweep_grid_with_configurations
+
+    none = {name: None for name in GRID_KNOBS}
+    grid = sweep_grid_with_configurations(none, ["tprof_s", "sharing"], LucidConfig(), most=8)
+    assert len(grid.configs) == 8
+    with pytest.raises(ValueError, match="the grid has 9 combinations, more than max_configurations=7"):
+        sweep_grid_with_configurations(none, ["tprof_s", "sharing"], LucidConfig(), most=7)
+    with pytest.raises(ValueError, match="the grid sweeps no knob"):
+        sweep_grid_with_configurations(none, [], LucidConfig())

@@ -94,3 +94,16 @@ def tuner_settings(params: Mapping[str, Any], fleet: Mapping[str, Any] | None):
 
     return TunerSettings(main_nodes=params.get("main_nodes") or None, objective=params["objective"],
                          fleet=Fleet.from_dict(fleet) if fleet else None)
+
+
+APPLIED_FILE = "applied.json"  # beside a tuner run's report.json: whether its proposal was written to the live config
+
+
+def record_applied(directory: str | Path, path: str | None, why: str) -> None:
+    """Say in the run's report directory whether its proposal changed the live config (`path`: the file written,
+    None when nothing was), so the report pages tell an applied proposal from one only proposed."""
+    import json
+
+    target = Path(directory) / APPLIED_FILE
+    target.write_text(json.dumps({"applied": path is not None, "path": path, "why": why, "time": time.time()}),
+                      encoding="utf-8")

@@ -173,7 +173,10 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                 f"{priority:.0f}" if priority is not None else "<span class='muted'>n/a</span>",
                 esc(j["pending_reason"] or ""),
             ])
-        body = (f"<p>{len(rows)} waiting job(s). Lower priority value runs first (GPUs x predicted duration).</p>"
+        profiling = sum(1 for j in jobs if j["state"] == "PROFILING")
+        also = f", {profiling} of them being profiled (also on the Running page)" if profiling else ""
+        body = (f"<p>{len(rows)} job(s) not yet on the main cluster{also}. Lower priority value runs first (GPUs x "
+                "predicted duration).</p>"
                 + table(["order", "job", "name", "user", "VC", "GPUs", "state", "predicted duration",
                          "priority (GPU-s)", "reason"], rows, "queue"))
         return page("Queue", body, prefix)
@@ -290,7 +293,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         dec = table(["round", "decision", "reason", "status"], [[str(d.round_id), esc(d.kind), esc(d.reason),
                                                                  esc(d.status)] for d in record.decisions],
                     "decisions")
-        body = (f"{facts}<h2>Output</h2>{_log_html(tail)}<h2>State history</h2>{_state_history(record.events)}"
+        body = (f"{facts}<h2>Output</h2>{_log_html(tail, job_id)}<h2>State history</h2>{_state_history(record.events)}"
                 f"<h2>Why it is where it is</h2><pre id='explanation'>{esc(explanation)}</pre>"
                 f"<h2>Runs</h2>{_runs_table(data['runs'])}<h2>Decisions</h2>{dec}")
         return page(f"Job {job_id}", body, prefix)
@@ -333,12 +336,12 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             summary = _report_json(path)
             try:
                 rows.append([link, esc(summary["objective"]), str(summary["configurations"]),
-                             str(summary["failed"]), esc(proposal_text(summary)),
+                             str(summary["failed"]), esc(proposal_text(summary)), esc(_applied_words(path.parent)),
                              esc(", ".join(map(str, summary.get("workers", []))))])
             except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):  # cut short, not one of ours
-                rows.append([link, "", "", "", "its report.json cannot be read", ""])
+                rows.append([link, "", "", "", "its report.json cannot be read", "", ""])
         return page("System Tuner reports", table(["run", "objective", "configurations", "failed", "proposal",
-                                                   "workers"], rows, "tuner-reports"), prefix)
+                                                   "applied", "workers"], rows, "tuner-reports"), prefix)
 
     @app.get("/tuner/{name}", response_class=HTMLResponse)
     def tuner_report(name: str) -> HTMLResponse:
@@ -346,7 +349,9 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         plots = _report_json(report.parent / "report.json").get("plots", [])
         imgs = "".join(f"<img src='{prefix}/files/tuner/{esc(name)}/{esc(str(p))}' alt='{esc(str(p))}'>"
                        for p in (plots if isinstance(plots, list) else []))
-        return page(f"Tuner report {name}", report.read_text(encoding="utf-8") + imgs, prefix)
+        applied = _applied_words(report.parent)
+        head = f"<p class='hint' id='applied'>{esc(applied)}</p>" if applied else ""
+        return page(f"Tuner report {name}", head + report.read_text(encoding="utf-8") + imgs, prefix)
 
     def _shift_text(shift: dict[str, Any], threshold: float) -> str:
         """One input's PSI and, where chance or the training window's own spread set a higher bar than the
@@ -668,7 +673,7 @@ def _eta_cell(store: Any, job_id: str, job: Any, now: float) -> str:
     return f"<span id='eta'><b>{esc('; '.join(parts))}</b><br><span class='muted'>{basis}</span></span>"
 
 
-def _log_html(tail: Any) -> str:
+def _log_html(tail: Any, job_id: str) -> str:
     """The last lines of stdout and stderr (escaped: a job writes what it likes), or why they are not shown."""
     where = f" of run {esc(tail.run_id)} on {esc(tail.host)}" if tail.run_id else ""
     if tail.problem and tail.run_id is None:
@@ -680,7 +685,8 @@ def _log_html(tail: Any) -> str:
         block = (f"<pre class='log' id='{stream}'>{esc(text)}</pre>" if text
                  else f"<p class='muted' id='{stream}'>{stream} is empty</p>")
         blocks.append(f"<h3>Last lines of {stream}{where}</h3>{block}")
-    return "".join(blocks) + "<p class='muted'>All of it: <code>lucid logs JOB</code> (<code>--stderr</code>).</p>"
+    return "".join(blocks) + (f"<p class='muted'>All of it: <code>lucid logs {esc(job_id)}</code> "
+                              f"(<code>lucid logs {esc(job_id)} --stderr</code>).</p>")
 
 
 def _state_history(events: list[Any]) -> str:
@@ -746,6 +752,21 @@ def _day_start(text: str) -> float | None:
     except ValueError:
         raise ValueError(f"{text!r} is not a date (YYYY-MM-DD)") from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _applied_words(directory: Path) -> str:
+    """Whether a tuner run's proposal changed the live config, as its apply step recorded ('' before that step,
+    or for a run from before it recorded one)."""
+    from lucid_airflow.tuning import APPLIED_FILE
+
+    data = _report_json(directory / APPLIED_FILE)
+    if not data:
+        return ""
+    stamp = saved_float(data.get("time"))
+    when = f" on {_utc(stamp)}" if stamp is not None else ""
+    if data.get("applied") is True:
+        return f"Applied{when}: the live config file {data.get('path')} now holds this proposal."
+    return f"Not applied: {data.get('why') or 'nothing was changed'}."
 
 
 def _report_json(path: Path) -> dict:

@@ -99,6 +99,14 @@ def test_tuner_dag_runs_one_mapped_task_per_configuration(airflow_db, lucid_home
     assert applied.profiler.tprof_s == best["profiler.tprof_s"]
     assert applied.orchestrator.aging == best["orchestrator.aging"] in (0, 32)
     assert applied.orchestrator.yield_margin == best["orchestrator.yield_margin"] == 4  # the live file had 0
+    # the report pages say the proposal was written, and where (they showed an applied and a proposed run alike)
+    from fastapi.testclient import TestClient
+    from lucid_airflow.web import create_lucid_app
+
+    pages = TestClient(create_lucid_app(lambda: "sqlite://", lambda: lucid_home / "reports", protect=False))
+    name = reports[0].parent.name
+    assert f"the live config file {tmp_path / 'live.toml'} now holds this proposal" in pages.get(f"/tuner/{name}").text
+    assert "Applied on " in pages.get("/tuner").text
 
 
 def test_tuner_apply_step_is_skipped_unless_asked(airflow_db, lucid_home, tmp_path, monkeypatch):
@@ -109,6 +117,8 @@ def test_tuner_apply_step_is_skipped_unless_asked(airflow_db, lucid_home, tmp_pa
     states = _ti_states(run)
     assert states["apply_best"] == ["skipped"], states
     assert not (tmp_path / "live.toml").exists()
+    report = next((lucid_home / "reports" / "tuner").glob("*/report.json")).parent
+    assert json.loads((report / "applied.json").read_text())["applied"] is False
 
 
 def _store_connection(home: Path, monkeypatch) -> str:

@@ -137,6 +137,7 @@ def test_job_page_shows_command_user_vc_history_logs_eta_and_partner(fleet, luci
     assert "step 1 loss 0.91" in stdout and html.escape(XSS_OUT) in stdout
     assert html.escape(XSS_ERR) in stderr and "warn &amp; &lt;b&gt;x&lt;/b&gt;" in stderr
     assert "sleep" not in stdout, "the log's lines, not the command"
+    assert f"<code>lucid logs {fleet.job}</code>" in text, "the command to read all of it names the job"
     eta = _section(text, "eta")
     assert "ends " in eta and "estimate" in eta and "predicted duration" in eta, eta
     partner = _section(text, "partner")

@@ -114,7 +114,7 @@ def test_rows_within_or_worse_never_become_a_recommendation():
     ranked = rank([_result(0, {"x.y": 1}, 6050.0), _result(1, {"x.y": 2}, 9000.0)], "avg_jct")
     verdict = assess(ranked, _current_runs(2), "avg_jct")
     assert verdict["keep_current"] is True and verdict["counts"]["worse"] == 1
-    assert "none of the 2 configurations beats it" in verdict["text"] and "1 are worse beyond it" in verdict["text"]
+    assert "none of the 2 configurations beats it" in verdict["text"] and "1 is worse beyond it" in verdict["text"]
 
 
 def test_the_current_configuration_is_always_a_row(tmp_path):
