@@ -24,6 +24,7 @@ TUNER_REPORT = Asset(name="lucid_tuner_report")
 
 OBJECTIVES = ["avg_jct", "avg_queue_delay", "p999_queue_delay", "utilization"]
 
+WINDOW_DAYS = 7  # days of store history a run without a trace file replays (the form's default)
 #: The form names of the knobs a sweep can vary (lucid_core.tuner_grid.GRID_KNOBS; not imported at parse time).
 KNOBS = ["tprof_s", "nprof_gpus", "cprof_nodes", "tiny_threshold", "medium_threshold", "sharing", "update_cadence",
          "pair_priority_ratio", "aging", "guard_slowdown", "backfill_margin", "long_quantile", "guard_tail",
@@ -68,7 +69,8 @@ def _choices(description: str, choices: list[str]) -> Param:
                               "file only; empty: the file's first job"),
         "window_end": Param(None, type=["null", "string"], description="Trace window end, exclusive (YYYY-MM-DD), "
                             "file only; empty: the file's last job"),
-        "window_days": Param(7, type="integer", minimum=1, maximum=3650, description="Store history to replay"),
+        "window_days": Param(WINDOW_DAYS, type="integer", minimum=1, maximum=3650,
+                             description="Store history to replay"),
         "main_nodes": Param(None, type=["null", "integer"], minimum=1, maximum=10000,
                             description="Empty: simulate the live inventory (hosts, GPUs per host, VCs, profiling "
                                         "pool). A number: that many 8-GPU nodes instead (profiling pool carved out)."),
@@ -120,7 +122,7 @@ def lucid_system_tuner():
 
         conf = getattr(dag_run, "conf", None)
         refuse_unknown_conf(conf, dag.params.keys())  # params: conf merged in
-        refuse_window_without_trace(params, conf)
+        refuse_window_without_trace(params, conf, {"window_days": WINDOW_DAYS})
         if params.get("trace_path"):
             checked_trace_path(params["trace_path"])
             refuse_unreadable_window(params)

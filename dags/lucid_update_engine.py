@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, Param, dag, task
 
+SMTP_DEFAULT = "smtp_default"  # the alert's SMTP connection unless a run names another
 #: updated when the Update Engine decides (promote or keep); the live round loads promoted models
 LUCID_MODELS = Asset(name="lucid_models")
 #: LUCID_UPDATE_SCHEDULE overrides the daily schedule; "none" leaves only triggered runs (the embedded demo)
@@ -46,7 +47,7 @@ UPDATE_SCHEDULE = None if _SCHEDULE.lower() == "none" else _SCHEDULE
                                                    "drifted (1: at the first)"),
         "alert_to": Param("lucid-admins@localhost", type="string", minLength=1,
                           description="Recipients, separated by commas or semicolons"),
-        "smtp_conn_id": Param("smtp_default", type="string"),
+        "smtp_conn_id": Param(SMTP_DEFAULT, type="string"),
     },
 )
 def lucid_update_engine():
@@ -65,8 +66,10 @@ def lucid_update_engine():
         refuse_unknown_conf(conf, dag.params.keys())  # params: conf merged in
         refuse_non_finite(params)
         alert_recipients(params["alert_to"])
-        if "smtp_conn_id" in conf:  # one named for this run that does not exist was found only at the alert
-            smtp_connection(params["smtp_conn_id"])  # (the default may be missing where no mail is wanted)
+        # one named for this run that does not exist was found only at the alert; the default may be missing where
+        # no mail is wanted (the trigger form sends every parameter, so only a changed one counts as named)
+        if conf.get("smtp_conn_id", SMTP_DEFAULT) != SMTP_DEFAULT:
+            smtp_connection(params["smtp_conn_id"])
 
         batch = extract_batch(store_url(), reports_root() / "update" / safe_name(run_id), params["mode"],
                               logical_date.timestamp() if logical_date else None,

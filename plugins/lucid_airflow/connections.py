@@ -89,9 +89,18 @@ def sqlalchemy_url(conn) -> str:
         return URL.create("postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
                           host=conn.host or None, port=conn.port or None,
                           database=conn.schema or None).render_as_string(hide_password=False)
-    raise ConnectionProblem(f"connection {conn.conn_id}: conn type {kind or '(none)'!r} names no Lucid store: use "
-                            "postgres, lucid (PostgreSQL fields) or sqlite (host: the file), or set "
-                            "extra.sqlalchemy_url")
+    # a connection given as a URI keeps its scheme as the type (`postgresql+psycopg2://...`): its URI is the URL,
+    # when SQLAlchemy has a dialect for it (`lucid://`, `generic://` have none: refused here, not in every reader)
+    from sqlalchemy.engine import make_url
+
+    uri = conn.get_uri()
+    try:
+        make_url(uri).get_dialect()
+    except Exception:  # no such dialect, or no URL at all
+        raise ConnectionProblem(f"connection {conn.conn_id}: conn type {kind or '(none)'!r} names no Lucid store: "
+                                "use postgres, lucid (PostgreSQL fields) or sqlite (host: the file), a SQLAlchemy "
+                                "URI, or set extra.sqlalchemy_url") from None
+    return uri
 
 
 def store_url(conn_id: str = STORE_CONN_ID) -> str:

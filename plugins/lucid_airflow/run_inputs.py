@@ -61,9 +61,12 @@ def checked_trace_path(path: str) -> Path:
     return resolved
 
 
-def refuse_window_without_trace(params: Mapping[str, Any], conf: Mapping[str, Any] | None = None) -> None:
+def refuse_window_without_trace(params: Mapping[str, Any], conf: Mapping[str, Any] | None = None,
+                                defaults: Mapping[str, Any] | None = None) -> None:
     """The inputs that choose how trace_path's file is read (window_start, window_end, trace_format) mean nothing
-    without one, and window_days (the store's window) nothing with one: each was accepted and ignored."""
+    without one, and window_days (the store's window) nothing with one: each was accepted and ignored. Airflow's
+    trigger form sends every parameter's value, so window_days counts as given only where it differs from
+    `defaults` (the DAG's own)."""
     if not params.get("trace_path"):
         given = [k for k in ("window_start", "window_end") if params.get(k)]
         if params.get("trace_format") not in (None, "", "auto"):
@@ -73,7 +76,7 @@ def refuse_window_without_trace(params: Mapping[str, Any], conf: Mapping[str, An
                              "trace_path's file, and no trace_path is given (the store's finished jobs of the last "
                              f"window_days are replayed): leave {'them' if len(given) > 1 else 'it'} out or give "
                              "trace_path")
-    elif "window_days" in (conf or {}):
+    elif "window_days" in (conf or {}) and (conf or {})["window_days"] != (defaults or {}).get("window_days"):
         raise ValueError("window_days chooses how much of the store's history to replay, and trace_path is given "
                          "(its file is replayed, cut by window_start and window_end): leave one out")
 
@@ -90,9 +93,10 @@ def refuse_unreadable_window(params: Mapping[str, Any]) -> None:
 def smtp_connection(conn_id: str) -> None:
     """ValueError when `conn_id` names no Airflow connection: the drift alert could reach nobody."""
     from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
         BaseHook.get_connection(conn_id)
-    except Exception as exc:  # the Task SDK's not-found error, or a secrets backend's own
+    except AirflowNotFoundException:  # only "no such connection": a lookup that failed for a while is retried
         raise ValueError(f"smtp_conn_id {conn_id!r} names no Airflow connection the alert could be sent "
-                         f"through ({type(exc).__name__}): add it, or give the one your SMTP server has") from None
+                         "through: add it, or give the one your SMTP server has") from None

@@ -427,7 +427,7 @@ def metrics_words(metrics: Any) -> str:
     for key, pattern in METRIC_WORDS:
         try:
             words.append(pattern.format(metrics[key]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, ArithmeticError):  # ArithmeticError: an int past a float's range
             continue
     window = metrics.get("training_window")
     if isinstance(window, list | tuple) and len(window) == 2 and all(saved_time(t) for t in window):

@@ -293,6 +293,24 @@ def test_a_tuner_run_on_a_trace_it_cannot_read_as_asked_fails_before_any_mapped_
     assert said in out.out + out.err
 
 
+def test_runs_from_the_trigger_form_which_sends_every_parameter_pass_the_first_task(airflow_db, lucid_home,
+                                                                                      monkeypatch):
+    """Airflow's trigger form sends every parameter's value in the run's conf: the checks of inputs a run ignores
+    took the form's window_days (beside a trace_path) and smtp_conn_id (no such connection where no mail is
+    wanted) for inputs a person gave, and failed every form run of both DAGs."""
+    url = _store_connection(lucid_home, monkeypatch)
+    seed_finished_jobs(url, limit=30)
+    monkeypatch.delenv("AIRFLOW_CONN_SMTP_DEFAULT", raising=False)
+    bag = _dagbag()
+    form = {name: param.value for name, param in bag.dags["lucid_system_tuner"].params.items()}
+    run = bag.dags["lucid_system_tuner"].test(run_conf={**form, "trace_path": str(SAMPLE_TRACE), "main_nodes": 2,
+                                                        "tprof_s": [200], "around": ["sharing"]})
+    assert _ti_states(run)["expand_grid"] == ["success"], _ti_states(run)
+    form = {name: param.value for name, param in bag.dags["lucid_update_engine"].params.items()}
+    run = bag.dags["lucid_update_engine"].test(run_conf={**form, "mode": "full", "full_days": 3650})
+    assert _ti_states(run)["extract"] == ["success"], _ti_states(run)
+
+
 @pytest.mark.parametrize(("dag_id", "conf", "failed", "said"), [
     ("lucid_system_tuner", {"main_nodes": 2, "tprof_s": [200], "sharng": ["off"]}, "expand_grid",
      "run conf key 'sharng' is not a parameter of this DAG (did you mean 'sharing'?)"),  # a typo

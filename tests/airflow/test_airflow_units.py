@@ -438,3 +438,43 @@ def test_a_run_parameter_that_is_no_finite_number_is_refused_naming_it(value, sa
     refuse_non_finite({"drift_psi": 0.2, "mode": "full", "drift_checks_in_a_row": 2, "strict": True})
     with pytest.raises(ValueError, match=f"parameter 'drift_mae_ratio' must be a finite number, {said}"):
         refuse_non_finite({"drift_psi": 0.2, "drift_mae_ratio": value})
+
+
+def test_a_connection_given_as_a_sqlalchemy_uri_keeps_working():
+    """Airflow keeps a URI's scheme as the conn type (`postgresql+psycopg2`): its URI is the store's URL, as before
+    the conn types were checked."""
+    from airflow.models.connection import Connection
+    from lucid_airflow.connections import sqlalchemy_url
+
+    uri = "postgresql+psycopg2://lucid:pw@lucid-db.internal:5432/lucid"
+    assert sqlalchemy_url(Connection(conn_id="lucid_db", uri=uri)) == uri
+
+
+def test_the_smtp_check_fails_for_good_only_on_a_connection_that_does_not_exist(monkeypatch):
+    """A lookup that failed for a while (the execution API restarting) is not "no such connection": it must not
+    turn into an alert failed without retries."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+    from lucid_airflow.run_inputs import smtp_connection
+
+    def missing(conn_id):
+        raise AirflowNotFoundException(f"The conn_id `{conn_id}` isn't defined")
+
+    monkeypatch.setattr(BaseHook, "get_connection", staticmethod(missing))
+    with pytest.raises(ValueError, match="smtp_conn_id 'nope' names no Airflow connection"):
+        smtp_connection("nope")
+
+    def unreachable(conn_id):
+        raise ConnectionError("execution API unreachable")
+
+    monkeypatch.setattr(BaseHook, "get_connection", staticmethod(unreachable))
+    with pytest.raises(ConnectionError):
+        smtp_connection("smtp_default")
+
+
+def test_model_metrics_past_a_floats_range_do_not_fail_the_models_page():
+    from lucid_airflow.web import metrics_words
+
+    assert metrics_words({"reference_mae": 10**400, "train_rows": 5}) == "trained on 5 jobs"
+    assert metrics_words({"fit_seconds": 10**400, "training_window": [float("inf"), 1.0]}) == ""
+    assert metrics_words(["not", "a", "mapping"]) == "['not', 'a', 'mapping']"
