@@ -22,5 +22,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs", schema=None) as batch_op:
-        batch_op.drop_column("time_limit_s")
+    # a plain DROP COLUMN (SQLite 3.35+ has it): batch mode would copy `jobs` and drop the old table, which the
+    # runs' and events' foreign keys to it refuse on SQLite
+    op.drop_column("jobs", "time_limit_s")
