@@ -246,3 +246,20 @@ def test_explain_says_a_prediction_stops_at_the_time_limit(store, tmp_path, caps
 
     cancel(store, hold)
     SchedulingRound(store, local_executor(), config, SETTINGS).run()
+
+
+def test_history_shows_a_jobs_time_limit_as_sacct_shows_timelimit(store, tmp_path, capsys):
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
+    limited = submit(store, JobRequest("true", 1, "ann", "default", time_limit_s=5400.0))
+    plain = submit(store, JobRequest("true", 1, "ann", "default"))
+    for job in (limited, plain):
+        cancel(store, job)
+    SchedulingRound(store, local_executor(), fast_config(**{"profiler.enabled": False}), SETTINGS).run()
+    assert main(["history", "--store", store.url, "--format", "JobID,Timelimit"]) == 0
+    rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[1:-1]}
+    assert rows == {limited: "01:30:00", plain: "-"}
+    assert main(["history", "--store", store.url, "--json"]) == 0
+    listed = {r["job_id"]: r["time_limit_s"] for r in json.loads(capsys.readouterr().out)["jobs"]}
+    assert listed == {limited: 5400.0, plain: None}

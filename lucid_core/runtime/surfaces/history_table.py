@@ -37,10 +37,11 @@ HISTORY_COLUMNS = {"jobid": "job_id", "job_id": "job_id", "jobname": "name", "na
                    "vc": "vc", "account": "vc", "gpus": "gpus", "allocgpus": "gpus", "state": "state",
                    "submit": "submit_time", "start": "start_time", "end": "end_time", "queued": "queued_s",
                    "elapsed": "elapsed_s", "exitcode": "exit_code", "exit_code": "exit_code", "reason": "end_reason",
-                   "end_reason": "end_reason", "inprofiling": "ended_in_profiling"}
+                   "end_reason": "end_reason", "inprofiling": "ended_in_profiling", "timelimit": "time_limit_s",
+                   "time_limit": "time_limit_s"}
 HISTORY_HEADERS = {"job_id": "JOBID", "name": "JOBNAME", "submit_time": "SUBMIT", "start_time": "START",
                     "end_time": "END", "queued_s": "QUEUED", "elapsed_s": "ELAPSED", "exit_code": "EXITCODE",
-                    "end_reason": "REASON", "ended_in_profiling": "INPROFILING"}
+                    "end_reason": "REASON", "ended_in_profiling": "INPROFILING", "time_limit_s": "TIMELIMIT"}
 STATE_ALIASES = {"CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "COMPLETE": "COMPLETED",
                   "CANCELED": "CANCELLED"}
 

@@ -25,7 +25,7 @@ FINISHED_STATES = tuple(s.value for s in TERMINAL_STATES)
 
 #: What `history` can show per job, and the columns `lucid history` prints by default.
 HISTORY_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
-                  "queued_s", "elapsed_s", "exit_code", "end_reason", "ended_in_profiling")
+                  "queued_s", "elapsed_s", "exit_code", "end_reason", "ended_in_profiling", "time_limit_s")
 HISTORY_DEFAULT_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "end_time", "elapsed_s", "exit_code")
 #: The largest history limit and offset: more jobs than any store holds, and within the stores' 64-bit integers.
 MAX_HISTORY_ROWS = 2**31 - 1
@@ -237,4 +237,5 @@ def history_row(j: Any, first_start: Any = None) -> dict[str, Any]:
     return {"job_id": j.job_id, "name": j.name, "user": j.user, "vc": j.vc, "gpus": j.gpus, "state": j.state,
             "submit_time": j.submit_time, "start_time": start, "end_time": j.end_time,
             "queued_s": _span(j.submit_time, start), "elapsed_s": _span(start, j.end_time),
-            "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling}
+            "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling,
+            "time_limit_s": getattr(j, "time_limit_s", None)}

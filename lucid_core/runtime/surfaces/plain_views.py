@@ -27,7 +27,7 @@ from lucid_core.runtime.surfaces.shared_time import spans_by_job
 _QUEUE_COLUMNS = ("job_id", "seq", "state", "name", "user", "vc", "gpus", "queue_position", "predicted_duration",
                   "share_class", "pending_reason", "submit_time")
 _HISTORY_COLUMNS = ("job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
-                    "exit_code", "end_reason", "ended_in_profiling", "yields")
+                    "exit_code", "end_reason", "ended_in_profiling", "yields", "time_limit_s")
 
 
 def _marks(values: tuple[Any, ...] | list[Any]) -> str:
