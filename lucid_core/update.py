@@ -144,7 +144,10 @@ def extract_batch(store_url: str, directory: str | Path, requested_mode: str, no
     jobs = extract_job_log(store_url, since=since, until=until)
     slots = submissions_per_slot(jobs)  # every submission, started or not: the load the forecaster learns
     ran = started(jobs)
-    jobs = jobs[ran]
+    # the jobs that ended by `until`: a promoted model learns live those that end after it (`load_snapshot`), so
+    # the two sets meet at `until` and none is learned twice or never (a job with no end time stays for
+    # validation to quarantine)
+    jobs = jobs[ran & ~(jobs["end_time"] >= until)]
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     write_batch_frame(jobs, out / "jobs.csv")

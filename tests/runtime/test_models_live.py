@@ -198,3 +198,32 @@ def test_a_path_through_a_symlink_loop_is_refused_as_outside_the_root_not_raised
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with pytest.raises(ValueError, match="is not a path"):
         artifact_within(tmp_path / "a" / "model.joblib", tmp_path / "models")
+
+
+def test_a_promoted_model_learns_the_jobs_that_ended_while_it_was_trained(tmp_path):
+    """The Update Engine trains on the jobs that ended by its window's end; the model is promoted minutes later.
+    The round learned live only what ended after the promotion, so a job that ended in between was learned by
+    neither until the next run. Now the live set starts where the training data ends."""
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.update import extract_batch
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = Store(url)
+    promoted = time.time() - 1000
+    window_end = promoted - 300  # training took 5 minutes
+    with store.session() as s:
+        for i, end in enumerate((promoted - 500, promoted - 100, promoted + 100)):
+            s.add(JobRow(job_id=f"h{i}", seq=i + 1, name="h", user="ann", vc="a", gpus=1, command="true", env={},
+                         state="COMPLETED", submit_time=end - 400, start_time=end - 300, end_time=end))
+        path = tmp_path / "models" / "duration.joblib"
+        joblib.dump(HistoryDurationPredictor(), path)
+        s.add(ModelVersionRow(kind="duration", version="v1", path=str(path), created_at=promoted, active=True,
+                              metrics={"training_window": [window_end - 86400.0, window_end]}))
+    assert [row.job_id for row, _ in load_snapshot(store, time.time()).unlearned] == ["h1", "h2"]
+    # the training data is the other side of the same line: h0 only (h1 ended after the window's end)
+    batch = extract_batch(url, tmp_path / "batch", "full", window_end, full_days=1)
+    assert batch.job_rows == 1
+    with store.session() as s:  # a window another writer broke counts from the promotion, as before
+        s.query(ModelVersionRow).update({"metrics": {"training_window": ["x", None]}})
+    assert [row.job_id for row, _ in load_snapshot(store, time.time()).unlearned] == ["h2"]
+    store.dispose()

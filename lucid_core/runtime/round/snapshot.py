@@ -24,6 +24,7 @@ from lucid_core.domain import (
     RunState,
     ShareClass,
 )
+from lucid_core.policy.view import saved_float
 from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, ProfileRow, RunRow
 from lucid_core.runtime.store.store import Store
 
@@ -103,13 +104,15 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
                 if p.job_id in jobs:  # a job that moved between the two reads keeps what the first saw
                     profiles[p.job_id] = p
         state = {row.key: row.value for row in s.scalars(select(SchedulerStateRow))}
-        models = {m.kind: (m.version, m.path, m.created_at) for m in s.scalars(
-            select(ModelVersionRow).where(ModelVersionRow.active.is_(True)).order_by(ModelVersionRow.created_at))}
+        active = list(s.scalars(select(ModelVersionRow).where(ModelVersionRow.active.is_(True))
+                                .order_by(ModelVersionRow.created_at)))
+        models = {m.kind: (m.version, m.path, m.created_at) for m in active}
+        learned_until = {m.kind: trained_until(m) for m in active}
         unlearned: list[tuple[JobRow, float]] = []
         history = None
-        if "duration" in models:  # a promoted model learns, in full, only what ended after it was made
+        if "duration" in models:  # a promoted model learns, in full, only what ended after its training data
             unlearned = _with_run_times(reversed(list(map(make, core.execute(
-                select(*JOB_COLUMNS).where(*_FINISHED, JobRow.end_time > models["duration"][2])
+                select(*JOB_COLUMNS).where(*_FINISHED, JobRow.end_time >= learned_until["duration"])
                 .order_by(*_NEWEST_FIRST).limit(HISTORY_LIMIT))))))
         else:  # the fallback will learn from the history: read it with the rest
             history = _read_history(core)
@@ -125,6 +128,20 @@ def load_snapshot(store: Store, now: float, history_window_s: float = 2 * 86400.
     submissions = [(t, g) for t, g in subs if type(t) in (float, int) and math.isfinite(t) and type(g) is int]
     return Snapshot(hosts, counts, jobs, runs, profiles, state, history, unlearned, submissions, models,
                     history_reader=read_history, unknown_runs=unknown_runs)
+
+
+def trained_until(version: Any) -> float:
+    """Where a promoted model's training data ends: the end of its training window, which holds the jobs that
+    ended before it (`update.extract_batch`); the jobs that end from then on are the model's to learn live. A
+    version without a readable window (promoted by hand, or before windows were kept) counts from its promotion,
+    as before: jobs that ended while it trained were then learned by neither."""
+    metrics = version.metrics if isinstance(version.metrics, dict) else {}
+    window = metrics.get("training_window")
+    end = saved_float(window[1]) if isinstance(window, list | tuple) and len(window) == 2 else None
+    created = saved_float(version.created_at)
+    if end is not None and (created is None or end <= created):
+        return end
+    return created if created is not None else math.inf
 
 
 _FINISHED = (JobRow.state == JobState.COMPLETED.value, JobRow.start_time.is_not(None), JobRow.end_time.is_not(None))
