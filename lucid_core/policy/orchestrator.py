@@ -49,13 +49,18 @@ def is_overdue_key(key: SortKey) -> bool:
 
 def predicted_release(view: ClusterView, job_id: str) -> float:
     """When a running job is expected to free its GPUs: its predicted end, or, once it has
-    outlived the prediction (or has none yet), as long again as it has run so far."""
+    outlived the prediction (or has none yet), as long again as it has run so far; never after its time
+    limit (the round stops it there: what backfilling may count on, as Slurm's does)."""
     alloc = view.allocations[job_id]
     job = view.jobs[job_id]
     elapsed = view.now - alloc.start
     if job.predicted_duration is not None and alloc.start + job.predicted_duration > view.now:
-        return alloc.start + job.predicted_duration
-    return view.now + max(elapsed, view.tprof_s)
+        release = alloc.start + job.predicted_duration
+    else:
+        release = view.now + max(elapsed, view.tprof_s)
+    if job.time_limit_s is not None:
+        release = min(release, max(view.now, alloc.start + job.time_limit_s))
+    return release
 
 
 def _node_ready_at(view: ClusterView, name: str, job: Job, release: dict[str, float]) -> float:

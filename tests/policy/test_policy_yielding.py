@@ -291,3 +291,22 @@ def test_a_job_profiled_in_place_takes_its_prediction_through_the_same_floor():
         view.start(job_id, Pool.MAIN, view.main.place_compact(1, ""), at=0.0)
         policy.on_profiled(view, job, Profile(gpu_util=40.0, mem_util=10.0, gpu_mem_mb=2000.0))
     assert [view.jobs[j].predicted_duration for j in ("nan", "inf", "short")] == [3600.0, 3600.0, 120.0]
+
+
+def test_a_running_job_is_expected_to_free_its_gpus_no_later_than_its_time_limit():
+    """The round stops a job at its time limit: a job that outlived its prediction was expected to run as long
+    again as it had, past its limit, and backfilling could not count on the GPUs it must free."""
+    from lucid_core.policy.orchestrator import predicted_release
+
+    view = ClusterView(_config(), now=0.0)
+    view.add_nodes(Pool.MAIN, 2)
+    for job in (Job("T", "u", "", 1, 0.0, predicted_duration=100.0, time_limit_s=600.0),
+                Job("U", "u", "", 1, 0.0, predicted_duration=100.0)):
+        view.add_job(job)
+        view.start(job.job_id, Pool.MAIN, view.main.place_compact(1, ""))
+    view.now = 50.0
+    assert predicted_release(view, "T") == predicted_release(view, "U") == 100.0  # within its prediction
+    view.now = 400.0  # both outlived it: as long again as they ran, but T is stopped at 600 s
+    assert (predicted_release(view, "T"), predicted_release(view, "U")) == (600.0, 800.0)
+    view.now = 700.0  # past the limit, the stop not read yet: now, never in the past
+    assert predicted_release(view, "T") == 700.0
