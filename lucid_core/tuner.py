@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lucid_core.config import ConfigError, LucidConfig, check_knob, load_config_file, load_live_config
-from lucid_core.policy.view import saved_float
+from lucid_core.policy.view import saved_float, saved_time_limit
 from lucid_core.sim.fleet import Fleet, FleetCatalogs
 from lucid_core.sim.records import TraceRecord, stored_flag
 from lucid_core.tuner_grid import (
@@ -766,12 +766,6 @@ def _replayable(job: Mapping[str, Any]) -> tuple[float, float, int] | None:
     return submit, end - start, gpus
 
 
-def _stored_limit(value: Any) -> float | None:
-    """A stored job's time limit as the live round reads it: a positive finite number of seconds, else none."""
-    limit = saved_float(value)
-    return limit if limit is not None and limit > 0 else None
-
-
 def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> StoredRecords:
     """Finished jobs of the store (dict rows) as trace records on a clock starting at the first submit; each
     keeps its own `preemptible` flag, so the replay yields only the jobs the live round could have stopped, and
@@ -786,7 +780,7 @@ def records_from_jobs(jobs: Sequence[Mapping[str, Any]]) -> StoredRecords:
                            vc=str(j.get("vc") or "default"), user=str(j.get("user") or ""),
                            name=str(j.get("name") or ""), state=str(j.get("state") or ""),
                            preemptible=stored_flag(j.get("preemptible")),
-                           time_limit_s=_stored_limit(j.get("time_limit_s")))
+                           time_limit_s=saved_time_limit(j.get("time_limit_s")))
                for j, (submit, run, gpus) in kept]
     return StoredRecords(sorted(records, key=lambda r: (r.submit_time, r.job_id)), odd_jobs=len(done) - len(kept))
 

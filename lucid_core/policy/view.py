@@ -367,6 +367,13 @@ def _saved_time(value: Any) -> float | None:
     return float(value) if saved_number(value) else None
 
 
+def saved_time_limit(value: Any) -> float | None:
+    """A stored time limit (`--time-limit`, seconds) as every reader takes it: a positive finite number, else
+    none (text, NaN, an infinity or a value at or below zero another writer left limits nothing)."""
+    limit = saved_float(value)
+    return limit if limit is not None and limit > 0 else None
+
+
 def saved_float(value: Any) -> float | None:
     """A stored number as a finite float, else None: text, a flag, NaN, an infinity, or an integer past a float's
     range (JSON keeps 10**400, and float() of it raises OverflowError)."""

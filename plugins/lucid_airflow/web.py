@@ -619,11 +619,11 @@ def _job_facts(data: dict[str, Any], job: Any, eta: str, prefix: str) -> str:
 
 def _limit_words(data: dict[str, Any]) -> str:
     """The job's time limit in words, all its runs together ('' when it has none or a writer broke it)."""
-    from lucid_core.policy.view import saved_float
+    from lucid_core.policy.view import saved_time_limit
     from lucid_core.units import duration_words
 
-    limit = saved_float(data.get("time_limit_s"))
-    return f"{duration_words(limit)}, all its runs together" if limit is not None and limit > 0 else ""
+    limit = saved_time_limit(data.get("time_limit_s"))
+    return f"{duration_words(limit)}, all its runs together" if limit is not None else ""
 
 
 def _partner_cell(spans: list[dict[str, Any]], sharing: str | None, prefix: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, PROFILING_END_SLACK_S, JobState, RunState, left_alone
-from lucid_core.policy.view import saved_float, saved_indices, saved_number
+from lucid_core.policy.view import saved_float, saved_indices, saved_number, saved_time_limit
 from lucid_core.runtime.hosts.executor import (
     HostCommandFailed,
     HostUnreachable,
@@ -284,7 +284,7 @@ class SettlingSteps(MpsFaultChecks, TimeLimitSteps):
                 elif reason == "peer_ended":
                     return  # the peer that ended first decided the job's fate
                 elif reason == TIME_LIMIT_STOP:
-                    limit = saved_float(job.time_limit_s)
+                    limit = saved_time_limit(job.time_limit_s)
                     words = time_limit_words(limit) if limit is not None else "its time limit"
                     self._end_job(s, job, JobState.FAILED, None, f"stopped: it ran past {words}; {outcome}", run,
                                   at=ended)

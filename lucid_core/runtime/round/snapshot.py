@@ -24,7 +24,7 @@ from lucid_core.domain import (
     RunState,
     ShareClass,
 )
-from lucid_core.policy.view import saved_float
+from lucid_core.policy.view import saved_float, saved_time_limit
 from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, ProfileRow, RunRow
 from lucid_core.runtime.store.store import Store
 
@@ -218,13 +218,7 @@ def job_of(row: JobRow) -> Job:
                predicted_duration=_prediction(row.predicted_duration),
                known_min_duration=_known_run(row.known_min_duration),
                start_time=row.start_time, end_time=row.end_time, no_share=row.no_share,
-               preemptible=row.preemptible, yields=row.yields, time_limit_s=_time_limit(row.time_limit_s))
-
-
-def _time_limit(value: object) -> float | None:
-    """A stored time limit the policy can use: a positive finite number (another writer's text, NaN or a
-    negative value limits nothing here; the round's time-limit step ignores it too)."""
-    return float(value) if type(value) in (float, int) and 0 < value < math.inf else None  # type: ignore[operator]
+               preemptible=row.preemptible, yields=row.yields, time_limit_s=saved_time_limit(row.time_limit_s))
 
 
 def profile_of_row(row: ProfileRow, amp: bool) -> Profile:

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 
 from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
-from lucid_core.policy.view import saved_float
+from lucid_core.policy.view import saved_float, saved_time_limit
 from lucid_core.runtime.round.base import TERMINAL_VALUES, RoundBase, update_unsynced
 from lucid_core.runtime.store.schema import JobRow, RunRow
 from lucid_core.units import duration_words
@@ -59,8 +59,8 @@ class TimeLimitSteps(RoundBase):
             for job in jobs:
                 if job.cancel_requested is True:
                     continue  # a cancel that came first stands: the job ends CANCELLED, not past its limit
-                limit = saved_float(job.time_limit_s)
-                if limit is None or limit <= 0:
+                limit = saved_time_limit(job.time_limit_s)
+                if limit is None:
                     continue  # a limit another writer broke holds nothing
                 ran = time_run(runs[job.job_id], now)
                 if ran >= limit:
