@@ -293,7 +293,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("lucid_core.models.cli", "train, evaluate and version the interpretable models"),
     **{name: ("lucid_core.runtime.surfaces.cli.commands", text) for name, text in (
         ("submit", "submit a job: lucid submit --gpus 2 [--vc VC] -- COMMAND..."),
-        ("cancel", "cancel a job"),
+        ("cancel", "cancel jobs: lucid cancel JOB... or lucid cancel --me [--state PD]"),
         ("status", "a job's state and runs"),
         ("explain", "why a job is where it is"),
         ("eta", "what-if start and end time of a job"),

@@ -108,8 +108,13 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
             raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
 
     @router.get("/queue")
-    def get_queue() -> Any:
-        return queries.queue(store)
+    def get_queue(user: str | None = None, vc: str | None = None, state: str | None = None) -> Any:
+        """Waiting and running jobs in the policy's order (`user`, `vc`, `state`: comma-separated filters)."""
+        try:
+            query = queries.QueueQuery.of_text(users=user, vcs=vc, states=state)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+        return queries.queue(store, query)
 
     @router.get("/history")
     def get_history(user: str | None = None, vc: str | None = None, state: str | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from lucid_core.runtime.surfaces.job_views import FINISHED_STATE_ALIASES
 from lucid_core.runtime.surfaces.terminal_text import columns, pad
 
 #: What a time or duration shows when the store holds no number there (text a hand edit left in a SQLite store).
@@ -42,8 +43,7 @@ HISTORY_COLUMNS = {"jobid": "job_id", "job_id": "job_id", "jobname": "name", "na
 HISTORY_HEADERS = {"job_id": "JOBID", "name": "JOBNAME", "submit_time": "SUBMIT", "start_time": "START",
                     "end_time": "END", "queued_s": "QUEUED", "elapsed_s": "ELAPSED", "exit_code": "EXITCODE",
                     "end_reason": "REASON", "ended_in_profiling": "INPROFILING", "time_limit_s": "TIMELIMIT"}
-STATE_ALIASES = {"CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "COMPLETE": "COMPLETED",
-                  "CANCELED": "CANCELLED"}
+STATE_ALIASES = FINISHED_STATE_ALIASES
 
 
 def parse_since(text: str, now: float) -> float:

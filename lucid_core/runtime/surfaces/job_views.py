@@ -96,6 +96,57 @@ def queue_rows(jobs: Iterable[Any], *, priority_in_reason: bool = True) -> list[
             for r in rows]
 
 
+#: Slurm's short names (and spellings) of the finished states, as `sacct -s` takes them.
+FINISHED_STATE_ALIASES = {"CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "COMPLETE": "COMPLETED",
+                          "CANCELED": "CANCELLED"}
+#: Slurm's short names for the states `squeue -t` takes, each with the states it stands for here (pending is
+#: submitted or queued; PR, profiling, is ours).
+QUEUE_STATE_ALIASES = {"PD": ("SUBMITTED", "QUEUED"), "PENDING": ("SUBMITTED", "QUEUED"), "R": ("RUNNING",),
+                       "PR": ("PROFILING",)}
+
+
+@dataclass(frozen=True)
+class QueueQuery:
+    """Which waiting and running jobs to list: any of `users`, of `vcs`, in any of `states` (each empty: all).
+    It filters the queue in the policy's order, so a job's position stays its place among every job's."""
+
+    users: tuple[str, ...] = ()
+    vcs: tuple[str, ...] = ()
+    states: tuple[str, ...] = ()
+
+    @classmethod
+    def of_text(cls, users: str | None = None, vcs: str | None = None, states: str | None = None) -> QueueQuery:
+        """A query from comma-separated lists as `squeue -u alice,bob -t PD,R` takes them (states in any case,
+        Slurm's short names too)."""
+        def items(text: str | None) -> tuple[str, ...]:
+            return tuple(dict.fromkeys(x.strip() for x in (text or "").split(",") if x.strip()))
+
+        named = [QUEUE_STATE_ALIASES.get(s.upper(), (s.upper(),)) for s in items(states)]
+        return cls(users=items(users), vcs=items(vcs), states=tuple(dict.fromkeys(s for g in named for s in g)))
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.states if s not in ACTIVE_STATES]
+        if unknown:
+            finished = [s for s in unknown if FINISHED_STATE_ALIASES.get(s, s) in FINISHED_STATES]
+            raise ValueError(f"state {', '.join(unknown)} is not a waiting or running state; use "
+                             f"{', '.join(ACTIVE_STATES)} (or PD, R, PR)"
+                             + ("; finished jobs: lucid history" if finished else ""))
+        for name in ("users", "vcs"):
+            bad = [x for x in getattr(self, name) if not storable(x)]
+            if bad:
+                raise ValueError(f"{name[:-1]} {UNSTORABLE}, got {bad[0]!r}")
+
+    def select(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows (`queue_rows`' dicts) this query asks for, in their order."""
+        return [r for r in rows if (not self.users or r["user"] in self.users)
+                and (not self.vcs or r["vc"] in self.vcs) and (not self.states or r["state"] in self.states)]
+
+    @property
+    def narrows(self) -> bool:
+        """Whether it leaves any job out."""
+        return bool(self.users or self.vcs or self.states)
+
+
 @dataclass(frozen=True)
 class SharedSpeed:
     """A running job sharing its GPUs with a running partner, and the speed the round last measured

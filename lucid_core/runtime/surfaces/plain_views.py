@@ -12,6 +12,7 @@ from lucid_core.runtime.surfaces.job_views import (
     ACTIVE_STATES,
     HistoryPage,
     HistoryQuery,
+    QueueQuery,
     UnknownJob,
     history_row,
     queue_rows,
@@ -38,11 +39,13 @@ def _columns(names: tuple[str, ...]) -> str:
     return ", ".join(f'"{n}"' for n in names)
 
 
-def queue(reader: PlainReader, *, priority_in_reason: bool = True) -> list[dict[str, Any]]:
-    """`queries.queue`: waiting and running jobs in the policy's order."""
+def queue(reader: PlainReader, query: QueueQuery | None = None, *, priority_in_reason: bool = True
+          ) -> list[dict[str, Any]]:
+    """`queries.queue`: waiting and running jobs in the policy's order (those `query` asks for)."""
     jobs = reader.records("jobs", f"SELECT {_columns(_QUEUE_COLUMNS)} FROM jobs WHERE state IN "
                                   f"({_marks(ACTIVE_STATES)})", ACTIVE_STATES)
-    return queue_rows(jobs, priority_in_reason=priority_in_reason)
+    shown = queue_rows(jobs, priority_in_reason=priority_in_reason)
+    return shown if query is None else query.select(shown)
 
 
 def status(reader: PlainReader, job_id: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from lucid_core.runtime.surfaces.job_views import (  # noqa: F401  (re-exported:
     MAX_HISTORY_ROWS,
     HistoryPage,
     HistoryQuery,
+    QueueQuery,
     SharedSpeed,
     UnknownJob,
     history_row,
@@ -50,11 +51,13 @@ def shared_speeds(session: Session, job_ids: list[str] | None = None) -> dict[st
     return speeds_of_pairs([tuple(row) for row in session.execute(query).all()], job_ids)
 
 
-def queue(store: Store, *, priority_in_reason: bool = True) -> list[dict[str, Any]]:
-    """Waiting and running jobs in `queue_rows`' order and words."""
+def queue(store: Store, query: QueueQuery | None = None, *, priority_in_reason: bool = True
+          ) -> list[dict[str, Any]]:
+    """Waiting and running jobs in `queue_rows`' order and words; those `query` asks for when given."""
     with store.session() as s:
         rows = s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE_STATES))).all()
-    return queue_rows(rows, priority_in_reason=priority_in_reason)
+    shown = queue_rows(rows, priority_in_reason=priority_in_reason)
+    return shown if query is None else query.select(shown)
 
 
 def _job_row(session: Session, job_id: str) -> JobRow:

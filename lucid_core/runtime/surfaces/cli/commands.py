@@ -59,6 +59,16 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _queue_filters(p: argparse.ArgumentParser, verb: str) -> None:
+    """The filters `lucid queue` and `lucid cancel` take, as squeue and scancel do (`job_views.QueueQuery`)."""
+    p.add_argument("-u", "--user", default=None, help=f"{verb} these users' jobs, comma-separated")
+    p.add_argument("--me", action="store_true", help=f"{verb} your own jobs (as --user {getpass.getuser()})")
+    p.add_argument("--vc", default=None, help=f"{verb} these virtual clusters' jobs, comma-separated")
+    p.add_argument("-t", "--state", default=None,
+                   help=f"{verb} jobs in these states, comma-separated: SUBMITTED, PROFILING, QUEUED, RUNNING, or "
+                        "Slurm's PD (pending: submitted or queued) and R")
+
+
 def add_parser(subparsers: Any) -> None:
     """Register the live-scheduler subcommands on the `lucid` parser's subparsers."""
     p = subparsers.add_parser("submit", help="submit a job: lucid submit --gpus 2 [--vc VC] -- COMMAND...")
@@ -78,7 +88,12 @@ def add_parser(subparsers: Any) -> None:
                    "D-HH:MM:SS); past it the job is stopped and fails")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_submit)
-    for name, func, doc in (("cancel", cmd_cancel, "cancel a job"), ("status", cmd_status, "a job's state and runs"),
+    p = subparsers.add_parser("cancel", help="cancel jobs: lucid cancel JOB... or lucid cancel --me [--state PD]")
+    _common(p)
+    p.add_argument("jobs", nargs="*", metavar="JOB")
+    _queue_filters(p, "cancel only")
+    p.set_defaults(func=cmd_cancel)
+    for name, func, doc in (("status", cmd_status, "a job's state and runs"),
                             ("explain", cmd_explain, "why a job is where it is"),
                             ("eta", cmd_eta, "what-if start and end time of a job")):
         p = subparsers.add_parser(name, help=doc)
@@ -96,6 +111,7 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_logs)
     p = subparsers.add_parser("queue", help="running and waiting jobs with priority and pending reason")
     _common(p)
+    _queue_filters(p, "only")
     p.set_defaults(func=cmd_queue)
     p = subparsers.add_parser("history", help="finished, failed and cancelled jobs (like sacct)")
     _common(p)

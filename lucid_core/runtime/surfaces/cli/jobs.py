@@ -77,33 +77,68 @@ def _only_vc(store: Store) -> str:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel the jobs named, or every waiting and running job the filters select (as `scancel -u`); with both,
+    the named jobs the filters select. Each job is said in its own line; an unknown id fails alone (exit 2)."""
     from lucid_core.domain import TERMINAL_STATES
-    from lucid_core.runtime.surfaces.queries import status
+    from lucid_core.runtime.surfaces.job_views import QueueQuery, UnknownJob
+    from lucid_core.runtime.surfaces.queries import queue, status
     from lucid_core.runtime.surfaces.submission import cancel
 
+    query = QueueQuery.of_text(users=",".join(x for x in (args.user, _me(args)) if x), vcs=args.vc,
+                               states=args.state)
+    if not args.jobs and not query.narrows:
+        raise ValueError("name the jobs to cancel, or select them with --user, --me, --vc or --state")
     store = store_of(args)
-    already = status(store, args.job)["cancel_requested"]
-    state = cancel(store, args.job)
-    if state in {s.value for s in TERMINAL_STATES}:
-        outcome, text = "ended", f"{args.job} already ended ({state}): nothing to cancel"
-    elif already:
-        outcome, text = "already_requested", f"{args.job}: cancel was already requested (state {state}); " \
-                                             "the next round stops it"
-    else:
-        outcome, text = "requested", f"{args.job}: cancel requested (state {state}); the next round stops it"
-    emit(args, {"job_id": args.job, "state": state, "outcome": outcome}, text)
+    selected = [r["job_id"] for r in queue(store, query)] if query.narrows else list(args.jobs)
+    if query.narrows and args.jobs:
+        selected = [j for j in dict.fromkeys(args.jobs) if j in set(selected)]
+    answers, unknown = [], []
+    for job_id in dict.fromkeys(selected):
+        try:
+            already = status(store, job_id)["cancel_requested"]
+            state = cancel(store, job_id)
+        except UnknownJob:
+            unknown.append(job_id)
+            continue
+        if state in {s.value for s in TERMINAL_STATES}:
+            outcome, text = "ended", f"{job_id} already ended ({state}): nothing to cancel"
+        elif already:
+            outcome, text = "already_requested", f"{job_id}: cancel was already requested (state {state}); " \
+                                                 "the next round stops it"
+        else:
+            outcome, text = "requested", f"{job_id}: cancel requested (state {state}); the next round stops it"
+        answers.append(({"job_id": job_id, "state": state, "outcome": outcome}, text))
+    if len(args.jobs) == 1 and not query.narrows and answers:
+        emit(args, answers[0][0], answers[0][1])  # one job named: one object, as before
+    elif answers or not unknown:
+        emit(args, [data for data, _ in answers],
+             "\n".join(text for _, text in answers) or "no waiting or running job matches: nothing to cancel")
+    if unknown:
+        return refuse(args, "lucid cancel: error: " + "; ".join(f"no job {job_id!r}" for job_id in unknown))
     return 0
+
+
+def _me(args: argparse.Namespace) -> str | None:
+    """The user running the command when `--me` is given."""
+    import getpass
+
+    return getpass.getuser() if args.me else None
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
     from lucid_core.runtime.surfaces import plain_views
+    from lucid_core.runtime.surfaces.job_views import QueueQuery
+
+    query = QueueQuery.of_text(users=",".join(x for x in (args.user, _me(args)) if x), vcs=args.vc,
+                               states=args.state)
 
     def full(store: Store) -> list[dict[str, Any]]:
         from lucid_core.runtime.surfaces.queries import queue
 
-        return queue(store, priority_in_reason=args.as_json)
+        return queue(store, query, priority_in_reason=args.as_json)
 
-    rows = read_store(args, lambda reader: plain_views.queue(reader, priority_in_reason=args.as_json), full)
+    rows = read_store(args, lambda reader: plain_views.queue(reader, query, priority_in_reason=args.as_json),
+                      full)
     # the text has a PRIORITY column: its reasons leave the priority out
     lines = [f"{'JOB':<10} {'NAME':<24} {'USER':<10} {'VC':<10} {'STATE':<10} {'POS':>4} {'GPUS':>4} "
              f"{'PRED':>9} {'PRIORITY':>12}  REASON"]
@@ -113,7 +148,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
         lines.append(f"{r['job_id']:<10} {fit(r['name'] or '-', 24)} {fit(r['user'], 10)} "
                      f"{fit(r['vc'], 10)} {r['state']:<10} {r['position'] or '-':>4} {r['gpus']:>4} {pred:>9} "
                      f"{prio:>12}  {r['pending_reason'] or ''}")
-    emit(args, rows, "\n".join(lines) if rows else "no running or waiting job (finished ones: lucid history)")
+    empty = "no running or waiting job" + (" matches" if query.narrows else "") + " (finished ones: lucid history)"
+    emit(args, rows, "\n".join(lines) if rows else empty)
     return 0
 
 
