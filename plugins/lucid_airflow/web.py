@@ -159,10 +159,17 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                     prefix)
 
     @app.get("/queue", response_class=HTMLResponse)
-    def queue() -> HTMLResponse:
-        from lucid_core.runtime.surfaces.queries import waiting
+    def queue(user: str = "", vc: str = "") -> HTMLResponse:
+        from lucid_core.runtime.surfaces.queries import QueueQuery, waiting
 
-        jobs = waiting(store())
+        form = queue_form(prefix, user, vc)
+        try:
+            query = QueueQuery.of_text(users=user, vcs=vc)
+        except ValueError as exc:  # the filters again, as typed, with what is wrong in them
+            refused = page("Queue", form + f"<p class='hint bad' id='invalid-input'>{shown(str(exc))}</p>", prefix)
+            refused.status_code = 422
+            return refused
+        jobs = waiting(store(), query)
         rows = []
         for j in jobs:
             priority = j["priority_gpu_s"]
@@ -175,8 +182,9 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             ])
         profiling = sum(1 for j in jobs if j["state"] == "PROFILING")
         also = f", {profiling} of them being profiled (also on the Running page)" if profiling else ""
-        body = (f"<p>{len(rows)} job(s) not yet on the main cluster{also}. Lower priority value runs first (GPUs x "
-                "predicted duration).</p>"
+        of = " matching the filter" if query.narrows else ""
+        body = (form + f"<p>{len(rows)} job(s){of} not yet on the main cluster{also}. Lower priority value runs "
+                "first (GPUs x predicted duration); the order is each job's place among all waiting jobs.</p>"
                 + table(["order", "job", "name", "user", "VC", "GPUs", "state", "predicted duration",
                          "priority (GPU-s)", "reason"], rows, "queue"))
         return page("Queue", body, prefix)
@@ -455,6 +463,14 @@ def promoted_words(version) -> str:
     except ValueError:
         return "<span class='bad'>yes, not loaded: its file lies outside LUCID_HOME/models</span>"
     return "yes"
+
+
+def queue_form(prefix: str, user: str, vc: str) -> str:
+    """The queue page's filter form (users and VCs comma-separated, as `lucid queue -u`), holding them as given."""
+    return (f"<form class='filters' method='get' action='{prefix}/queue'>"
+            f"<label>user <input name='user' value='{esc(user)}'></label>"
+            f"<label>VC <input name='vc' value='{esc(vc)}'></label>"
+            f"<button type='submit'>Filter</button> <a href='{prefix}/queue'>clear</a></form>")
 
 
 def history_form(prefix: str, user: str, vc: str, state: str, since: str, until: str) -> str:

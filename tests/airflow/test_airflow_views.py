@@ -54,6 +54,14 @@ def test_views_show_queue_gpu_map_job_explanation_tuner_and_drift(lucid_home, tm
     waiting = [i for i in ids if i in queue.text]
     assert waiting, "some jobs wait behind the one GPU"
     assert "sweep-" in queue.text
+    one = next(i for i in ids if i in waiting)
+    user = f"u{ids.index(one)}"
+    mine = client.get("/queue", params={"user": user})
+    assert mine.status_code == 200 and one in mine.text and f"value='{user}'" in mine.text
+    assert not any(i in mine.text for i in waiting if i != one) and "matching the filter" in mine.text
+    assert all(i in client.get("/queue", params={"vc": "default"}).text for i in waiting)
+    refused = client.get("/queue", params={"user": "a\x00b"})
+    assert refused.status_code == 422 and "invalid-input" in refused.text
 
     running = client.get("/running")
     assert running.status_code == 200 and "gpumap-main0" in running.text

@@ -134,9 +134,10 @@ def history(session: Session, query: HistoryQuery) -> HistoryPage:
     return HistoryPage([history_row(j, firsts.get(j.job_id)) for j in jobs], int(total), query)
 
 
-def waiting(store: Store) -> list[dict[str, Any]]:
-    """The jobs still waiting (submitted, profiling, queued), in `queue`'s order: the queue page's rows."""
-    return [row for row in queue(store) if row["state"] != JobState.RUNNING.value]
+def waiting(store: Store, query: QueueQuery | None = None) -> list[dict[str, Any]]:
+    """The jobs still waiting (submitted, profiling, queued), in `queue`'s order (those `query` asks for): the
+    queue page's rows."""
+    return [row for row in queue(store, query) if row["state"] != JobState.RUNNING.value]
 
 
 @dataclass(frozen=True)
