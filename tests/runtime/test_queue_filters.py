@@ -128,3 +128,13 @@ def test_the_api_queue_takes_the_same_filters(team):
         assert len(client.get("/queue").json()) == 4
     finally:
         store.dispose()
+
+
+def test_history_takes_me_too(team, capsys):
+    url, common, jobs = team
+    assert _cli(capsys, "cancel", jobs["me"], jobs["bo2"], "--store", url)[0] == 0
+    assert _cli(capsys, "round", *common)[0] == 0
+    code, out, _ = _cli(capsys, "history", "--me", "--store", url, "--json")
+    assert code == 0 and [r["job_id"] for r in json.loads(out)["jobs"]] == [jobs["me"]]
+    code, out, err = _cli(capsys, "history", "--me", "-u", "bo", "--store", url)
+    assert code == 2 and out == "" and "--me is" in err

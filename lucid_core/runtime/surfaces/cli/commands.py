@@ -116,6 +116,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("history", help="finished, failed and cancelled jobs (like sacct)")
     _common(p)
     p.add_argument("-u", "--user", default=None, help="only this user's jobs (default: every user)")
+    p.add_argument("--me", action="store_true", help=f"only your own jobs (as --user {getpass.getuser()})")
     p.add_argument("--vc", default=None, help="only this virtual cluster's jobs")
     p.add_argument("-s", "--state", default=None,
                    help="end states, comma-separated: COMPLETED (CD), FAILED (F), CANCELLED (CA)")

@@ -173,6 +173,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     states = tuple(STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
                    for s in (args.state or "").split(",") if s.strip())
     fields = history_columns(args.format)
+    if args.me:
+        if args.user and args.user != _me(args):
+            raise ValueError(f"--me is {_me(args)}, not --user {args.user}: give one of them")
+        args.user = _me(args)
 
     def query_at(now: float) -> HistoryQuery:
         """The query of the options, its ages (--since 2h) counted back from the store's `now`."""
