@@ -68,8 +68,11 @@ class SpaceAwareProfiler:
                 return due
         return None
 
-    def stop_decision(self, job_id: str, window: float) -> StopProfiling:
-        return StopProfiling(job_id, f"profiling window of {window:.0f} s is over; job joins the main queue")
+    def stop_decision(self, job_id: str, profiled_s: float) -> StopProfiling:
+        """Stop a job whose window is over; the reason gives how long it was profiled (at least its window: the
+        first round after the window ends stops it)."""
+        return StopProfiling(job_id, f"profiling window over after {profiled_s:.0f} s of profiling; job joins the "
+                                     "main queue")
 
     def autoscale(self, view: ClusterView, forecast: Forecast) -> list[Decision]:
         """Shorter windows and borrowed idle main nodes during a forecast burst; back after."""

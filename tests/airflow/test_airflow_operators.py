@@ -377,9 +377,34 @@ def test_sensor_waits_in_the_triggerer_for_a_job_submitted_elsewhere(lucid_store
     assert not bag.import_errors, bag.import_errors
     DagBundlesManager().sync_bundles_to_db()
     sync_bag_to_db(bag, "dags-folder", None)
-    job = submit(lucid_store, JobRequest("sleep 3", gpus=1, user="ann", vc="default", name="elsewhere"))
+    # the job ends once the sensor has deferred (a job that ended before the first poke, on a loaded machine,
+    # was seen done at once and never deferred)
+    flag = tmp_path / "sensor_deferred"
+    job = submit(lucid_store, JobRequest(f"while [ ! -e {flag} ]; do sleep 0.2; done", gpus=1, user="ann",
+                                         vc="default", name="elsewhere"))
+    released = threading.Event()
+
+    def release_once_deferred() -> None:
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+
+        deadline = time.monotonic() + 120
+        while not released.is_set() and time.monotonic() < deadline:
+            with create_session() as session:
+                if session.query(TaskInstance).filter(TaskInstance.dag_id == "lucid_sensor_check",
+                                                      TaskInstance.trigger_id.is_not(None)).count():
+                    break
+            time.sleep(0.2)
+        flag.touch()
+
+    releaser = threading.Thread(target=release_once_deferred, daemon=True)
+    releaser.start()
     with RoundLoop(lucid_store.url) as rounds:
-        run = bag.dags["lucid_sensor_check"].test(run_conf={"job_id": job})
+        try:
+            run = bag.dags["lucid_sensor_check"].test(run_conf={"job_id": job})
+        finally:
+            released.set()
+            releaser.join()
         failing = submit(lucid_store, JobRequest("exit 2", gpus=1, user="ann", vc="default", name="bad"))
         deadline = time.monotonic() + 60
         while _jobs(lucid_store)[failing].state != "FAILED":

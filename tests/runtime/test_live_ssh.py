@@ -127,6 +127,9 @@ def test_two_tiny_jobs_share_one_gpu(sshd_hosts, tmp_path):
         for me, other in ((a, b), (b, a)):
             info = explain(store, me, fast_config(), time.time())
             assert info["partner"]["job_id"] == other and info["partner"]["why"]
+            # a job its partner joined gives the partner's reason as the partner's, not as naming itself a partner
+            why = info["partner"]["why"]
+            assert f"shares with {me}" not in why or why.startswith(f"{other} was placed beside it"), why
             assert info["packing"]["class"] == "TINY"
         assert pid_alive(main_a.pid) and pid_alive(main_b.pid)
     finally:

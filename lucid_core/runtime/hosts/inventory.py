@@ -91,7 +91,7 @@ def add_host(store: Store, spec: HostSpec, executor: HostExecutor | None = None,
             raise InventoryError("gpus: give a count, or an executor to discover them")
         gpus = executor.discover_gpus(host_address(row))
         if not gpus:
-            raise InventoryError(f"host {spec.name}: no NVIDIA GPU found; declare the count with gpus=N")
+            raise InventoryError(f"host {spec.name}: no NVIDIA GPU found; declare the count (lucid hosts add --gpus N)")
         row.gpu_memory_mb = min(g.memory_mb for g in gpus)
         models = sorted({g.model for g in gpus})
         if spec.gpu_model is None and len(models) == 1:

@@ -54,7 +54,8 @@ class SshTransport:
     def _connect(self, host: HostAddress, wait_s: float) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         if not Path(self.known_hosts).is_file():
-            raise HostKeyRejected(f"host {host.name}: known_hosts file {self.known_hosts} does not exist")
+            raise HostKeyRejected(f"host {host.name}: known_hosts file {self.known_hosts} does not exist (set "
+                                  "LUCID_KNOWN_HOSTS to the file holding the GPU hosts' keys, or pass --known-hosts)")
         client.load_host_keys(self.known_hosts)
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:

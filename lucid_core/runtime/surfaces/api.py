@@ -15,13 +15,20 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from lucid_core.config import LucidConfig
+from lucid_core.config import LucidConfig, load_live_config
 from lucid_core.runtime.hosts.inventory import list_hosts
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces import prometheus, queries
 from lucid_core.runtime.surfaces.eta import estimate
 from lucid_core.runtime.surfaces.explain import explain
-from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, UnknownJob, cancel, submit
+from lucid_core.runtime.surfaces.submission import (
+    JobRequest,
+    SubmissionError,
+    UnknownJob,
+    only_vc,
+    request_cancel,
+    submit,
+)
 
 
 class SubmitBody(BaseModel):
@@ -37,7 +44,7 @@ class SubmitBody(BaseModel):
     command: str | list[str] = Field(description="shell command line, or an argv list")
     gpus: int
     user: str = Field("", description="defaults to the authenticated caller")
-    vc: str
+    vc: str = Field("", description="defaults to the only VC when the cluster has one")
     name: str = ""
     amp: bool = False
     long_cold_start: bool = False
@@ -48,13 +55,18 @@ class SubmitBody(BaseModel):
                                        "seconds; past it the job is stopped and fails")
 
 
-def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Callable[..., Any] | None = None,
-               store: Store | None = None, clock: Callable[[], float] | None = None) -> FastAPI:
+def create_app(store_url: str | None = None, *, config: LucidConfig | None = None,
+               auth: Callable[..., Any] | None = None, store: Store | None = None,
+               clock: Callable[[], float] | None = None) -> FastAPI:
     """The app; `auth` (a FastAPI dependency) runs before every endpoint when given. Times are the
-    database's (`Store.now`) unless a test gives a `clock`."""
-    store = store or Store(store_url)
+    database's (`Store.now`) unless a test gives a `clock`. Without a store URL or config it finds them as the
+    CLI does (LUCID_STORE_URL, else SQLite in LUCID_HOME; LUCID_CONFIG, else LUCID_HOME/lucid.toml), so
+    `uvicorn --factory lucid_core.runtime.api:create_app` serves the CLI's store."""
+    from lucid_core.runtime.store.location import default_store_url
+
+    store = store or Store(store_url or default_store_url())
     clock = clock or store.now
-    config = config or LucidConfig()
+    config = config if config is not None else load_live_config()
     # no CDN-hosted Swagger UI: the reference page below is rendered here and works offline
     app = FastAPI(title="Lucid scheduler", version="1", docs_url=None, redoc_url=None)
 
@@ -88,6 +100,12 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
             fields["user"] = user
         elif user is not None and not fields["user"]:
             fields["user"] = user
+        if not fields["vc"]:
+            try:
+                fields["vc"] = only_vc(store)
+            except ValueError as exc:
+                return JSONResponse(status_code=422, content={"detail": "invalid submission",
+                                                              "errors": {"vc": str(exc)}})
         try:
             job_id = submit(store, JobRequest(**fields), now=clock())
         except SubmissionError as exc:
@@ -103,9 +121,13 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
             if owner != user:
                 raise HTTPException(status_code=403, detail=f"job {job_id} belongs to {owner!r}, not to you")
         try:
-            return {"job_id": job_id, "state": cancel(store, job_id, now=clock()), "cancel_requested": True}
+            answer = request_cancel(store, job_id, now=clock(),
+                                    message=f"cancel requested by {user} (API)" if user else "cancel requested (API)")
         except UnknownJob as exc:
             raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+        # `cancel_requested`: a cancel waits for the next round (false for a job that had ended)
+        return {"job_id": job_id, "state": answer.state, "outcome": answer.outcome,
+                "cancel_requested": answer.pending}
 
     @router.get("/queue")
     def get_queue(user: str | None = None, vc: str | None = None, state: str | None = None) -> Any:
@@ -118,12 +140,25 @@ def create_app(store_url: str, *, config: LucidConfig | None = None, auth: Calla
 
     @router.get("/history")
     def get_history(user: str | None = None, vc: str | None = None, state: str | None = None,
-                    since: float | None = None, until: float | None = None, limit: int = 50,
+                    since: str | None = None, until: str | None = None, limit: int = 50,
                     offset: int = 0) -> Any:
-        """Finished, failed and cancelled jobs, latest end first (`state`: comma-separated; times: epoch s)."""
+        """Finished, failed and cancelled jobs, latest end first. `state`: comma-separated, as `lucid history
+        -s` takes them (CD, F, CA too); `since`/`until`: epoch seconds, a date, a date-time or an age (3d)."""
+        from lucid_core.runtime.surfaces.history_table import STATE_ALIASES, parse_since
+
+        def moment(text: str | None) -> float | None:
+            if text is None or not text.strip():
+                return None
+            try:
+                return float(text)
+            except ValueError:
+                return parse_since(text, clock())
+
         try:
-            query = queries.HistoryQuery(user=user, vc=vc, states=tuple(s for s in (state or "").split(",") if s),
-                                         since=since, until=until, limit=min(limit, 500), offset=offset)
+            states = tuple(STATE_ALIASES.get(x.strip().upper(), x.strip().upper())
+                           for x in (state or "").split(",") if x.strip())
+            query = queries.HistoryQuery(user=user, vc=vc, states=states, since=moment(since), until=moment(until),
+                                         limit=min(limit, 500), offset=offset)
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from exc
         with store.session() as session:

@@ -142,8 +142,8 @@ def explain(store: Store, job_id: str, config: LucidConfig, now: float,
                 joined = s.scalars(select(DecisionRow).where(DecisionRow.job_id == partner,
                                                              DecisionRow.kind == "Place")
                                    .order_by(DecisionRow.id.desc())).first()
-            if joined is not None and _payload(joined).get("partner") == job_id:
-                partner_reason = joined.reason
+            if joined is not None and _payload(joined).get("partner") == job_id:  # in the partner's own words
+                partner_reason = f"{partner} was placed beside it (the round's words for {partner}: {joined.reason})"
     if partner is None:  # no decision of its own named one: the run records still may (it was joined)
         partner = next((r.partner for r in reversed(runs) if r.partner), None)
     by_host = _packing_by_host(policy, snapshot.hosts, job)  # the first: the first kind of host it may run on

@@ -61,6 +61,17 @@ class JobRequest:
     idempotency_key: str | None = None
 
 
+def only_vc(store: Store, asked_as: str = "vc") -> str:
+    """The VC of a cluster whose main hosts all have one (what a submission naming none goes to); ValueError
+    listing them when there are several (naming the option as the caller takes it), or saying there is none."""
+    vcs = sorted(vc_capacity(store))
+    if len(vcs) == 1:
+        return vcs[0]
+    if not vcs:
+        raise ValueError("no VC to submit to: the store has no main host (lucid hosts add NAME --vc VC ...)")
+    raise ValueError(f"{asked_as} is needed: this cluster has {len(vcs)} VCs: {', '.join(vcs)}")
+
+
 def command_line(command: str | Sequence[str]) -> str:
     """The shell command to run: a single string as given, an argv list shell-joined."""
     if isinstance(command, str):
@@ -169,12 +180,32 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
     return errors
 
 
-def _job_with_key(store: Store, user: str, key: str | None) -> str | None:
-    """The job `user` submitted with idempotency key `key` (keys are scoped by user: a pair of columns)."""
-    if key is None:
+def _job_with_key(store: Store, request: JobRequest) -> str | None:
+    """The job the request's user submitted with its idempotency key (keys are scoped by user: a pair of
+    columns); SubmissionError when that job was asked for with other fields (a key reused for another job: the
+    IETF Idempotency-Key draft's 422, not the first job silently)."""
+    if request.idempotency_key is None:
         return None
     with store.session() as s:
-        return s.scalar(select(JobRow.job_id).where(JobRow.user == user, JobRow.idempotency_key == key))
+        row = s.scalar(select(JobRow).where(JobRow.user == request.user,
+                                            JobRow.idempotency_key == request.idempotency_key))
+        if row is None:
+            return None
+        stored = (row.command, row.gpus, row.vc, row.name, row.env, row.workload, row.amp, row.long_cold_start,
+                  row.preemptible, row.time_limit_s)
+    asked = (command_line(request.command), request.gpus, request.vc, request.name, dict(request.env or {}),
+             request.workload, request.amp, request.long_cold_start, request.preemptible,
+             None if request.time_limit_s is None else float(request.time_limit_s))
+    differ = [name for name, a, b in zip(KEYED_FIELDS, stored, asked, strict=True) if a != b]
+    if differ:
+        raise SubmissionError({"idempotency_key": f"already used for job {row.job_id}, which was submitted with "
+                                                  f"another {', '.join(differ)}: use a new key for a new job"})
+    return row.job_id
+
+
+#: The fields a submission again with the same idempotency key must repeat (JobRequest's, in `_job_with_key`).
+KEYED_FIELDS = ("command", "gpus", "vc", "name", "env", "workload", "amp", "long_cold_start", "preemptible",
+                "time_limit_s")
 
 
 @dataclass(frozen=True)
@@ -246,7 +277,7 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
     key = request.idempotency_key
     floor = 1
     for _ in range(20):
-        existing = _job_with_key(store, request.user, key)
+        existing = _job_with_key(store, request)
         if existing is not None:
             return existing  # the same submission again: nothing new is written
         try:
@@ -272,17 +303,39 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
     raise RuntimeError("could not allocate a job id after 20 tries")
 
 
-def cancel(store: Store, job_id: str, *, now: float | None = None, message: str = "cancel requested") -> str:
-    """Ask for a job to be cancelled; the next round stops it. Returns its state after the request. `message`
-    is its cancel_requested event's (who asked: an Airflow task's own cancels say so)."""
+@dataclass(frozen=True)
+class CancelAnswer:
+    """A cancel request's outcome: the job's state after it, and `requested` (asked now), `already_requested`
+    (asked before: the next round stops it) or `ended` (it had ended: nothing to cancel)."""
+
+    job_id: str
+    state: str
+    outcome: str
+
+    @property
+    def pending(self) -> bool:
+        """Whether a cancel is now waiting for the next round."""
+        return self.outcome != "ended"
+
+
+def request_cancel(store: Store, job_id: str, *, now: float | None = None,
+                   message: str = "cancel requested") -> CancelAnswer:
+    """Ask for a job to be cancelled; the next round stops it. `message` is its cancel_requested event's (who
+    asked)."""
     now = store.now() if now is None else now
     with store.session() as s:
         job = s.get(JobRow, job_id) if storable(job_id) else None
         if job is None:
             raise UnknownJob(job_id)
         if JobState(job.state) in TERMINAL_STATES:
-            return job.state
-        if not job.cancel_requested:
-            job.cancel_requested = True
-            s.add(JobEventRow(job_id=job_id, time=now, kind="cancel_requested", message=message))
-        return job.state
+            return CancelAnswer(job_id, job.state, "ended")
+        if job.cancel_requested:
+            return CancelAnswer(job_id, job.state, "already_requested")
+        job.cancel_requested = True
+        s.add(JobEventRow(job_id=job_id, time=now, kind="cancel_requested", message=message))
+        return CancelAnswer(job_id, job.state, "requested")
+
+
+def cancel(store: Store, job_id: str, *, now: float | None = None, message: str = "cancel requested") -> str:
+    """`request_cancel`, answering the job's state after the request."""
+    return request_cancel(store, job_id, now=now, message=message).state

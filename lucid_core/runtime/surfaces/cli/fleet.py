@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lucid_core.runtime.surfaces.cli.context import emit, executor_of, refuse, store_of
@@ -30,6 +31,10 @@ def cmd_hosts(args: argparse.Namespace) -> int:
                             sharing=args.sharing, gpu_model=args.gpu_model)
             gpus = add_host(store, spec, None if args.gpus else executor_of(args))
             emit(args, {"name": args.name, "gpus": len(gpus)}, f"added {args.name} with {len(gpus)} GPU(s)")
+            if args.key and args.executor == "ssh" and not os.access(os.path.expanduser(args.key), os.R_OK):
+                # rounds read the key where they run (an Airflow worker may hold it): said, not refused
+                print(f"lucid hosts add: warning: key file {args.key} cannot be read here; rounds that run on "
+                      "this machine cannot reach the host (lucid hosts check)", file=sys.stderr)
         elif args.hosts_cmd == "list":
             rows = list_hosts(store)
             lines = [f"{h['name']:<12} {'local' if h['executor'] == 'local' else h['address']:<22} {h['pool']:<9} "

@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, submit
+    from lucid_core.runtime.surfaces.submission import JobRequest, SubmissionError, only_vc, submit
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -51,7 +51,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             return 2
         env[key] = value
     store = store_of(args)
-    request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc or _only_vc(store),
+    request = JobRequest(command=command, gpus=args.gpus, user=args.user, vc=args.vc or only_vc(store, "--vc"),
                          name=args.name, amp=args.amp, long_cold_start=args.long_cold_start,
                          preemptible=args.preemptible, env=env, workload=args.workload,
                          time_limit_s=args.time_limit_s)
@@ -64,25 +64,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _only_vc(store: Store) -> str:
-    """The VC of a cluster whose main hosts all have one; ValueError listing them when there are several."""
-    from lucid_core.runtime.surfaces.submission import vc_capacity
-
-    vcs = sorted(vc_capacity(store))
-    if len(vcs) == 1:
-        return vcs[0]
-    if not vcs:
-        raise ValueError("no VC to submit to: the store has no main host (lucid hosts add NAME --vc VC ...)")
-    raise ValueError(f"--vc is needed: this cluster has {len(vcs)} VCs: {', '.join(vcs)}")
-
-
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel the jobs named, or every waiting and running job the filters select (as `scancel -u`); with both,
     the named jobs the filters select. Each job is said in its own line; an unknown id fails alone (exit 2)."""
-    from lucid_core.domain import TERMINAL_STATES
+    import getpass
+
     from lucid_core.runtime.surfaces.job_views import QueueQuery, UnknownJob
-    from lucid_core.runtime.surfaces.queries import queue, status
-    from lucid_core.runtime.surfaces.submission import cancel
+    from lucid_core.runtime.surfaces.queries import queue
+    from lucid_core.runtime.surfaces.submission import request_cancel
 
     query = QueueQuery.of_text(users=",".join(x for x in (args.user, _me(args)) if x), vcs=args.vc,
                                states=args.state)
@@ -95,19 +84,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     answers, unknown = [], []
     for job_id in dict.fromkeys(selected):
         try:
-            already = status(store, job_id)["cancel_requested"]
-            state = cancel(store, job_id)
+            answer = request_cancel(store, job_id, message=f"cancel requested by {getpass.getuser()} (lucid cancel)")
         except UnknownJob:
             unknown.append(job_id)
             continue
-        if state in {s.value for s in TERMINAL_STATES}:
-            outcome, text = "ended", f"{job_id} already ended ({state}): nothing to cancel"
-        elif already:
-            outcome, text = "already_requested", f"{job_id}: cancel was already requested (state {state}); " \
-                                                 "the next round stops it"
-        else:
-            outcome, text = "requested", f"{job_id}: cancel requested (state {state}); the next round stops it"
-        answers.append(({"job_id": job_id, "state": state, "outcome": outcome}, text))
+        text = {"ended": f"{job_id} already ended ({answer.state}): nothing to cancel",
+                "already_requested": f"{job_id}: cancel was already requested (state {answer.state}); the next "
+                                     "round stops it",
+                "requested": f"{job_id}: cancel requested (state {answer.state}); the next round stops it"}
+        answers.append(({"job_id": job_id, "state": answer.state, "outcome": answer.outcome}, text[answer.outcome]))
     if len(args.jobs) == 1 and not query.narrows and answers:
         emit(args, answers[0][0], answers[0][1])  # one job named: one object, as before
     elif answers or not unknown:
@@ -331,6 +316,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     data = _about_job(args, explain)
     prio = data["priority"]
     lines = [f"{data['job_id']} {data['state']}: {data['gpus']} GPU(s), user {data['user']}, VC {data['vc']}"]
+    if data["state"] in FINISHED_STATES and data.get("end_reason"):  # how it ended, before why it ran where
+        lines.append(f"ended {local_time(data['end_time'])}: {data['end_reason']}")
     if prio["predicted_duration_s"] is not None:
         lines.append(f"priority {gpu_time_words(prio['value_gpu_s'])} = {prio['gpus']} GPU(s) x predicted "
                      f"{_duration(prio['predicted_duration_s'])}")
