@@ -715,7 +715,8 @@ def _runs_table(runs: list[dict[str, Any]]) -> str:
     """The job's runs (profiling and main, one per host), oldest first."""
     rows = [[esc(r["run_id"]), esc(r["kind"]), esc(r["host"]), esc(",".join(str(i) for i in r["gpus"] or [])),
              esc(r["state"]), esc("" if r["exit_code"] is None else str(r["exit_code"])),
-             esc(r["stopping"] or r["outcome"] or "")]
+             esc(r["stopping"] or r["outcome"] or "")
+             + (f"<br><span class='hint bad'>{esc(r['host_down'])}</span>" if r.get("host_down") else "")]
             for r in runs]
     return table(["run", "kind", "host", "GPUs", "state", "exit code", "outcome"], rows, "runs")
 

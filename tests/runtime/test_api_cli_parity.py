@@ -131,3 +131,31 @@ def test_hosts_add_warns_of_a_key_file_it_cannot_read(tmp_path, capsys, monkeypa
     code, out, err = _cli(capsys, "hosts", "add", "g0", "--key", str(tmp_path / "missing_key"), "--gpus", "1",
                           "--store", url)
     assert code == 0 and out.startswith("added g0") and "key file" in err and "cannot be read here" in err
+
+
+def test_status_says_when_a_runs_host_does_not_answer_on_both_read_paths(ran, capsys):
+    from lucid_core.runtime.store.schema import HostRow
+
+    store, url, _ = ran
+    job = submit(store, JobRequest("sleep 30", gpus=1, user="bo", vc="default"))
+    deadline = time.monotonic() + 30
+    while _job(store, job).state != "RUNNING":
+        assert _cli(capsys, "round", "--store", url)[0] == 0
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    code, out, _ = _cli(capsys, "status", job, "--store", url)
+    assert code == 0 and "unreachable" not in out
+    with store.session() as s:  # what a round writes of a host whose calls fail
+        host = s.get(HostRow, "m0")
+        host.reachable, host.last_seen, host.last_error = False, store.now() - 90, "connection refused"
+    code, out, _ = _cli(capsys, "status", job, "--store", url)
+    run_line = next(line for line in out.splitlines() if line.strip().startswith("run "))
+    assert code == 0 and "running [host m0 unreachable, last answered 9" in run_line, out
+    assert run_line.endswith(" ago: connection refused; the run is as last seen there]"), run_line
+    client = TestClient(create_app(url, store=store))
+    (run,) = client.get(f"/jobs/{job}").json()["runs"]
+    assert run["host_down"].startswith("host m0 unreachable")
+    with store.session() as s:
+        s.get(HostRow, "m0").reachable = True
+    assert _cli(capsys, "cancel", job, "--store", url)[0] == 0
+    assert _cli(capsys, "round", "--store", url)[0] == 0

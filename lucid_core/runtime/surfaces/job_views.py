@@ -8,7 +8,7 @@ could be imported). A row is anything with its table's columns as attributes. No
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ HISTORY_DEFAULT_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "end_
 MAX_HISTORY_ROWS = 2**31 - 1
 
 UNSTORABLE = "must be UTF-8 encodable text without NUL characters"
+_NOT_ENDED_RUNS = (RunState.PLANNED.value, RunState.RUNNING.value)
 
 
 #: Why a round stops a run (`runs.stop_reason`), in words.
@@ -187,10 +188,25 @@ def shares_now(runs: Iterable[Any]) -> bool:
     return any(x.state == RunState.RUNNING and x.partner is not None for x in runs)
 
 
+def host_down_words(host: Any, now: float) -> str | None:
+    """What a run's status says of its host when the host does not answer (None when it does): the run's
+    state is then only its last known one. Read as untrusted (a hand edit can leave text in any column)."""
+    if host is None or type(host.reachable) not in (bool, int) or host.reachable:
+        return None
+    from lucid_core.units import duration_words
+
+    seen = saved_float(host.last_seen)
+    ago = f", last answered {duration_words(max(0.0, now - seen))} ago" if seen is not None else ""
+    error = f": {host.last_error}" if isinstance(host.last_error, str) and host.last_error else ""
+    return f"host {host.name} unreachable{ago}{error}; the run is as last seen there"
+
+
 def status_view(job: Any, runs: Sequence[Any], shared: SharedSpeed | None,
-                spans: Sequence[SharedSpan]) -> dict[str, Any]:
+                spans: Sequence[SharedSpan], hosts_down: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A job's row and runs (oldest first), its pending reason in words, and its measured speed while it shares
-    GPUs: what `lucid status` and the API's job status show."""
+    GPUs: what `lucid status` and the API's job status show. `hosts_down`: words for the hosts of its runs that
+    do not answer (`host_down_words`), said on its runs not ended."""
+    down = hosts_down or {}
     from lucid_core.runtime.round.pending import pending_text
 
     planned = next((x.partner for x in reversed(runs) if x.partner), None)
@@ -202,7 +218,8 @@ def status_view(job: Any, runs: Sequence[Any], shared: SharedSpeed | None,
             "time_limit_s": getattr(job, "time_limit_s", None),
             "pending_reason": pending_text(job),
             "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
-                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome, "stopping": stopping_words(x)}
+                      "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome, "stopping": stopping_words(x),
+                      "host_down": down.get(x.host) if x.state in _NOT_ENDED_RUNS else None}
                      for x in runs],
             # the speed measured while it shares GPUs with `partner` (null: running alone or not yet measured)
             "shared": asdict(shared) if shared is not None else None,

@@ -15,6 +15,7 @@ from lucid_core.runtime.surfaces.job_views import (
     QueueQuery,
     UnknownJob,
     history_row,
+    host_down_words,
     queue_rows,
     shares_now,
     speeds_of_pairs,
@@ -66,7 +67,11 @@ def status(reader: PlainReader, job_id: str) -> dict[str, Any]:
         "runs", "SELECT * FROM runs WHERE started_at IS NOT NULL AND (job_id = ? OR partner = ? OR job_id IN "
                 "(SELECT partner FROM runs WHERE job_id = ? AND partner IS NOT NULL))", (job_id, job_id, job_id))
     spans = spans_by_job(near, now, [job_id]).get(job_id, [])
-    return status_view(found[0], runs, shared, spans)
+    names = sorted({r.host for r in runs if isinstance(r.host, str)})
+    hosts = reader.records("hosts", f"SELECT name, reachable, last_seen, last_error FROM hosts WHERE name IN "
+                                    f"({_marks(names)})", names) if names else []
+    down = {h.name: words for h in hosts if (words := host_down_words(h, now))}
+    return status_view(found[0], runs, shared, spans, down)
 
 
 def history(reader: PlainReader, query: HistoryQuery) -> HistoryPage:

@@ -25,6 +25,7 @@ from lucid_core.runtime.surfaces.job_views import (  # noqa: F401  (re-exported:
     SharedSpeed,
     UnknownJob,
     history_row,
+    host_down_words,
     queue_rows,
     shares_now,
     speeds_of_pairs,
@@ -78,7 +79,10 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
         runs = s.scalars(select(RunRow).where(RunRow.job_id == job_id).order_by(RunRow.planned_at)).all()
         shared = shared_speeds(s, [job_id]).get(job_id) if shares_now(runs) else None
         spans = shared_spans(s, now, [job_id]).get(job_id, [])
-    return status_view(job, runs, shared, spans)
+        names = {r.host for r in runs if isinstance(r.host, str)}
+        hosts = s.scalars(select(HostRow).where(HostRow.name.in_(names))).all() if names else []
+        down = {h.name: words for h in hosts if (words := host_down_words(h, now))}
+    return status_view(job, runs, shared, spans, down)
 
 
 def latest_run(store: Store, job_id: str) -> tuple[RunRow, HostRow] | None:

@@ -222,7 +222,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _run_note(run: dict[str, Any]) -> str:
     """What `lucid status` says after a run's state: why it is being stopped, else its outcome."""
-    return f"({run['stopping']})" if run["stopping"] else run["outcome"] or ""
+    note = f"({run['stopping']})" if run["stopping"] else run["outcome"] or ""
+    return f"{note} [{run['host_down']}]".strip() if run.get("host_down") else note
 
 
 def _tail_lines(text: str, lines: int | None) -> str:
