@@ -128,6 +128,16 @@ class FileTail:
 
 
 @dataclass(frozen=True, slots=True)
+class FileBytes:
+    """Bytes of a run's file as read from its host: `data` starts at byte `offset`; `size` is the file's whole size
+    when read (None: absent or not said), so a reader knows whether more follows or the file shrank."""
+
+    data: bytes
+    offset: int = 0
+    size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     index: int
     model: str
@@ -140,6 +150,7 @@ class ScriptResult:
     exit_status: int
     stdout: str
     stderr: str
+    stdout_bytes: bytes | None = None  # stdout as the host wrote it (None: a transport that keeps only the text)
 
 
 class Transport(Protocol):
@@ -326,6 +337,14 @@ class HostExecutor:
             return FileTail(out)  # the file is absent (nothing printed)
         size = head[len("size="):]
         return FileTail(text, int(size) if size.isascii() and size.isdigit() and len(size) <= 19 else None)
+
+    def read_range(self, host: HostAddress, run_id: str, name: str, offset: int | None,
+                   max_bytes: int) -> FileBytes:
+        """Up to `max_bytes` of a run's file from byte `offset` (None: its last `max_bytes`), undecoded, with the
+        file's size (host_reads.read_range_script): one round trip, whatever bytes the job wrote."""
+        result = self._run(host, host_reads.read_range_script(host.workdir, run_id, name, offset, max_bytes))
+        out = result.stdout_bytes if result.stdout_bytes is not None else result.stdout.encode("utf-8")
+        return FileBytes(*host_reads.parse_range(out, offset, max_bytes))
 
     def read_front_lines(self, host: HostAddress, run_id: str, name: str, max_bytes: int, line_bytes: int,
                          scan_bytes: int) -> str:

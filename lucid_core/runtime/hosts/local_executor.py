@@ -16,7 +16,7 @@ class LocalTransport:
             raise HostUnreachable(f"host {host.name}: local script timed out after {timeout_s:g} s") from exc
         # decoded as the SSH transport decodes: a job's carriage returns (progress bars) stay as it wrote them
         return ScriptResult(done.returncode, done.stdout.decode("utf-8", "replace"),
-                            done.stderr.decode("utf-8", "replace"))
+                            done.stderr.decode("utf-8", "replace"), done.stdout)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -75,6 +75,44 @@ def read_tail_script(workdir: str, run_id: str, name: str, max_bytes: int) -> st
                             f'tail -c {int(max_bytes)} -- "$f"; }}')
 
 
+def read_range_script(workdir: str, run_id: str, name: str, offset: int | None, max_bytes: int) -> str:
+    """`size=N from=O` on a line of its own (the file's size, N empty when it could not be read; the byte offset
+    the bytes start at), then up to `max_bytes` of the file from byte `offset`, or its last `max_bytes` when
+    `offset` is None (nothing when absent): a follow or a whole read goes on from `O` plus the bytes it got, one
+    round trip per chunk, whatever the bytes are. The marker line is the first, so no byte of the file is read as
+    it; a file shorter than `offset` (truncated) gives no bytes and its size says so."""
+    if (offset is not None and offset < 0) or max_bytes <= 0:
+        raise ValueError(f"not a byte range: offset {offset!r}, {max_bytes!r} bytes")
+    # 18 digits: the size stays inside the shell's 64-bit arithmetic
+    length = int(max_bytes)
+    start = f"$(( ${{s:-0}} > {length} ? ${{s:-0}} - {length} : 0 ))" if offset is None else str(int(offset))
+    return _run_file_script(workdir, run_id, name,
+                            f'{{ s=$(wc -c < "$f" 2>/dev/null | tr -cd 0-9 | head -c 18); o={start}; '
+                            f'printf "size=%s from=%s\\n" "$s" "$o"; '
+                            f'tail -c +$((o + 1)) -- "$f" | head -c {length}; }}')
+
+
+def parse_range(out: bytes, offset: int | None, max_bytes: int) -> tuple[bytes, int, int | None]:
+    """What `read_range_script` printed as (bytes, the offset they start at, the file's size or None): no bytes
+    when the file is absent (nothing printed) or the marker line does not say where they start (a read asked at
+    `offset` that the host says began elsewhere is not trusted either)."""
+    head, newline, data = out.partition(b"\n")
+    words = head.split(b" ")
+    if not newline or len(words) != 2:
+        return b"", offset or 0, None
+    size, start = _byte_count(words[0], b"size="), _byte_count(words[1], b"from=")
+    if start is None or (offset is not None and start != offset):
+        return b"", offset or 0, size
+    return data[:max_bytes], start, size
+
+
+def _byte_count(word: bytes, prefix: bytes) -> int | None:
+    """The count after `prefix` in a marker word when it is 1 to 18 ASCII digits (what the script prints), else
+    None."""
+    value = word[len(prefix):] if word.startswith(prefix) else b""
+    return int(value) if 0 < len(value) <= 18 and value.isdigit() else None
+
+
 def read_front_lines_script(workdir: str, run_id: str, name: str, max_bytes: int, line_bytes: int,
                             scan_bytes: int) -> str:
     """The first `max_bytes` of the lines no longer than `line_bytes` among a file's first `scan_bytes`.

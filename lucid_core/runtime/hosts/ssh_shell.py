@@ -139,7 +139,8 @@ class KeptShell:
             scanned = len(buffer)
         out = bytes(buffer[begin: status.start()])
         err = bytes(buffer[status.end(): stop])
-        return ScriptResult(int(status.group(1)), out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        return ScriptResult(int(status.group(1)), out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                            out)
 
     def _drain_own_stderr(self) -> None:
         """The kept shell's own stderr (nothing is expected there): read and dropped, so it holds no window."""
