@@ -116,7 +116,7 @@ def test_logs_say_when_only_the_end_of_a_long_log_was_read_and_refuse_a_negative
     lines = out.splitlines()
     assert code == 0 and lines[-1] == "line number 20000" and 1000 < len(lines) < 20000
     assert all(line.startswith("line number ") for line in lines)  # no line cut at the front
-    assert "only the last 64 KiB" in err and f"lucid logs {long} -f" in err
+    assert "only the last 64 KiB" in err and f"lucid logs {long} -n N" in err and "--all" in err
     code, out, err = _cli(capsys, "logs", long, "--store", url, "-n", "3")
     assert (code, out, err) == (0, "line number 19998\nline number 19999\nline number 20000\n", "")
     with pytest.raises(SystemExit) as refused:

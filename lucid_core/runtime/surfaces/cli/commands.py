@@ -20,11 +20,11 @@ from lucid_core.runtime.surfaces.cli.jobs import (
     cmd_eta,
     cmd_explain,
     cmd_history,
-    cmd_logs,
     cmd_queue,
     cmd_status,
     cmd_submit,
 )
+from lucid_core.runtime.surfaces.cli.logs import LINES_SEARCH_BYTES, cmd_logs, line_count
 from lucid_core.runtime.surfaces.cli.rounds import cmd_round
 
 
@@ -104,8 +104,15 @@ def add_parser(subparsers: Any) -> None:
     _common(p)
     p.add_argument("job")
     p.add_argument("--stderr", action="store_true", help="the error output instead of stdout")
-    p.add_argument("-n", "--lines", type=_count, default=None, metavar="N", help="only the last N lines")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("-n", "--lines", type=line_count, default=None, metavar="N",
+                       help="the last N lines, as tail -n (looked for in the last "
+                       f"{LINES_SEARCH_BYTES >> 20} MiB of the log); +K: from line K on (as tail -n +K)")
+    which.add_argument("--all", action="store_true",
+                       help="the whole log from its start, read a chunk at a time (as cat, or tail -n +1)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="then keep printing new output until the job ends, every byte once (without -n or --all: "
+                   "from the first whole line of its last MiB)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between reads with --follow")
     p.add_argument("--known-hosts", default=None)
     p.set_defaults(func=cmd_logs)
@@ -190,14 +197,3 @@ def add_parser(subparsers: Any) -> None:
                    help="keep running rounds this often (e.g. 30s, 1m), one connection to the store")
     p.add_argument("--rounds", type=int, default=None, help="with --every: stop after this many rounds")
     p.set_defaults(func=cmd_round)
-
-
-def _count(text: str) -> int:
-    """A count of lines: a whole number, 0 or more (`-n -5` printed nothing and said nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} lines: give 0 or more")
-    return value

@@ -1,4 +1,4 @@
-"""`lucid` job commands: submit, cancel, queue, history, status, logs, explain, eta.
+"""`lucid` job commands: submit, cancel, queue, history, status, explain, eta (logs: `cli.logs`).
 
 Each takes the parsed arguments (`runtime.cli`) and returns the exit code; expected errors are raised
 (see `runtime.cli`).
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,7 +15,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from lucid_core.runtime.surfaces.cli.context import (
     config_of,
     emit,
-    executor_of,
     read_store,
     refuse,
     store_of,
@@ -224,88 +222,6 @@ def _run_note(run: dict[str, Any]) -> str:
     """What `lucid status` says after a run's state: why it is being stopped, else its outcome."""
     note = f"({run['stopping']})" if run["stopping"] else run["outcome"] or ""
     return f"{note} [{run['host_down']}]".strip() if run.get("host_down") else note
-
-
-def _tail_lines(text: str, lines: int | None) -> str:
-    """The last `lines` lines of `text` (all of it when None), lines as `tail -n` counts them: ended by a newline
-    only (a progress bar's carriage returns rewrite one line, they do not make lines)."""
-    if lines is None or not text:
-        return text
-    kept = text.split("\n")
-    if kept[-1] == "":
-        kept.pop()  # the newline that ends the log
-        end = "\n"
-    else:
-        end = ""
-    return "\n".join(kept[-lines:]) + end if lines > 0 else ""
-
-
-def _new_output(seen: str, now: str) -> str:
-    """What `now` (a tail of a growing log) adds after `seen` (an earlier tail of the same log)."""
-    if now.startswith(seen):
-        return now[len(seen):]
-    for cut in range(1, len(seen)):  # the tail window moved: find where the old tail's end is in the new one
-        if now.startswith(seen[cut:]):
-            return now[len(seen) - cut:]
-    return now
-
-
-def _pruned_note(store, job_id: str) -> str | None:
-    """What to say when the job's latest run's files were removed from its host (None when they were not)."""
-    from lucid_core.runtime.surfaces.queries import latest_run
-
-    found = latest_run(store, job_id)
-    if found is None or found[0].pruned_at is None:
-        return None
-    run = found[0]
-    from lucid_core.policy.view import saved_number
-
-    stamp = run.pruned_at if saved_number(run.pruned_at) and run.pruned_at < 253402300800 else None  # year 9999
-    when = "on " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(stamp)) if stamp is not None else "earlier"
-    return (f"(the files of run {run.run_id} were removed from host {run.host} {when}: runs' logs and working "
-            "directories are kept runtime.keep_ended_runs_days after they end)")
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    from lucid_core.domain import TERMINAL_STATES
-    from lucid_core.runtime.surfaces.queries import logs, status
-
-    store = store_of(args)
-    stream = "stderr" if args.stderr else "stdout"
-    cap = 1 << 20 if args.follow else 65536
-    tail = logs(store, executor_of(args), args.job, stream, max_bytes=cap)
-    text = tail.text
-    cut = not args.follow and tail.cut(cap)
-    shown = text.split("\n", 1)[1] if cut and "\n" in text else text  # from its first whole line
-    sys.stdout.write(_tail_lines(shown, args.lines))
-    sys.stdout.flush()
-    if cut and (args.lines is None or args.lines > shown.count("\n")):
-        print(f"(only the last {cap // 1024} KiB of its {stream} were read, from the first whole line in them: the "
-              f"log on its host is longer; lucid logs {args.job} -f reads up to 1 MiB)", file=sys.stderr)
-    terminal = {s.value for s in TERMINAL_STATES}
-    while args.follow:
-        ended = status(store, args.job)["state"] in terminal
-        time.sleep(0 if ended else args.interval)
-        now = logs(store, executor_of(args), args.job, stream, max_bytes=cap).text
-        sys.stdout.write(_new_output(text, now))
-        sys.stdout.flush()
-        text = now
-        if ended:
-            break
-    pruned = _pruned_note(store, args.job) if not text else None
-    if pruned:
-        print(pruned, file=sys.stderr)
-    elif not text and stream == "stdout":
-        data = status(store, args.job)
-        other = logs(store, executor_of(args), args.job, "stderr", max_bytes=1)
-        if other.size:
-            print(f"(stdout of {args.job} is empty; it wrote {other.size} bytes to stderr: "
-                  f"lucid logs {args.job} --stderr)", file=sys.stderr)
-        elif not data["runs"] and data["state"] in terminal:
-            print(f"({args.job} never ran: {data['end_reason'] or data['state']})", file=sys.stderr)
-        elif not data["runs"]:
-            print(f"({args.job} has not started yet: {data['pending_reason'] or data['state']})", file=sys.stderr)
-    return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -1,0 +1,235 @@
+"""`lucid logs` reads a job's log by byte offset: `-f` loses nothing however much arrives between two reads, `-n N`
+gives N lines of a long log, `--all` the whole log byte for byte, a character cut by a chunk's end decodes whole;
+on a local host and over real sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from runtime_helpers import fast_config, one_round
+
+from lucid_core.cli import main
+from lucid_core.runtime.hosts.executor import FileBytes, HostAddress
+from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+from lucid_core.runtime.hosts.local_executor import local_executor
+from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+REPO = Path(__file__).resolve().parents[2]
+BURSTS, BURST_LINES = 4, 15000  # about 1.6 MB a burst, all at once: more than a MiB between two reads
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def local(tmp_path, monkeypatch):
+    """A store with one local main host (no profiling: a job starts at once) and its `lucid round` arguments."""
+    monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
+    config = tmp_path / "lucid.toml"
+    config.write_text("[profiler]\nenabled = false\n")
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    store = Store(url)
+    add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=2, workdir=str(tmp_path / "m0")))
+    store.dispose()
+    return url, ("round", "--store", url, "--config", str(config))
+
+
+def _bursts(root: Path) -> tuple[str, Path, bytes]:
+    """A job that says `ready`, waits for its gate, then writes BURSTS bursts of BURST_LINES lines a second apart
+    (each line with a two-byte character); its command, its gate, and the whole log it writes."""
+    gate = root / f"gate-{time.monotonic_ns()}"
+    script = root / f"bursts-{time.monotonic_ns()}.sh"
+    script.write_text(f"echo ready\nuntil [ -e {gate} ]; do sleep 0.05; done\n"
+                      f"for k in $(seq 0 {BURSTS - 1}); do\n"
+                      f"  awk -v k=$k 'BEGIN {{ for (i = k * {BURST_LINES} + 1; i <= (k + 1) * {BURST_LINES}; i++) "
+                      f"printf \"line %06d \\303\\251 %s\\n\", i, \"{'x' * 90}\" }}'\n"
+                      "  sleep 1\ndone\n")
+    expected = "ready\n" + "".join(f"line {i:06d} é {'x' * 90}\n" for i in range(1, BURSTS * BURST_LINES + 1))
+    return f"sh {script}", gate, expected.encode()
+
+
+def _follow(job: str, cli_args: list[str], gate: Path, run_round: Callable[[], str], root: Path) -> tuple[bytes, str]:
+    """`lucid logs JOB -f` in its own process while rounds run; the gate is opened once it printed `ready`."""
+    out_path, err_path = root / f"{job}.follow.out", root / f"{job}.follow.err"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        follow = subprocess.Popen([sys.executable, "-m", "lucid_core.cli", "logs", job, *cli_args, "-f",
+                                   "--interval", "0.5"], stdout=out, stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while run_round() != "COMPLETED":
+            if not gate.exists() and out_path.read_bytes().startswith(b"ready\n"):
+                gate.touch()
+            assert time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.3)
+        assert follow.wait(timeout=60) == 0, err_path.read_text()
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    return out_path.read_bytes(), err_path.read_text()
+
+
+def _across_chunks() -> bytes:
+    """A 5 MB log of 100-byte lines in which a 2-, 3- and 4-byte character each straddles a 1 MiB chunk's end."""
+    out = bytearray()
+    n = 0
+    for boundary, char in (((1 << 20), "é"), ((2 << 20), "€"), ((3 << 20), "😀"), ((5 << 20), "")):
+        while len(out) + 200 < boundary:
+            n += 1
+            out += f"line {n:07d} {'x' * 86}\n".encode()
+        if char:
+            n += 1
+            head = f"line {n:07d} ".encode()
+            out += head + b"y" * (boundary - 1 - len(out) - len(head)) + char.encode() + b" end\n"
+            assert out[boundary - 1:boundary - 1 + len(char.encode())] == char.encode()
+    return bytes(out)
+
+
+def _state(capsys, url: str, job: str) -> str:
+    return json.loads(_cli(capsys, "status", job, "--store", url, "--json")[1])["state"]
+
+
+def _local_round(capsys, url: str, round_args: tuple[str, ...], job: str) -> Callable[[], str]:
+    def run() -> str:
+        assert _cli(capsys, *round_args)[0] == 0
+        return _state(capsys, url, job)
+    return run
+
+
+def test_follow_prints_every_line_once_when_megabytes_arrive_between_reads(local, capsys, tmp_path):
+    """It re-read the last MiB each interval and printed what differed from the previous read: of a job writing
+    3.3 MB in 15 s, the lines that fell between two windows were never printed (exit 0, nothing said)."""
+    url, round_args = local
+    command, gate, expected = _bursts(tmp_path)
+    store = Store(url)
+    job = submit(store, JobRequest(command, gpus=1, user="ana", vc="default"))
+    store.dispose()
+    out, err = _follow(job, ["--store", url], gate, _local_round(capsys, url, round_args, job), tmp_path)
+    assert out == expected, (len(out), len(expected), err)
+    assert err == ""
+
+
+def _finished(capsys, url: str, round_args: tuple[str, ...], command: str) -> str:
+    store = Store(url)
+    job = submit(store, JobRequest(command, gpus=1, user="ana", vc="default"))
+    store.dispose()
+    deadline = time.monotonic() + 30
+    while _local_round(capsys, url, round_args, job)() != "COMPLETED":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    return job
+
+
+def test_n_gives_n_lines_all_gives_the_whole_log_and_a_character_across_chunks_is_whole(local, capsys, tmp_path,
+                                                                                       monkeypatch):
+    """`-n 5000` printed 704 lines (a fixed 64 KiB read); a whole log could not be read at all."""
+    url, round_args = local
+    content = _across_chunks()
+    (tmp_path / "log.bin").write_bytes(content)
+    job = _finished(capsys, url, round_args, f"cat {tmp_path / 'log.bin'}")
+    text = content.decode()
+    lines = text.splitlines(keepends=True)
+    code, out, err = _cli(capsys, "logs", job, "--store", url, "-n", "5000")
+    assert (code, out, err) == (0, "".join(lines[-5000:]), "")
+    code, out, err = _cli(capsys, "logs", job, "--store", url, "--all")
+    assert (code, out.encode(), err) == (0, content, "")
+    code, out, err = _cli(capsys, "logs", job, "--store", url, "-n", f"+{len(lines) - 2}")  # tail's from line K
+    assert (code, out, err) == (0, "".join(lines[-3:]), "")
+    code, out, err = _cli(capsys, "logs", job, "--store", url, "-f")  # an ended job's long log: its end, said so
+    assert code == 0 and text.endswith(out) and out.startswith("line ") and "--all" in err
+    from lucid_core.runtime.surfaces.cli import logs as cli_logs
+
+    monkeypatch.setattr(cli_logs, "LINES_SEARCH_BYTES", 1 << 20)  # the bound of -n: what lies in it, and said so
+    code, out, err = _cli(capsys, "logs", job, "--store", url, "-n", "20000")
+    assert code == 0 and text.endswith(out) and out.startswith("line ") and 9000 < out.count("\n") < 20000
+    assert f"lucid logs {job} --all" in err and "1 MiB" in err
+
+
+def test_a_truncated_log_is_said_and_followed_from_its_start(tmp_path, capsys):
+    """The offset of a follow past a file that shrank would read nothing ever again: it starts over, and says so."""
+    from lucid_core.runtime.surfaces.cli import logs as cli_logs
+
+    run = tmp_path / "w" / "r1"
+    run.mkdir(parents=True)
+    log = run / "stdout.log"
+    log.write_bytes(b"first \xc3")
+    source = cli_logs.LogSource(local_executor(), HostAddress("h", executor="local", workdir=str(tmp_path / "w")),
+                                "r1", "h", "stdout.log")
+    printer = cli_logs._Printer()
+    offset, _ = cli_logs._drain(source, printer, 0)
+    with log.open("ab") as f:
+        f.write(b"\xa9 second\n")  # the rest of "é": decoded whole across the two reads
+    offset, _ = cli_logs._drain(source, printer, offset)
+    log.write_bytes(b"new\n")
+    offset, _ = cli_logs._drain(source, printer, offset)
+    out, err = capsys.readouterr()
+    assert (out, offset) == ("first é second\nnew\n", 4) and "its stdout shrank from 16 bytes to 4 bytes" in err
+
+
+@pytest.mark.ssh
+def test_over_ssh_follow_loses_nothing_and_n_and_all_read_the_whole_log(live, capsys):
+    """The same reads through the SSH executor's kept shell against real sshd: bytes come back as written."""
+    store, cluster, root = live
+    config = fast_config(**{"profiler.enabled": False})
+    url = f"sqlite:///{root / 'lucid.db'}"
+    ssh_args = ["--store", url, "--known-hosts", str(cluster.known_hosts)]
+    command, gate, expected = _bursts(root)
+    job = submit(store, JobRequest(command, 1, "alice", "vc-a", name="bursts"))
+
+    def run_round() -> str:
+        one_round(store, cluster, config)
+        return _state(capsys, url, job)
+
+    out, err = _follow(job, ssh_args, gate, run_round, root)
+    assert out == expected and err == "", (len(out), len(expected), err)
+    content = _across_chunks()
+    (root / "log.bin").write_bytes(content)
+    whole = submit(store, JobRequest(f"cat {root / 'log.bin'}", 1, "alice", "vc-a", name="whole"))
+    deadline = time.monotonic() + 30
+    while (one_round(store, cluster, config), _state(capsys, url, whole))[1] != "COMPLETED":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    code, out, err = _cli(capsys, "logs", whole, *ssh_args, "--all")
+    assert (code, out.encode(), err) == (0, content, "")
+    code, out, err = _cli(capsys, "logs", whole, *ssh_args, "-n", "5000")
+    assert (code, out, err) == (0, "".join(content.decode().splitlines(keepends=True)[-5000:]), "")
+
+
+def test_a_log_swapped_for_a_symlink_reads_as_absent(tmp_path):
+    """A read by offset resolves the path as the tail read does: a job's symlink to a file outside gives nothing."""
+    secret = tmp_path / "secret"
+    secret.write_text("password\n")
+    run = tmp_path / "w" / "r1"
+    run.mkdir(parents=True)
+    (run / "stdout.log").symlink_to(secret)
+    (run / "stderr.log").write_bytes(b"plain\n")
+    executor, host = local_executor(), HostAddress("h", executor="local", workdir=str(tmp_path / "w"))
+    assert executor.read_range(host, "r1", "stdout.log", 0, 100) == FileBytes(b"", 0, None)
+    assert executor.read_range(host, "r1", "stdout.log", None, 100) == FileBytes(b"", 0, None)
+    assert executor.read_range(host, "r1", "stderr.log", 2, 100) == FileBytes(b"ain\n", 2, 6)
+    assert executor.read_range(host, "r1", "stderr.log", None, 3) == FileBytes(b"in\n", 3, 6)
+
+
+def test_the_marker_line_of_a_read_by_offset_is_parsed_defensively():
+    """The size and the start come from the script's first line; anything else there gives no bytes, not a guess."""
+    from lucid_core.runtime.hosts.reads import parse_range
+
+    assert parse_range(b"size=12 from=3\nabc\ndef", 3, 10) == (b"abc\ndef", 3, 12)
+    assert parse_range(b"size= from=0\nabc", None, 10) == (b"abc", 0, None)  # the size could not be read
+    assert parse_range(b"size=12 from=9\nabc", 3, 10) == (b"", 3, 12)  # not where it was asked
+    assert parse_range(b"size=12 from=\xd9\xa3\nabc", None, 10) == (b"", 0, 12)  # no ASCII digit
+    assert parse_range(b"size=" + b"9" * 30 + b" from=0\nabc", 0, 10) == (b"abc", 0, None)
+    assert parse_range(b"", 0, 10) == (b"", 0, None)  # absent: nothing printed
+    assert parse_range(b"size=12 from=0\n" + b"x" * 20, 0, 10) == (b"x" * 10, 0, 12)
