@@ -13,7 +13,7 @@ from sqlalchemy import update
 from lucid_core.config import LucidConfig
 from lucid_core.runtime.round.settings import RoundSettings
 from lucid_core.runtime.store.schema import JobRow, RunRow
-from lucid_core.runtime.surfaces.cli.jobs import _pruned_note
+from lucid_core.runtime.surfaces.cli.logs import _pruned_note
 from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
 pytestmark = pytest.mark.ssh
