@@ -31,7 +31,7 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def ran(tmp_path, capsys, monkeypatch):
-    """A local 1-GPU main host (no profiling) that ran a job failing with exit 3."""
+    """A local 1-GPU main host (no profiling) that ran a job failing with exit 3 after a second."""
     monkeypatch.setenv("LUCID_HOME", str(tmp_path / "home"))
     config = tmp_path / "lucid.toml"
     config.write_text("[profiler]\nenabled = false\n")
@@ -39,7 +39,8 @@ def ran(tmp_path, capsys, monkeypatch):
     url = f"sqlite:///{tmp_path / 'lucid.db'}"
     store = Store(url)
     add_host(store, HostSpec("m0", executor="local", telemetry="emulated", gpus=1, workdir=str(tmp_path / "m0")))
-    bad = submit(store, JobRequest("echo oops >&2; exit 3", gpus=1, user="ana", vc="default", name="bad-run"))
+    bad = submit(store, JobRequest("sleep 1; echo oops >&2; exit 3", gpus=1, user="ana", vc="default",
+                                 name="bad-run"))
     deadline = time.monotonic() + 30
     while _job(store, bad).state != "FAILED":
         assert _cli(capsys, "round", "--store", url)[0] == 0
@@ -159,3 +160,16 @@ def test_status_says_when_a_runs_host_does_not_answer_on_both_read_paths(ran, ca
         s.get(HostRow, "m0").reachable = True
     assert _cli(capsys, "cancel", job, "--store", url)[0] == 0
     assert _cli(capsys, "round", "--store", url)[0] == 0
+
+
+def test_history_shows_the_hosts_and_run_time_and_status_the_run_time(ran, capsys):
+    _, url, bad = ran
+    code, out, _ = _cli(capsys, "history", "--store", url, "-o", "JobID,Ran,NodeList")
+    header, line = out.splitlines()[:2]
+    assert code == 0 and header.split() == ["JOBID", "RAN", "NODELIST"] and line.split()[0] == bad
+    assert line.split()[2] == "m0" and line.split()[1].startswith("00:00:0")
+    code, out, _ = _cli(capsys, "history", "--store", url, "--json")
+    (row,) = json.loads(out)["jobs"]
+    assert row["hosts"] == "m0" and 0 < row["ran_s"] < 10
+    code, out, _ = _cli(capsys, "status", bad, "--store", url)
+    assert code == 0 and " ran " in out.splitlines()[1] and out.splitlines()[1].endswith(" in all")

@@ -141,6 +141,8 @@ def test_status_of_every_job_equals_the_orm_status(filled):
         # the pair now and the past pair that overlapped, each seen from both sides; the other past pair never ran
         # at one time, so it has words but no span
         assert seen_shared == 2 and seen_spans == 4
+        yielded_job = plain_views.status(reader, _completed(ids)[4])  # started first before its latest run
+        assert yielded_job["first_start_time"] == YIELDED_FIRST < yielded_job["start_time"]
         stopping = {r["run_id"]: r["stopping"] for job_id in ids for r in plain_views.status(reader, job_id)["runs"]}
         assert stopping["r-e"] == ("stopping: its job was cancelled; its launch went unanswered, so it may not "
                                    "have started")
@@ -165,12 +167,16 @@ def test_history_equals_the_orm_history(filled, query):
         plain = plain_views.history(reader, query)
     with store.session() as session:
         full = queries.history(session, query)
+    for a, b in zip(plain.rows, full.rows, strict=False):
+        assert a == b, {k: (a[k], b.get(k)) for k in a if a[k] != b.get(k)}
     assert plain == full
     assert query.offset >= full.total or plain.rows
     for row in plain.rows:  # the job that yielded counts from its first start on the main cluster
         if row["job_id"] == _completed(filled[2])[4]:
             assert row["start_time"] == YIELDED_FIRST and row["queued_s"] == YIELDED_FIRST - row["submit_time"]
             assert row["elapsed_s"] == row["end_time"] - YIELDED_FIRST
+            second = _job(int(row["job_id"][1:]), JobState.COMPLETED)["start_time"]
+            assert row["ran_s"] == 300 + (row["end_time"] - second) and row["hosts"] == "m0"
 
 
 def test_odd_stored_values_read_the_same_both_ways(tmp_path, monkeypatch):

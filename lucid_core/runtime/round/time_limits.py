@@ -9,14 +9,14 @@ pending is left to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, TERMINAL_STATES, JobState, RunState
-from lucid_core.policy.view import saved_float, saved_time_limit
+from lucid_core.domain import TERMINAL_STATES, JobState, RunState
+from lucid_core.policy.view import saved_time_limit
 from lucid_core.runtime.round.base import TERMINAL_VALUES, RoundBase, update_unsynced
+from lucid_core.runtime.round.run_time import time_run
 from lucid_core.runtime.store.schema import JobRow, RunRow
 from lucid_core.units import duration_words
 
@@ -26,22 +26,6 @@ TIME_LIMIT_STOP = "time_limit"  # the stop reason of a run whose job reached its
 def time_limit_words(limit_s: float) -> str:
     """A job's limit as its end reason and events say it."""
     return f"its time limit of {duration_words(limit_s)} (--time-limit)"
-
-
-def time_run(runs: Iterable[RunRow], now: float) -> float:
-    """Seconds a job's runs have run: per run, from its first node's start to its last node's end (now while
-    a node still runs). Times another writer broke (text, infinite, before the start) count as nothing."""
-    spans: dict[str, list[float]] = {}
-    for run in runs:
-        start = saved_float(run.started_at)
-        if start is None or start > now:
-            continue
-        end = now if run.state in ACTIVE_RUN_STATES else saved_float(run.ended_at)
-        if end is None:
-            continue
-        span = spans.setdefault(run.run_id, [start, end])
-        span[0], span[1] = min(span[0], start), max(span[1], end)
-    return sum(max(0.0, min(end, now) - start) for start, end in spans.values())
 
 
 class TimeLimitSteps(RoundBase):

@@ -39,10 +39,12 @@ HISTORY_COLUMNS = {"jobid": "job_id", "job_id": "job_id", "jobname": "name", "na
                    "submit": "submit_time", "start": "start_time", "end": "end_time", "queued": "queued_s",
                    "elapsed": "elapsed_s", "exitcode": "exit_code", "exit_code": "exit_code", "reason": "end_reason",
                    "end_reason": "end_reason", "inprofiling": "ended_in_profiling", "timelimit": "time_limit_s",
-                   "time_limit": "time_limit_s"}
+                   "time_limit": "time_limit_s", "ran": "ran_s", "runtime": "ran_s", "nodelist": "hosts",
+                   "hosts": "hosts"}
 HISTORY_HEADERS = {"job_id": "JOBID", "name": "JOBNAME", "submit_time": "SUBMIT", "start_time": "START",
                     "end_time": "END", "queued_s": "QUEUED", "elapsed_s": "ELAPSED", "exit_code": "EXITCODE",
-                    "end_reason": "REASON", "ended_in_profiling": "INPROFILING", "time_limit_s": "TIMELIMIT"}
+                    "end_reason": "REASON", "ended_in_profiling": "INPROFILING", "time_limit_s": "TIMELIMIT",
+                    "ran_s": "RAN", "hosts": "NODELIST"}
 STATE_ALIASES = FINISHED_STATE_ALIASES
 
 

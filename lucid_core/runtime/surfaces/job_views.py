@@ -25,8 +25,11 @@ FINISHED_STATES = tuple(s.value for s in TERMINAL_STATES)
 
 #: What `history` can show per job, and the columns `lucid history` prints by default.
 HISTORY_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "submit_time", "start_time", "end_time",
-                  "queued_s", "elapsed_s", "exit_code", "end_reason", "ended_in_profiling", "time_limit_s")
+                  "queued_s", "elapsed_s", "exit_code", "end_reason", "ended_in_profiling", "time_limit_s",
+                  "ran_s", "hosts")
 HISTORY_DEFAULT_FIELDS = ("job_id", "name", "user", "vc", "gpus", "state", "end_time", "elapsed_s", "exit_code")
+#: How many job ids one IN list of a history page's run read holds (SQLite takes 32,766 parameters at most).
+ID_CHUNK = 500
 #: The largest history limit and offset: more jobs than any store holds, and within the stores' 64-bit integers.
 MAX_HISTORY_ROWS = 2**31 - 1
 
@@ -202,11 +205,13 @@ def host_down_words(host: Any, now: float) -> str | None:
 
 
 def status_view(job: Any, runs: Sequence[Any], shared: SharedSpeed | None,
-                spans: Sequence[SharedSpan], hosts_down: Mapping[str, str] | None = None) -> dict[str, Any]:
+                spans: Sequence[SharedSpan], hosts_down: Mapping[str, str] | None = None,
+                now: float | None = None) -> dict[str, Any]:
     """A job's row and runs (oldest first), its pending reason in words, and its measured speed while it shares
     GPUs: what `lucid status` and the API's job status show. `hosts_down`: words for the hosts of its runs that
     do not answer (`host_down_words`), said on its runs not ended."""
     down = hosts_down or {}
+    facts = run_facts(runs, now).get(job.job_id) if now is not None else None
     from lucid_core.runtime.round.pending import pending_text
 
     planned = next((x.partner for x in reversed(runs) if x.partner), None)
@@ -216,6 +221,10 @@ def status_view(job: Any, runs: Sequence[Any], shared: SharedSpeed | None,
             "ended_in_profiling": job.ended_in_profiling, "cancel_requested": job.cancel_requested,
             # the longest it may run, all its runs together (null: no limit); past it the round stops it
             "time_limit_s": getattr(job, "time_limit_s", None),
+            # when it first started on the main cluster (`start_time` is its latest run's: later after a yield)
+            # and its runs' time in all, profiling included (what its time limit counts)
+            "first_start_time": facts.first_start if facts is not None else None,
+            "ran_s": facts.ran_s if facts is not None else None,
             "pending_reason": pending_text(job),
             "runs": [{"run_id": x.run_id, "host": x.host, "kind": x.kind, "gpus": x.gpu_indices, "state": x.state,
                       "pid": x.pid, "exit_code": x.exit_code, "outcome": x.outcome, "stopping": stopping_words(x),
@@ -297,13 +306,50 @@ def yielded(jobs: Iterable[Any]) -> list[str]:
     return [j.job_id for j in jobs if isinstance(j.yields, int) and not isinstance(j.yields, bool) and j.yields > 0]
 
 
-def history_row(j: Any, first_start: Any = None) -> dict[str, Any]:
-    """One finished job as `history` lists it (`HISTORY_FIELDS`). `first_start`: when a job that yielded first
-    started on the main cluster (a job's stored start is its last run's: counted from there, the runs before a
-    yield read as time queued and left out of its elapsed time)."""
-    start = first_start if saved_float(first_start) is not None else j.start_time
+@dataclass(frozen=True)
+class RunFacts:
+    """What a job's runs say of it: when it first started on the main cluster (its stored start is its last
+    run's), how long its runs ran in all (profiling included: what its time limit counts) and the hosts its
+    main runs ran on, in the order it used them."""
+
+    first_start: float | None
+    ran_s: float
+    hosts: tuple[str, ...]
+
+
+def run_facts(runs: Iterable[Any], now: float | Mapping[str, float | None]) -> dict[str, RunFacts]:
+    """`RunFacts` per job of `runs` (rows with job_id, run_id, kind, host, state, started_at and ended_at), its
+    run time counted up to `now`: one time, or each job's own (a finished job's end: the same figure on every
+    clock; a job without one is left out). Read as untrusted: a time that is no number counts as none."""
+    from lucid_core.runtime.round.run_time import time_run
+
+    by_job: dict[str, list[Any]] = {}
+    for run in runs:
+        by_job.setdefault(run.job_id, []).append(run)
+    out = {}
+    for job_id, mine in by_job.items():
+        until = now.get(job_id) if isinstance(now, Mapping) else now
+        if until is None:
+            continue
+        main = [r for r in mine if r.kind == "main" and saved_float(r.started_at) is not None]
+        main.sort(key=lambda r: saved_float(r.started_at) or 0.0)
+        out[job_id] = RunFacts(saved_float(main[0].started_at) if main else None, time_run(mine, until),
+                               tuple(dict.fromkeys(r.host for r in main if isinstance(r.host, str))))
+    return out
+
+
+def history_row(j: Any, facts: RunFacts | None = None) -> dict[str, Any]:
+    """One finished job as `history` lists it (`HISTORY_FIELDS`), with what its runs say (`facts`: None when
+    its runs are not kept). Its start is its first on the main cluster (its stored start is its last run's:
+    counted from there, the runs before a yield read as time queued and were left out of its elapsed time)."""
+    first_start = facts.first_start if facts is not None and yielded([j]) else None
+    start = first_start if first_start is not None else j.start_time
     return {"job_id": j.job_id, "name": j.name, "user": j.user, "vc": j.vc, "gpus": j.gpus, "state": j.state,
             "submit_time": j.submit_time, "start_time": start, "end_time": j.end_time,
             "queued_s": _span(j.submit_time, start), "elapsed_s": _span(start, j.end_time),
             "exit_code": j.exit_code, "end_reason": j.end_reason, "ended_in_profiling": j.ended_in_profiling,
-            "time_limit_s": getattr(j, "time_limit_s", None)}
+            "time_limit_s": getattr(j, "time_limit_s", None),
+            # its runs' time in all (profiling and each run after a yield: what --time-limit counts); the hosts
+            # its main runs ran on (sacct's NodeList)
+            "ran_s": facts.ran_s if facts is not None else None,
+            "hosts": ",".join(facts.hosts) if facts is not None and facts.hosts else None}

@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from lucid_core.domain import RunState
+from lucid_core.policy.view import saved_float
 from lucid_core.runtime.store.plain_read import PlainReader
 from lucid_core.runtime.surfaces.job_views import (
     ACTIVE_STATES,
+    ID_CHUNK,
     HistoryPage,
     HistoryQuery,
     QueueQuery,
@@ -17,11 +19,11 @@ from lucid_core.runtime.surfaces.job_views import (
     history_row,
     host_down_words,
     queue_rows,
+    run_facts,
     shares_now,
     speeds_of_pairs,
     status_view,
     storable,
-    yielded,
 )
 from lucid_core.runtime.surfaces.shared_time import spans_by_job
 
@@ -71,7 +73,7 @@ def status(reader: PlainReader, job_id: str) -> dict[str, Any]:
     hosts = reader.records("hosts", f"SELECT name, reachable, last_seen, last_error FROM hosts WHERE name IN "
                                     f"({_marks(names)})", names) if names else []
     down = {h.name: words for h in hosts if (words := host_down_words(h, now))}
-    return status_view(found[0], runs, shared, spans, down)
+    return status_view(found[0], runs, shared, spans, down, now)
 
 
 def history(reader: PlainReader, query: HistoryQuery) -> HistoryPage:
@@ -89,8 +91,9 @@ def history(reader: PlainReader, query: HistoryQuery) -> HistoryPage:
     jobs = reader.records("jobs", f"SELECT {_columns(_HISTORY_COLUMNS)} FROM jobs WHERE {condition} "
                                   "ORDER BY end_time DESC, seq DESC LIMIT ? OFFSET ?",
                           [*params, query.limit, query.offset])
-    ids = yielded(jobs)  # their first main run's start (rank 0), as `queries.history` reads it
-    firsts = {r.job_id: r.started_at for r in reader.records(
-        "runs", "SELECT job_id, min(started_at) AS started_at FROM runs WHERE kind = 'main' AND node_rank = 0 "
-                f"AND job_id IN ({_marks(ids)}) GROUP BY job_id", ids)} if ids else {}
-    return HistoryPage([history_row(j, firsts.get(j.job_id)) for j in jobs], int(total), query)
+    ids = [j.job_id for j in jobs]
+    runs = [r for chunk in range(0, len(ids), ID_CHUNK) for r in reader.records(
+        "runs", "SELECT job_id, run_id, kind, host, state, started_at, ended_at FROM runs WHERE job_id IN "
+                f"({_marks(ids[chunk:chunk + ID_CHUNK])})", ids[chunk:chunk + ID_CHUNK])]
+    facts = run_facts(runs, {j.job_id: saved_float(j.end_time) for j in jobs})
+    return HistoryPage([history_row(j, facts.get(j.job_id)) for j in jobs], int(total), query)

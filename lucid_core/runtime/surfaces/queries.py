@@ -13,11 +13,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lucid_core.domain import TERMINAL_STATES, JobState, RunState
+from lucid_core.policy.view import saved_float
 from lucid_core.runtime.store.schema import DecisionRow, GpuRow, HostRow, JobEventRow, JobRow, ModelVersionRow, RunRow
 from lucid_core.runtime.surfaces.job_views import (  # noqa: F401  (re-exported: the names readers import from here)
     ACTIVE_STATES,
     HISTORY_DEFAULT_FIELDS,
     HISTORY_FIELDS,
+    ID_CHUNK,
     MAX_HISTORY_ROWS,
     HistoryPage,
     HistoryQuery,
@@ -27,6 +29,7 @@ from lucid_core.runtime.surfaces.job_views import (  # noqa: F401  (re-exported:
     history_row,
     host_down_words,
     queue_rows,
+    run_facts,
     shares_now,
     speeds_of_pairs,
     status_view,
@@ -82,7 +85,7 @@ def status(store: Store, job_id: str) -> dict[str, Any]:
         names = {r.host for r in runs if isinstance(r.host, str)}
         hosts = s.scalars(select(HostRow).where(HostRow.name.in_(names))).all() if names else []
         down = {h.name: words for h in hosts if (words := host_down_words(h, now))}
-    return status_view(job, runs, shared, spans, down)
+    return status_view(job, runs, shared, spans, down, now)
 
 
 def latest_run(store: Store, job_id: str) -> tuple[RunRow, HostRow] | None:
@@ -115,6 +118,11 @@ def logs(store: Store, executor: HostExecutor, job_id: str, stream: str = "stdou
         executor.close()
 
 
+#: the run columns `run_facts` reads
+_FACT_COLUMNS = (RunRow.job_id, RunRow.run_id, RunRow.kind, RunRow.host, RunRow.state, RunRow.started_at,
+                 RunRow.ended_at)
+
+
 def history(session: Session, query: HistoryQuery) -> HistoryPage:
     """Finished, failed and cancelled jobs matching `query`, latest end first (the web page and `lucid history`)."""
     from sqlalchemy import func
@@ -131,11 +139,11 @@ def history(session: Session, query: HistoryQuery) -> HistoryPage:
     total = session.scalar(select(func.count()).select_from(JobRow).where(*where)) or 0
     jobs = session.scalars(select(JobRow).where(*where).order_by(JobRow.end_time.desc(), JobRow.seq.desc())
                            .limit(query.limit).offset(query.offset)).all()
-    ids = yielded(jobs)
-    firsts = dict(session.execute(select(RunRow.job_id, func.min(RunRow.started_at)).where(
-        RunRow.kind == "main", RunRow.node_rank == 0, RunRow.job_id.in_(ids)).group_by(RunRow.job_id)).all()
-                  ) if ids else {}
-    return HistoryPage([history_row(j, firsts.get(j.job_id)) for j in jobs], int(total), query)
+    ids = [j.job_id for j in jobs]
+    runs = [r for chunk in range(0, len(ids), ID_CHUNK) for r in session.execute(
+        select(*_FACT_COLUMNS).where(RunRow.job_id.in_(ids[chunk:chunk + ID_CHUNK]))).all()]
+    facts = run_facts(runs, {j.job_id: saved_float(j.end_time) for j in jobs})
+    return HistoryPage([history_row(j, facts.get(j.job_id)) for j in jobs], int(total), query)
 
 
 def waiting(store: Store, query: QueueQuery | None = None) -> list[dict[str, Any]]:

@@ -131,7 +131,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("-E", "--until", default=None, help="ended before (same forms as --since)")
     p.add_argument("-o", "--format", default=None,
                    help="fields, comma-separated (sacct names work): JobID,JobName,User,VC,GPUs,State,Submit,"
-                        "Start,End,Queued,Elapsed,ExitCode,Reason,InProfiling")
+                        "Start,End,Queued,Elapsed,ExitCode,Reason,InProfiling,Timelimit,Ran,NodeList. Start is its "
+                        "first on the main cluster; Queued until then (profiling included); Elapsed from then to its "
+                        "end; Ran: its runs' time in all, profiling too (what --time-limit counts); NodeList: the "
+                        "hosts it ran on")
     p.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
     p.add_argument("--offset", type=int, default=0, help="skip this many (the next page)")
     p.set_defaults(func=cmd_history)

@@ -205,8 +205,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     text = "\n".join([
         f"{data['job_id']} {data['state']}  {data['name'] or '(no name)'}  {data['gpus']} GPU(s)  user {data['user']}  "
         f"VC {data['vc']}",
-        f"submitted {local_time(data['submit_time'])}  started {local_time(data['start_time'])}  "
-        f"ended {local_time(data['end_time'])}{exit_code}",
+        f"submitted {local_time(data['submit_time'])}  started {_started(data)}  "
+        f"ended {local_time(data['end_time'])}{exit_code}{_ran(data)}",
         *(f"  run {r['run_id']} on {r['host']} GPUs {r['gpus']}: {r['state']} {_run_note(r)}" for r in data["runs"]),
         *([data["sharing"]] if data["sharing"] else []),
         *([f"time limit: {_duration(data['time_limit_s'])}, all its runs together"]
@@ -216,6 +216,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     ])
     emit(args, data, text)
     return 0
+
+
+def _started(data: dict[str, Any]) -> str:
+    """When a job started, as `lucid history` says it (its first start on the main cluster), with its latest
+    run's start after a yield."""
+    first, latest = data.get("first_start_time"), data["start_time"]
+    if first is None or latest is None or local_time(first) == local_time(latest):
+        return local_time(latest)
+    return f"{local_time(first)} (its latest run {local_time(latest)})"
+
+
+def _ran(data: dict[str, Any]) -> str:
+    """Its runs' time in all, when it has run (what its time limit counts)."""
+    ran = data.get("ran_s")
+    return f"  ran {_duration(ran)} in all" if isinstance(ran, float | int) and ran > 0 else ""
 
 
 def _run_note(run: dict[str, Any]) -> str:
