@@ -892,7 +892,7 @@ def _runtime_api(url: str):
     from lucid_core.config import load_live_config
     from lucid_core.runtime.surfaces.api import create_app
 
-    return create_app(url, config=load_live_config())
+    return create_app(url, config=load_live_config(), executor=lambda: host_executor(HOST_READ_DEADLINE_S))
 
 
 class _LazyApp:

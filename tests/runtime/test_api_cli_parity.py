@@ -173,3 +173,16 @@ def test_history_shows_the_hosts_and_run_time_and_status_the_run_time(ran, capsy
     assert row["hosts"] == "m0" and 0 < row["ran_s"] < 10
     code, out, _ = _cli(capsys, "status", bad, "--store", url)
     assert code == 0 and " ran " in out.splitlines()[1] and out.splitlines()[1].endswith(" in all")
+
+
+def test_the_api_reads_a_jobs_logs(ran):
+    store, url, bad = ran
+    client = TestClient(create_app(url, store=store))
+    answer = client.get(f"/jobs/{bad}/logs", params={"lines": 5})
+    assert answer.status_code == 200
+    logs = answer.json()
+    assert logs["stderr"] == "oops" and logs["stdout"] == "" and logs["host"] == "m0" and logs["problem"] is None
+    assert client.get("/jobs/nope/logs").status_code == 404
+    assert client.get(f"/jobs/{bad}/logs", params={"lines": 0}).status_code == 422
+    waiting = submit(store, JobRequest("true", gpus=1, user="bo", vc="default"))
+    assert client.get(f"/jobs/{waiting}/logs").json()["problem"] == "no run of it has started"

@@ -7,15 +7,17 @@ user and only that user's jobs may be cancelled, unless `request.state.lucid_ope
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from lucid_core.config import LucidConfig, load_live_config
+from lucid_core.runtime.hosts.executor import HostExecutor
 from lucid_core.runtime.hosts.inventory import list_hosts
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces import prometheus, queries
@@ -55,9 +57,26 @@ class SubmitBody(BaseModel):
                                        "seconds; past it the job is stopped and fails")
 
 
+MAX_LOG_LINES = 2000  # the most lines /jobs/{id}/logs answers (the whole log: `lucid logs JOB --all`)
+LOG_READ_BYTES = 1 << 20  # the tail of each log it reads from the host
+
+
+@contextmanager
+def _ssh_reads() -> Iterator[HostExecutor]:
+    """An executor for one request's host reads (LUCID_KNOWN_HOSTS's keys), closed after it."""
+    from lucid_core.runtime.hosts.ssh_executor import ssh_executor
+
+    reads = ssh_executor(timeout_s=10.0, connect_timeout_s=5.0)
+    try:
+        yield reads
+    finally:
+        reads.close()
+
+
 def create_app(store_url: str | None = None, *, config: LucidConfig | None = None,
                auth: Callable[..., Any] | None = None, store: Store | None = None,
-               clock: Callable[[], float] | None = None) -> FastAPI:
+               clock: Callable[[], float] | None = None,
+               executor: Callable[[], AbstractContextManager[HostExecutor]] | None = None) -> FastAPI:
     """The app; `auth` (a FastAPI dependency) runs before every endpoint when given. Times are the
     database's (`Store.now`) unless a test gives a `clock`. Without a store URL or config it finds them as the
     CLI does (LUCID_STORE_URL, else SQLite in LUCID_HOME; LUCID_CONFIG, else LUCID_HOME/lucid.toml), so
@@ -67,6 +86,7 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
     store = store or Store(store_url or default_store_url())
     clock = clock or store.now
     config = config if config is not None else load_live_config()
+    executor = executor or _ssh_reads
     # no CDN-hosted Swagger UI: the reference page below is rendered here and works offline
     app = FastAPI(title="Lucid scheduler", version="1", docs_url=None, redoc_url=None)
 
@@ -187,6 +207,16 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
             return asdict(estimate(store, job_id, config, clock()))
         except ValueError as exc:  # the store's view cannot be built (a hand edit): said, as `lucid eta` says it
             raise HTTPException(status_code=422, detail=f"job {job_id!r}: {exc}") from exc
+
+    @router.get("/jobs/{job_id}/logs")
+    def get_logs(job_id: str, lines: int = Query(100, ge=1, le=MAX_LOG_LINES)) -> Any:
+        """The last `lines` of the stdout and stderr of the job's latest run, as a terminal shows them (a
+        progress bar's last state), read from its host; `problem` says why they could not be read."""
+        from lucid_core.runtime.surfaces.host_reads import log_tail
+
+        known(job_id)
+        with executor() as reads:
+            return asdict(log_tail(store, reads, job_id, lines=lines, read_bytes=LOG_READ_BYTES))
 
     @router.get("/hosts")
     def get_hosts() -> Any:
