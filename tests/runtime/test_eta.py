@@ -165,3 +165,105 @@ def test_a_running_job_past_its_predicted_duration_says_its_end_is_not_known():
     assert eta.note.startswith("running longer than its predicted 25.0 min (38.3 min so far)"), eta.note
     assert eta.end == 2500.0  # ended at once in the what-if, as said
     assert estimate_in_view(*_cluster(), "A").note == "running: predicted end"  # within its 3000 s
+
+
+# --- the what-if on a live cluster (local hosts, real job processes): it sees the cluster as a round does ---
+
+NO_PROFILING = {"profiler.enabled": False, "binder.sharing": "off"}
+
+
+def _two_hosts(store: Store, root: Path) -> None:
+    """Main hosts m0 and m1 of VC vc-a, 2 emulated GPUs each, on this machine; no profiling pool."""
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+
+    for name in ("m0", "m1"):
+        add_host(store, HostSpec(name, executor="local", vc="vc-a", telemetry="emulated", gpus=2,
+                                 workdir=str(root / name)))
+
+
+def _rounds(store: Store, done, timeout_s: float = 20.0) -> dict:
+    """Rounds (local executor, no profiling) until `done(jobs)`."""
+    import time
+
+    from runtime_helpers import SETTINGS, fast_config, jobs_by_id
+
+    from lucid_core.runtime.hosts.local_executor import local_executor
+    from lucid_core.runtime.round.scheduling_round import SchedulingRound
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        SchedulingRound(store, local_executor(), fast_config(**NO_PROFILING), SETTINGS).run()
+        jobs = jobs_by_id(store)
+        if done(jobs):
+            return jobs
+        assert time.monotonic() < deadline, {j: (r.state, r.pending_reason) for j, r in jobs.items()}
+        time.sleep(0.2)
+
+
+def _host_of(store: Store, job_id: str) -> str:
+    from runtime_helpers import runs_of
+
+    return next(r.host for r in runs_of(store, job_id) if r.state == "running")
+
+
+def _cancel_all(store: Store, *job_ids: str) -> None:
+    from lucid_core.runtime.surfaces.submission import cancel
+
+    for job_id in job_ids:
+        cancel(store, job_id)
+    _rounds(store, lambda jobs: all(jobs[j].state == "CANCELLED" for j in job_ids))
+
+
+def test_eta_queue_and_status_say_when_rounds_have_stalled(store, store_url, tmp_path, capsys):
+    """Rounds ran a few times, then stopped ten minutes ago (their rows moved back): `lucid eta` gives a waiting job
+    no start (nothing starts until rounds resume) and says why; `queue` and `status` warn that what they show may
+    be out of date. While rounds keep their pace nobody warns."""
+    import time
+
+    from runtime_helpers import fast_config
+    from sqlalchemy import update
+
+    from lucid_core.cli import main
+    from lucid_core.runtime.surfaces.eta import estimate
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+    _two_hosts(store, tmp_path)
+    running = submit(store, JobRequest("sleep 60", 4, "ann", "vc-a"))
+    _rounds(store, lambda jobs: jobs[running].state == "RUNNING")
+    waiting = submit(store, JobRequest("sleep 1", 1, "ann", "vc-a"))
+    for _ in range(4):  # a cadence: rounds 0.2 s apart
+        _rounds(store, lambda jobs: True)
+        time.sleep(0.2)
+    config = fast_config(**NO_PROFILING)
+    assert estimate(store, waiting, config, time.time()).start is not None
+    assert main(["queue", "--store", store_url]) == 0 and "rounds stalled" not in capsys.readouterr().err
+    with store.session() as s:
+        s.execute(update(RoundRow).values(started_at=RoundRow.started_at - 600.0,
+                                          ended_at=RoundRow.ended_at - 600.0))
+    eta = estimate(store, waiting, config, time.time())
+    assert (eta.start, eta.end) == (None, None), eta
+    assert eta.note.startswith("rounds stalled: no scheduling round has started for 10."), eta.note  # 10.0-10.1 min
+    assert "nothing starts" in eta.note and "were they to resume now" in eta.note
+    busy = estimate(store, running, config, time.time())
+    assert busy.end is not None and busy.note.startswith("rounds stalled")  # its end is still predicted
+    for argv in (["queue"], ["status", running]):
+        assert main([*argv, "--store", store_url]) == 0
+        err = capsys.readouterr().err
+        assert f"lucid {argv[0]}: warning: rounds stalled: no scheduling round has started for 10." in err, err
+    _cancel_all(store, running, waiting)
+
+
+@pytest.mark.parametrize(("starts", "now", "stalled"), [
+    ([1000.0, 1030.0, 1060.0, 1090.0], 1090.0 + 150.0, False),  # five gaps of 30 s: not yet
+    ([1000.0, 1030.0, 1060.0, 1090.0], 1090.0 + 151.0, True),
+    ([1000.0, 1001.0, 1002.0, 1003.0], 1003.0 + 100.0, False),  # fast rounds: never sooner than the floor
+    ([1000.0, 1001.0, 1002.0, 1003.0], 1003.0 + 121.0, True),
+    ([1000.0, 1600.0, 2200.0, 2800.0], 2800.0 + 2900.0, False),  # rounds every 10 min: stalled after 50
+    ([1000.0], 1000.0 + 121.0, True),  # no cadence to go by: the floor
+])
+def test_rounds_count_as_stalled_after_five_of_their_gaps_and_never_sooner_than_the_floor(starts, now, stalled):
+    from lucid_core.runtime.surfaces.round_age import stalled_words
+
+    words = stalled_words(starts, now)
+    assert (words is not None) == stalled, words
+    assert stalled_words([], now) == "no scheduling round has run yet: nothing starts until one runs (lucid round)"

@@ -8,37 +8,35 @@ not a promise. A running pair member whose speed the round has measured runs at 
 until its pair changes, not at the speed its profile predicts. The policy decides only at rounds,
 as often as the scheduler's recent rounds ran (`recent_cadence`): a job waits for the round after
 its GPUs free, as live.
+
+Any job not yet running while rounds have stalled gets no start: nothing starts until they resume
+(`round_age`), and the answer says so.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
-from itertools import pairwise
-
-from sqlalchemy import select
 
 from lucid_core.config import LucidConfig
 from lucid_core.domain import TERMINAL_STATES, Job, JobState, Pool, RunState
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.orchestrator import floored_prediction
 from lucid_core.policy.predictors import DEFAULT_DURATION_S
-from lucid_core.policy.view import ClusterView, saved_float, saved_number
+from lucid_core.policy.view import ClusterView, saved_float
 from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
 from lucid_core.runtime.round.snapshot import Snapshot as StoreSnapshot
 from lucid_core.runtime.round.snapshot import load_snapshot
 from lucid_core.runtime.round.view_builder import HOLD_PREFIX, build_view
-from lucid_core.runtime.store.schema import RoundRow
 from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.surfaces.round_age import CADENCE_ROUNDS, median_gap, round_starts, stalled_words
 from lucid_core.sim.engine import simulate
-from lucid_core.sim.rounds import MIN_INTERVAL_S, RoundCadence
+from lucid_core.sim.rounds import RoundCadence
 from lucid_core.sim.start import StartState, Until
+from lucid_core.units import duration_words
 
 MIN_MEASURED_RATE = 0.01  # a pair measured as stalled still ends in the what-if (at 100x its duration)
-CADENCE_ROUNDS = 20  # the recent rounds whose starts give the what-if its round interval
-MAX_CADENCE_S = 3600.0  # a longer median gap between rounds is no cadence the what-if goes by
 
 
 @dataclass(frozen=True)
@@ -78,18 +76,12 @@ def measured_rates(snapshot: StoreSnapshot) -> dict[str, float]:
 
 
 def recent_cadence(store: Store, now: float, rounds: int = CADENCE_ROUNDS) -> RoundCadence | None:
-    """Rounds as the scheduler has been running them: the median gap (the lower middle one: a gap that was
-    measured) between the starts of its last `rounds` rounds, from the last one. None (decide at every event)
-    with fewer than three gaps, a median gap outside [MIN_INTERVAL_S, MAX_CADENCE_S] (a pause, a clock set at
-    boot, an odd row: no cadence to go by), or when the last round started over ten gaps ago (paused)."""
-    with store.session() as s:
-        starts = sorted(t for t in s.scalars(select(RoundRow.started_at).order_by(RoundRow.id.desc()).limit(rounds))
-                        if saved_number(t) and t <= now)  # a row is untrusted
-    gaps = [b - a for a, b in pairwise(starts) if b > a]
-    if len(gaps) < 3:
-        return None
-    interval = statistics.median_low(gaps)
-    if not MIN_INTERVAL_S <= interval <= MAX_CADENCE_S or now - starts[-1] > 10 * interval:
+    """Rounds as the scheduler has been running them: the median gap (`round_age.median_gap`) between the starts
+    of its last `rounds` rounds, from the last one. None (decide at every event) without a cadence to go by, or
+    when the last round started over ten gaps ago (paused)."""
+    starts = round_starts(store, now, rounds)
+    interval = median_gap(starts)
+    if interval is None or now - starts[-1] > 10 * interval:
         return None
     return RoundCadence.every(interval, origin_s=starts[-1])
 
@@ -97,7 +89,8 @@ def recent_cadence(store: Store, now: float, rounds: int = CADENCE_ROUNDS) -> Ro
 def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
              policy_factory: PolicyFactory | None = None, horizon_s: float = 30 * 86400.0,
              max_steps: int = 100000) -> Eta:
-    """Start and end of `job_id` if the current policy kept deciding on the current cluster."""
+    """Start and end of `job_id` if the current policy kept deciding on the current cluster; where that cannot
+    be known (rounds stalled) the answer says so."""
     from lucid_core.runtime.store.schema import JobRow
 
     with store.session() as s:
@@ -113,9 +106,23 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
     if job_id in built.unreadable:  # not a stop pending: the round leaves the job out until its row is mended
         return Eta(job_id, state.value, None, None, None, 0, built.unreadable[job_id])
     held = [j for j in built.view.allocations if j.startswith(HOLD_PREFIX)]
-    return estimate_in_view(built.view, built.policy, job_id, state=state.value, held=held,
-                            horizon_s=horizon_s, max_steps=max_steps, rates=rates,
-                            rounds=recent_cadence(store, now))
+    eta = estimate_in_view(built.view, built.policy, job_id, state=state.value, held=held,
+                           horizon_s=horizon_s, max_steps=max_steps, rates=rates,
+                           rounds=recent_cadence(store, now))
+    stalled = stalled_words(round_starts(store, now), now)
+    return eta if stalled is None else _while_stalled(eta, stalled, now)
+
+
+def _while_stalled(eta: Eta, stalled: str, now: float) -> Eta:
+    """`eta` when rounds have stalled: a job not yet running has no start until they resume (the what-if is
+    told as what would follow if they resumed now); a running job keeps its predicted end, with the warning."""
+    if eta.state == JobState.RUNNING.value:
+        return replace(eta, note=f"{stalled}; {eta.note}")
+    if eta.start is not None:
+        then = f"were they to resume now, it would start in about {duration_words(max(0.0, eta.start - now))}"
+    else:
+        then = f"were they to resume now: {eta.note}"
+    return replace(eta, start=None, end=None, note=f"{stalled}; {then}")
 
 
 def _overrun_words(started: float | None, now: float, duration: float) -> str | None:
@@ -124,8 +131,6 @@ def _overrun_words(started: float | None, now: float, duration: float) -> str | 
     began = saved_float(started)
     if began is None or now - began <= duration:
         return None
-    from lucid_core.units import duration_words
-
     return (f"running longer than its predicted {duration_words(duration)} ({duration_words(now - began)} so far): "
             "when it ends is not known; the what-if ends it now")
 

@@ -14,6 +14,7 @@ import argparse
 import getpass
 from typing import Any
 
+from lucid_core.runtime.surfaces.cli.context import warns_when_rounds_stall
 from lucid_core.runtime.surfaces.cli.fleet import cmd_hosts, cmd_metrics
 from lucid_core.runtime.surfaces.cli.jobs import (
     cmd_cancel,
@@ -93,7 +94,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("jobs", nargs="*", metavar="JOB")
     _queue_filters(p, "cancel only")
     p.set_defaults(func=cmd_cancel)
-    for name, func, doc in (("status", cmd_status, "a job's state and runs"),
+    for name, func, doc in (("status", warns_when_rounds_stall(cmd_status, "status"), "a job's state and runs"),
                             ("explain", cmd_explain, "why a job is where it is"),
                             ("eta", cmd_eta, "what-if start and end time of a job")):
         p = subparsers.add_parser(name, help=doc)
@@ -119,7 +120,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("queue", help="running and waiting jobs with priority and pending reason")
     _common(p)
     _queue_filters(p, "only")
-    p.set_defaults(func=cmd_queue)
+    p.set_defaults(func=warns_when_rounds_stall(cmd_queue, "queue"))
     p = subparsers.add_parser("history", help="finished, failed and cancelled jobs (like sacct)")
     _common(p)
     p.add_argument("-u", "--user", default=None, help="only this user's jobs (default: every user)")

@@ -4,6 +4,7 @@ and how it prints its answer (text, or JSON with --json). The options themselves
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -88,6 +89,24 @@ def executor_of(args: argparse.Namespace, deadline_s: float | None = None) -> Ho
         return ssh_executor(getattr(args, "known_hosts", None))
     return ssh_executor(getattr(args, "known_hosts", None), timeout_s=deadline_s,
                         connect_timeout_s=min(10.0, deadline_s))
+
+
+def warns_when_rounds_stall(command: Callable[[argparse.Namespace], int], name: str
+                            ) -> Callable[[argparse.Namespace], int]:
+    """`command`, then a warning on stderr when jobs wait or run but the scheduler's rounds have stalled
+    (`round_age`): what it showed may be out of date (a job RUNNING that ended) and nothing starts until they
+    resume."""
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        from lucid_core.runtime.surfaces.round_age import plain_stalled_note, stalled_note
+
+        code = command(args)
+        note = read_store(args, plain_stalled_note, stalled_note)
+        if note:
+            print(f"lucid {name}: warning: {note}", file=sys.stderr)
+        return code
+
+    return run
 
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
