@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from lucid_core.config import LucidConfig
-from lucid_core.domain import PROFILING_END_SLACK_S, JobState, Pool, Profile
+from lucid_core.domain import PROFILING_END_SLACK_S, GpuRef, Job, JobState, Pool, Profile
 from lucid_core.policy.base import SchedulingPolicy
 from lucid_core.policy.decisions import Decision, Place, Preempt, StartProfiling, StopProfiling, checkpoint_cost_s
 from lucid_core.policy.view import ClusterView
@@ -32,6 +32,7 @@ SpeedFn = Callable[[Workload, Workload], tuple[float, float]]
 StopCause = Literal["job", "time", "rounds", "idle"]
 
 _FINISH, _ARRIVAL, _WAKE = 0, 1, 2  # at equal times: free GPUs first, then arrivals
+CLOSED_HOLD_PREFIX = "~closed:"  # placeholder jobs holding the freed GPUs of a start state's closed nodes
 
 
 @dataclass(frozen=True)
@@ -406,6 +407,8 @@ class Simulation:
                 if stopped_by is not None:
                     break
                 continue
+            if start is not None and start.closed:
+                self._hold_closed(start.closed)
             decisions = self.policy.schedule(view)
             rounds += 1
             for d in decisions:
@@ -425,6 +428,21 @@ class Simulation:
                 stopped_by = "rounds"
                 break
         return self._result(stopped_by, rounds)
+
+    def _hold_closed(self, closed: frozenset[str]) -> None:
+        """Hold the free GPUs of closed nodes before the policy decides: they take no new work (see `StartState`)."""
+        view = self.view
+        for pool in (Pool.MAIN, Pool.PROFILING):
+            nodes = view.pool(pool).nodes
+            for name in sorted(closed & nodes.keys()):
+                free = [i for i, occupants in enumerate(nodes[name].occupants) if not occupants]
+                if not free:
+                    continue
+                self.seq += 1
+                hold_id = f"{CLOSED_HOLD_PREFIX}{self.seq}:{pool.value}:{name}"
+                view.add_job(Job(job_id=hold_id, user="~", vc="~", gpus=len(free), submit_time=view.now,
+                                 no_share=True))
+                view.start(hold_id, pool, tuple(GpuRef(name, i) for i in free))
 
     def _note_busy(self, now: float, changed: bool) -> None:
         """Extend the busy-GPU timeline when the cluster changed at `now`."""

@@ -31,6 +31,9 @@ class StartState:
     `rates` holds measured speeds (exclusive seconds of work per second, in (0, 1]) of running
     pair members: such a member runs at its rate until the pair changes, instead of the engine's
     co-located speed of the two workloads; a rate of a job running alone is ignored.
+    `closed` names nodes that take no new work for the whole run (live: unreachable, draining or
+    cooling-down hosts): the engine holds each GPU that is or comes free there, as every live round
+    holds them, so a job ending on such a node frees nothing for the queue.
     """
 
     view: ClusterView
@@ -38,6 +41,7 @@ class StartState:
     jobs: tuple[TraceRecord, ...]
     remaining: dict[str, float] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)
+    closed: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         bad = {job_id: rate for job_id, rate in self.rates.items() if not 0.0 < rate <= 1.0}
@@ -52,7 +56,7 @@ class StartState:
         `durations_of(jobs)` gives each job's whole work (a what-if takes predicted durations); a
         running job is assumed to have run at full speed so far, so it has its duration less
         the time since its run started left (never below zero). `rates`: measured pair speeds
-        (see the class), kept for the running jobs carried.
+        (see the class), kept for the running jobs carried. The view's closed nodes stay closed.
         """
         waiting = set(view.profiling_queue) | set(view.unpredicted)
         carried = [job for job_id, job in view.jobs.items()
@@ -70,7 +74,7 @@ class StartState:
             if alloc is not None:
                 remaining[rec.job_id] = max(0.0, rec.duration - max(0.0, view.now - alloc.start))
         kept = {job_id: float(rate) for job_id, rate in (rates or {}).items() if job_id in remaining}
-        return cls(view, view.now, records, remaining, kept)
+        return cls(view, view.now, records, remaining, kept, frozenset(view.closed_nodes))
 
 
 @dataclass(frozen=True)

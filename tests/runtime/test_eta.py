@@ -214,6 +214,36 @@ def _cancel_all(store: Store, *job_ids: str) -> None:
     _rounds(store, lambda jobs: all(jobs[j].state == "CANCELLED" for j in job_ids))
 
 
+def test_eta_keeps_a_draining_host_closed_after_its_job_ends_in_the_what_if(store, tmp_path):
+    """A 4-GPU job needs both 2-GPU hosts; one runs a 2-GPU job and is draining. The what-if ends that job, but the
+    draining host takes no new work: the wide job is never placed, and the answer names the host (it used to start
+    the job there once the running one was predicted to end). A draining host still counts toward what the VC can
+    hold: the pending reason does not call the job unfittable."""
+    import time
+
+    from runtime_helpers import fast_config
+
+    from lucid_core.runtime.hosts.inventory import drain_host
+    from lucid_core.runtime.surfaces.eta import estimate
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+    _two_hosts(store, tmp_path)
+    running = submit(store, JobRequest("sleep 60", 2, "ann", "vc-a"))
+    _rounds(store, lambda jobs: jobs[running].state == "RUNNING")
+    busy = _host_of(store, running)
+    wide = submit(store, JobRequest("sleep 1", 4, "ann", "vc-a"))
+    drain_host(store, busy)
+    jobs = _rounds(store, lambda jobs: jobs[wide].state == "QUEUED" and jobs[wide].pending_reason)
+    assert "cannot fit" not in jobs[wide].pending_reason
+    eta = estimate(store, wide, fast_config(**NO_PROFILING), time.time())
+    assert (eta.start, eta.end) == (None, None), eta
+    assert eta.note.startswith("not placed while hosts it could use take no new work"), eta.note
+    assert f"{busy} draining" in eta.note
+    drain_host(store, busy, draining=False)
+    assert estimate(store, wide, fast_config(**NO_PROFILING), time.time()).start is not None  # open again: a time
+    _cancel_all(store, running, wide)
+
+
 def test_eta_queue_and_status_say_when_rounds_have_stalled(store, store_url, tmp_path, capsys):
     """Rounds ran a few times, then stopped ten minutes ago (their rows moved back): `lucid eta` gives a waiting job
     no start (nothing starts until rounds resume) and says why; `queue` and `status` warn that what they show may

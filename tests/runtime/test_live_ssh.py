@@ -287,3 +287,36 @@ def test_a_host_gone_too_long_loses_its_job_which_is_reaped_when_it_returns(live
     one_round(store, cluster, fast_config(), settings=settings)
     assert [r.state for r in runs_of(store, job)] == ["ended"]
     assert not pid_alive(run.pid)  # reaped once the host answered
+
+
+def test_eta_neither_ends_a_run_on_an_unreachable_host_nor_places_work_there(live):
+    """main0 and main1 have 2 GPUs each; a 2-GPU job runs on one of them, whose sshd then dies, and a 4-GPU job
+    waits for both. Nobody knows when the run on the silent host ends, so the what-if never ends it: the wide job
+    gets no start (it used to get one at the run's predicted end) and the answer names the host; the running job's
+    end is not known either. Once the host answers again, eta gives times again."""
+    from lucid_core.runtime.surfaces.eta import estimate
+
+    store, cluster, root = live
+    config = fast_config(**{"profiler.enabled": False, "binder.sharing": "off"})
+    command, gate = gated(root)
+    running = submit(store, JobRequest(command, 2, "ann", "vc-a"))
+    rounds_until(store, cluster, config, lambda j: j[running].state == "RUNNING", timeout_s=20)
+    silent = next(r.host for r in runs_of(store, running) if r.state == "running")
+    wide = submit(store, JobRequest("true", 4, "ann", "vc-a"))
+    host = cluster.hosts[silent]
+    host.stop()
+    try:
+        report = one_round(store, cluster, config)
+        assert silent in report.unreachable and jobs_by_id(store)[wide].state == "QUEUED"
+        eta = estimate(store, wide, config, time.time())
+        assert (eta.start, eta.end) == (None, None), eta
+        assert eta.note.startswith("not placed while hosts it could use take no new work") and \
+            f"{silent} unreachable" in eta.note, eta.note
+        eta = estimate(store, running, config, time.time())
+        assert eta.end is None and eta.note.startswith("running on a host that does not answer"), eta
+        assert silent in eta.note
+    finally:
+        host.start()
+    one_round(store, cluster, config)
+    assert estimate(store, wide, config, time.time()).start is not None
+    gate.touch()

@@ -27,8 +27,10 @@ from lucid_core.policy.view import ClusterView, saved_number
 from lucid_core.runtime.round.live_models import PolicyFactory, ReplayForecaster, fallback_source, host_sharing
 from lucid_core.runtime.round.snapshot import Snapshot, job_of, profile_of_row
 from lucid_core.runtime.store.schema import RunRow
+from lucid_core.units import duration_words
 
 HOLD_PREFIX = "~hold:"
+UNREACHABLE = "unreachable"  # how `BuiltView.closed` starts the reason of a host that does not answer
 
 
 def requeue(policy: SchedulingPolicy, view: ClusterView, job: Job) -> None:
@@ -47,6 +49,15 @@ class BuiltView:
     prediction_key: str | None = None
     # job id -> why its stored row could not be read (the job is left out of the round, its GPUs held)
     unreadable: dict[str, str] = field(default_factory=dict)
+    # host -> why it takes no new work this round (unreachable, draining, cooling down)
+    closed: dict[str, str] = field(default_factory=dict)
+
+    def never_ending(self) -> list[str]:
+        """Allocations a what-if must never end: the placeholders, and every run on an unreachable host
+        (whether and when it ends is not known until its host answers)."""
+        lost = {host for host, why in self.closed.items() if why.startswith(UNREACHABLE)}
+        return [job_id for job_id, alloc in self.view.allocations.items()
+                if job_id.startswith(HOLD_PREFIX) or any(ref.host in lost for ref in alloc.gpus)]
 
 
 def _gpu_memory(host: Any, configured: float) -> float:
@@ -138,6 +149,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     borrowed = view.restore_policy_state(snapshot.state) - {
         run.host for run in [*snapshot.runs, *snapshot.unknown_runs] if run.pool == Pool.MAIN.value}
     available: set[str] = set()
+    closed: dict[str, str] = {}
     for host in snapshot.hosts:
         count = snapshot.gpu_counts.get(host.name, 0)
         if count == 0:
@@ -154,6 +166,7 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
             available.add(host.name)
         else:
             view.closed_nodes.add(host.name)
+            closed[host.name] = closed_reason(host, now)
 
     runs_by_job: dict[str, list[RunRow]] = {}
     for run in [*snapshot.runs, *snapshot.unknown_runs]:
@@ -244,7 +257,17 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     forecaster = policy.describe().forecaster
     if isinstance(forecaster, ReplayForecaster):
         forecaster.muted = False
-    return BuiltView(view, policy, available, frozen, key, unreadable)
+    return BuiltView(view, policy, available, frozen, key, unreadable, closed)
+
+
+def closed_reason(host: Any, now: float) -> str:
+    """Why a host takes no new work, in words (its last error, clipped, for one that does not answer)."""
+    if not host.reachable:
+        error = host.last_error if isinstance(host.last_error, str) and host.last_error else ""
+        return f"{UNREACHABLE}{f' ({error[:80]})' if error else ''}"
+    if host.draining:
+        return "being removed (drained with --remove)" if host.remove_when_empty else "draining"
+    return f"cooling down for {duration_words(max(0.0, host.cooldown_until - now))} after a failed launch"
 
 
 def _start(view: ClusterView, job: Job, runs: Sequence[RunRow], partner: str | None) -> None:

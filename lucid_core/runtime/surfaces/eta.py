@@ -9,8 +9,11 @@ until its pair changes, not at the speed its profile predicts. The policy decide
 as often as the scheduler's recent rounds ran (`recent_cadence`): a job waits for the round after
 its GPUs free, as live.
 
-Any job not yet running while rounds have stalled gets no start: nothing starts until they resume
-(`round_age`), and the answer says so.
+The what-if sees the cluster as the round does: hosts that take no new work (unreachable, draining,
+cooling down) stay closed for the whole run (`StartState.closed`), and a run on an unreachable host
+never ends in it (when it ends is not known). Where the answer cannot be known it says so instead of
+giving a time: a waiting job kept out by closed hosts (named), and any job not yet running while
+rounds have stalled (`round_age`: nothing starts until they resume).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from lucid_core.policy.view import ClusterView, saved_float
 from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
 from lucid_core.runtime.round.snapshot import Snapshot as StoreSnapshot
 from lucid_core.runtime.round.snapshot import load_snapshot
-from lucid_core.runtime.round.view_builder import HOLD_PREFIX, build_view
+from lucid_core.runtime.round.view_builder import BuiltView, build_view
 from lucid_core.runtime.store.store import Store
 from lucid_core.runtime.surfaces.round_age import CADENCE_ROUNDS, median_gap, round_starts, stalled_words
 from lucid_core.sim.engine import simulate
@@ -89,8 +92,8 @@ def recent_cadence(store: Store, now: float, rounds: int = CADENCE_ROUNDS) -> Ro
 def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
              policy_factory: PolicyFactory | None = None, horizon_s: float = 30 * 86400.0,
              max_steps: int = 100000) -> Eta:
-    """Start and end of `job_id` if the current policy kept deciding on the current cluster; where that cannot
-    be known (rounds stalled) the answer says so."""
+    """Start and end of `job_id` if the current policy kept deciding on the current cluster, seen as a round
+    sees it; where that cannot be known (rounds stalled, hosts away) the answer says so."""
     from lucid_core.runtime.store.schema import JobRow
 
     with store.session() as s:
@@ -105,12 +108,36 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
     built = build_view(snapshot, config, now, policy_factory or default_policy)
     if job_id in built.unreadable:  # not a stop pending: the round leaves the job out until its row is mended
         return Eta(job_id, state.value, None, None, None, 0, built.unreadable[job_id])
-    held = [j for j in built.view.allocations if j.startswith(HOLD_PREFIX)]
-    eta = estimate_in_view(built.view, built.policy, job_id, state=state.value, held=held,
-                           horizon_s=horizon_s, max_steps=max_steps, rates=rates,
-                           rounds=recent_cadence(store, now))
+    eta = _live_what_if(built, job_id, state.value, rates=rates, rounds=recent_cadence(store, now),
+                        horizon_s=horizon_s, max_steps=max_steps)
     stalled = stalled_words(round_starts(store, now), now)
     return eta if stalled is None else _while_stalled(eta, stalled, now)
+
+
+def _live_what_if(built: BuiltView, job_id: str, state: str, *, rates: Mapping[str, float],
+                  rounds: RoundCadence | None, horizon_s: float, max_steps: int) -> Eta:
+    """`estimate_in_view` on a round's view, the cluster as the round sees it: a run on an unreachable host never
+    ends (nobody knows when it will), closed hosts stay closed, and a waiting job kept out by closed hosts is
+    told so instead of a time."""
+    view = built.view
+    target, alloc = view.jobs.get(job_id), view.allocations.get(job_id)
+    held = built.never_ending()
+    if alloc is not None and job_id in held:
+        away = "; ".join(f"{h} {built.closed[h]}" for h in sorted({r.host for r in alloc.gpus} & built.closed.keys()))
+        return Eta(job_id, state, alloc.start, None, target.predicted_duration if target else None, 0,
+                   f"running on a host that does not answer ({away}): when it ends is not known until it answers")
+    eta = estimate_in_view(view, built.policy, job_id, state=state, held=held, horizon_s=horizon_s,
+                           max_steps=max_steps, rates=rates, rounds=rounds)
+    if eta.start is not None or target is None or alloc is not None:
+        return eta
+    vc = view.placement_vc(target)
+    blockers = [f"{h} {why}" for h, why in sorted(built.closed.items())
+                if (h in view.main.nodes and view.main.nodes[h].vc == vc)
+                or (h in view.profiling.nodes and job_id in view.profiling_queue)]
+    if not blockers:
+        return eta
+    return replace(eta, note=f"not placed while hosts it could use take no new work ({'; '.join(blockers)}): when "
+                             f"they take work again is not known ({eta.note})")
 
 
 def _while_stalled(eta: Eta, stalled: str, now: float) -> Eta:
