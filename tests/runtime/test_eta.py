@@ -283,6 +283,45 @@ def test_eta_queue_and_status_say_when_rounds_have_stalled(store, store_url, tmp
     _cancel_all(store, running, waiting)
 
 
+def test_a_job_its_vc_can_no_longer_hold_is_told_so_after_a_host_is_removed(store, store_url, tmp_path, capsys):
+    """A 4-GPU job waits behind a 2-GPU one; `lucid hosts drain m1 --remove` (m1 idle) leaves VC vc-a 2 GPUs. The
+    drain warns naming the job; the round's reason and eta say it cannot fit the VC as it is now and what would let
+    it run; the job is not failed (a host may come back), and once one is added it runs."""
+    import time
+
+    from runtime_helpers import fast_config
+
+    from lucid_core.cli import main
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.surfaces.eta import estimate
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+    _two_hosts(store, tmp_path)
+    running = submit(store, JobRequest("sleep 60", 2, "ann", "vc-a"))
+    _rounds(store, lambda jobs: jobs[running].state == "RUNNING")
+    idle = "m1" if _host_of(store, running) == "m0" else "m0"
+    wide = submit(store, JobRequest("sleep 1", 4, "ann", "vc-a"))
+    _rounds(store, lambda jobs: jobs[wide].state == "QUEUED")
+    assert main(["hosts", "drain", idle, "--remove", "--store", store_url]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: once {idle} is removed, VC vc-a's main hosts have 2 GPU(s): waiting job(s) {wide} (4 GPUs) " \
+           "no longer fit" in err, err
+    assert f"lucid hosts drain {idle} --undo" in err
+    jobs = _rounds(store, lambda jobs: "cannot fit" in (jobs[wide].pending_reason or ""))
+    assert f"lucid hosts drain {idle} --undo" in jobs[wide].pending_reason  # being removed: it can still be undone
+    jobs = _rounds(store, lambda jobs: "undo" not in (jobs[wide].pending_reason or "x"))  # removed
+    assert jobs[wide].state == "QUEUED"
+    assert jobs[wide].pending_reason.startswith(
+        "cannot fit VC vc-a as it is now: it needs 4 GPU(s), its main hosts have 2 GPU(s) (")
+    assert "lucid hosts add ... --vc vc-a" in jobs[wide].pending_reason and "cancel it" in jobs[wide].pending_reason
+    eta = estimate(store, wide, fast_config(**NO_PROFILING), time.time())
+    assert eta.start is None and jobs[wide].pending_reason.startswith(eta.note) and "cancel it" in eta.note, eta
+    add_host(store, HostSpec("m2", executor="local", vc="vc-a", telemetry="emulated", gpus=2,
+                             workdir=str(tmp_path / "m2")))
+    assert estimate(store, wide, fast_config(**NO_PROFILING), time.time()).start is not None
+    _cancel_all(store, running, wide)
+
+
 @pytest.mark.parametrize(("starts", "now", "stalled"), [
     ([1000.0, 1030.0, 1060.0, 1090.0], 1090.0 + 150.0, False),  # five gaps of 30 s: not yet
     ([1000.0, 1030.0, 1060.0, 1090.0], 1090.0 + 151.0, True),

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from lucid_core.domain import ACTIVE_RUN_STATES, SHARING_MECHANISMS, Pool, RunState
+from lucid_core.domain import ACTIVE_RUN_STATES, SHARING_MECHANISMS, JobState, Pool, RunState
+from lucid_core.policy.placement import fleet_could_hold
 from lucid_core.policy.view import saved_indices
 from lucid_core.runtime.hosts.executor import GpuInfo, HostAddress, HostExecutor
 from lucid_core.runtime.hosts.inputs import os_user_problem
 from lucid_core.runtime.store.lease import admin_lease
-from lucid_core.runtime.store.schema import GpuRow, HostRow, RunRow
+from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, RunRow
 from lucid_core.runtime.store.store import Store
 
 ADMIN_WAIT_S = 60.0  # how long an inventory change waits for a running round to give the lease back
@@ -169,6 +170,45 @@ def drain_host(store: Store, name: str, draining: bool = True, *, remove: bool =
             raise InventoryError(f"no host {name!r}")
         row.draining = draining or remove
         row.remove_when_empty = remove and draining
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """Waiting jobs that VC `vc`'s main hosts hold today but would not once a host is gone."""
+
+    vc: str
+    gpus_left: int  # GPUs on the VC's main hosts once it is gone (hosts already being removed left out)
+    jobs: list[tuple[str, int]]  # (job id, GPUs), in submission order
+
+
+def stranded_without(store: Store, name: str) -> Stranded | None:
+    """What removing main host `name` would strand: the waiting jobs of its VC that its main hosts (those not
+    already being removed) could hold with it and could not without it, by the policy's rule (`fleet_could_hold`;
+    node size: the largest host kept). None when there are none. Unreachable and draining hosts still count."""
+    with store.session() as s:
+        me = s.get(HostRow, name)
+        if me is None or me.pool != Pool.MAIN.value:
+            return None
+        hosts = s.execute(select(HostRow.name, HostRow.vc, HostRow.pool, HostRow.remove_when_empty, GpuRow.index)
+                          .join(GpuRow, GpuRow.host == HostRow.name)).all()
+        waiting = s.execute(select(JobRow.job_id, JobRow.gpus).where(
+            JobRow.vc == me.vc, JobRow.state.in_((JobState.SUBMITTED.value, JobState.QUEUED.value)))
+            .order_by(JobRow.seq)).all()
+    count: dict[str, int] = {}
+    for host, _, _, leaving, _ in hosts:
+        if not leaving or host == name:
+            count[host] = count.get(host, 0) + 1
+    size = max(count.values(), default=0)
+    mine = {host: count[host] for host, vc, pool, _, _ in hosts
+            if host in count and vc == me.vc and pool == Pool.MAIN.value}
+    after = [n for host, n in mine.items() if host != name]
+    size_after = max((n for host, n in count.items() if host != name), default=0)
+    def holds(gpus: int, nodes: list[int], node_size: int) -> bool:
+        return node_size > 0 and fleet_could_hold(gpus, nodes, node_size)
+
+    jobs = [(job_id, gpus) for job_id, gpus in waiting if type(gpus) is int and gpus > 0
+            and holds(gpus, list(mine.values()), size) and not holds(gpus, after, size_after)]
+    return Stranded(me.vc, sum(after), jobs) if jobs else None
 
 
 def remove_host(store: Store, name: str, *, wait_s: float = ADMIN_WAIT_S) -> None:

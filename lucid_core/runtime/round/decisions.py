@@ -72,7 +72,7 @@ class DecisionSteps(RoundBase):
         for decision in decisions:
             if isinstance(decision, SetSharingMode):
                 sharing_reason = decision.reason
-        reasons = pending_reasons(built.view, built.policy, sharing_reason)
+        reasons = pending_reasons(built.view, built.policy, sharing_reason, built.leaving)
         self._crash("after_snapshot")  # decided from the snapshot, nothing written yet
         with self.store.session() as s:
             for decision in decisions:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from lucid_core.domain import Job, JobState, ShareClass, SharingMode
 from lucid_core.policy.base import SchedulingPolicy
+from lucid_core.policy.placement import fleet_could_hold
 from lucid_core.policy.view import ClusterView
 from lucid_core.units import duration_words, gpu_time_words
 
 
-def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
-                    sharing_reason: str | None = None) -> dict[str, tuple[int, str]]:
+def pending_reasons(view: ClusterView, policy: SchedulingPolicy, sharing_reason: str | None = None,
+                    leaving: Collection[str] = ()) -> dict[str, tuple[int, str]]:
     """job id -> (position in its queue, 1-based; what keeps it waiting). The words leave out what the
     job's own columns say (its place, its priority): `describe_pending` adds those for readers, so a
-    queue that shifts rewrites positions, not tens of thousands of sentences."""
+    queue that shifts rewrites positions, not tens of thousands of sentences. `leaving`: hosts drained to
+    be removed, which no longer count toward what the job's VC can hold."""
     out: dict[str, tuple[int, str]] = {}
     prof_order = sorted(view.profiling_queue, key=lambda j: (view.jobs[j].gpus, view.jobs[j].submit_time, j))
     prof_block = view.profiling.max_free_on_a_node()
@@ -42,7 +45,7 @@ def pending_reasons(view: ClusterView, policy: SchedulingPolicy,
         words_key = (part, job.share_class, job.no_share, "" if part[0] else job.vc)
         words = middle.get(words_key)
         if words is None:
-            words = middle[words_key] = _why_waiting(view, job, part[0], gpus_per_node, sharing_reason)
+            words = middle[words_key] = _why_waiting(view, job, part[0], gpus_per_node, sharing_reason, leaving)
         out[job_id] = (i, words)
     return out
 
@@ -70,11 +73,12 @@ def describe_pending(state: str, position: int | None, reason: str | None, gpus:
     return "; ".join(parts)
 
 
-def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, sharing_reason: str | None) -> str:
+def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, sharing_reason: str | None,
+                 leaving: Collection[str] = ()) -> str:
     """Why a job of this VC, width and sharing class waits, apart from its place and priority."""
     parts = []
     if not view.main.can_fit(job.gpus, vc):
-        parts.append(_no_fit_text(view, job.gpus, vc, job.vc))
+        parts.append(never_fits(view, job.gpus, vc, leaving) or _no_fit_text(view, job.gpus, vc, job.vc))
     mode = view.sharing_mode
     if mode is SharingMode.OFF:
         parts.append(f"sharing is off ({sharing_reason or 'the load forecast says GPUs stay available'})")
@@ -90,6 +94,26 @@ def _why_waiting(view: ClusterView, job: Job, vc: str, gpus_per_node: int, shari
         candidates = len(view.share_candidates.get(job.gpus, {}))
         parts.append(f"no affine partner among {candidates} running {job.gpus}-GPU job(s) that could share")
     return "; ".join(parts)
+
+
+def never_fits(view: ClusterView, gpus: int, vc: str, leaving: Collection[str] = ()) -> str | None:
+    """Why VC `vc`'s main hosts as they are now (those being removed left out; unreachable and draining ones
+    kept: they may take work again) could never hold a `gpus`-GPU job, with what would let it run; None when
+    they could, or when the VC has no main host (`_no_fit_text` says that). Nothing fails the job: a host may
+    be added back."""
+    nodes = [n for n in view.main.nodes.values() if n.vc == vc] if vc else []  # untagged: `_no_fit_text`
+    kept = [n for n in nodes if n.name not in leaving]
+    size = view.main.gpus_per_node
+    if not nodes or fleet_could_hold(gpus, [n.gpus for n in kept], size):
+        return None
+    have = sum(n.gpus for n in kept)
+    named = ", ".join(f"{n.name}: {n.gpus}" for n in kept[:6])
+    hosts = f" ({named}{', ...' if len(kept) > 6 else ''})" if kept else ""
+    wide = f"; a job wider than one host takes whole {size}-GPU hosts" if gpus > size and have >= gpus else ""
+    gone = sorted(n.name for n in nodes if n.name in leaving)
+    undo = f" or the removal of {', '.join(gone[:4])} undone (lucid hosts drain {gone[0]} --undo)" if gone else ""
+    return (f"cannot fit VC {vc} as it is now: it needs {gpus} GPU(s), its main hosts have {have} GPU(s){hosts}{wide}; "
+            f"it waits until hosts are added (lucid hosts add ... --vc {vc}){undo}, or cancel it")
 
 
 def _no_fit_text(view: ClusterView, gpus: int, vc: str, job_vc: str = "") -> str:

@@ -51,6 +51,8 @@ class BuiltView:
     unreadable: dict[str, str] = field(default_factory=dict)
     # host -> why it takes no new work this round (unreachable, draining, cooling down)
     closed: dict[str, str] = field(default_factory=dict)
+    # hosts drained to be removed (`lucid hosts drain --remove`): gone once their runs end
+    leaving: set[str] = field(default_factory=set)
 
     def never_ending(self) -> list[str]:
         """Allocations a what-if must never end: the placeholders, and every run on an unreachable host
@@ -257,7 +259,8 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
     forecaster = policy.describe().forecaster
     if isinstance(forecaster, ReplayForecaster):
         forecaster.muted = False
-    return BuiltView(view, policy, available, frozen, key, unreadable, closed)
+    leaving = {h.name for h in snapshot.hosts if h.remove_when_empty and snapshot.gpu_counts.get(h.name)}
+    return BuiltView(view, policy, available, frozen, key, unreadable, closed, leaving)
 
 
 def closed_reason(host: Any, now: float) -> str:

@@ -12,8 +12,9 @@ its GPUs free, as live.
 The what-if sees the cluster as the round does: hosts that take no new work (unreachable, draining,
 cooling down) stay closed for the whole run (`StartState.closed`), and a run on an unreachable host
 never ends in it (when it ends is not known). Where the answer cannot be known it says so instead of
-giving a time: a waiting job kept out by closed hosts (named), and any job not yet running while
-rounds have stalled (`round_age`: nothing starts until they resume).
+giving a time: a waiting job kept out by closed hosts (named), one its VC can no longer hold
+(`pending.never_fits`, the round's own words), and any job not yet running while rounds have stalled
+(`round_age`: nothing starts until they resume).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lucid_core.policy.orchestrator import floored_prediction
 from lucid_core.policy.predictors import DEFAULT_DURATION_S
 from lucid_core.policy.view import ClusterView, saved_float
 from lucid_core.runtime.round.live_models import PolicyFactory, default_policy
+from lucid_core.runtime.round.pending import never_fits
 from lucid_core.runtime.round.snapshot import Snapshot as StoreSnapshot
 from lucid_core.runtime.round.snapshot import load_snapshot
 from lucid_core.runtime.round.view_builder import BuiltView, build_view
@@ -93,7 +95,7 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
              policy_factory: PolicyFactory | None = None, horizon_s: float = 30 * 86400.0,
              max_steps: int = 100000) -> Eta:
     """Start and end of `job_id` if the current policy kept deciding on the current cluster, seen as a round
-    sees it; where that cannot be known (rounds stalled, hosts away) the answer says so."""
+    sees it; where that cannot be known (rounds stalled, hosts away, a VC too small for it) the answer says so."""
     from lucid_core.runtime.store.schema import JobRow
 
     with store.session() as s:
@@ -117,10 +119,14 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
 def _live_what_if(built: BuiltView, job_id: str, state: str, *, rates: Mapping[str, float],
                   rounds: RoundCadence | None, horizon_s: float, max_steps: int) -> Eta:
     """`estimate_in_view` on a round's view, the cluster as the round sees it: a run on an unreachable host never
-    ends (nobody knows when it will), closed hosts stay closed, and a waiting job kept out by closed hosts is
-    told so instead of a time."""
+    ends (nobody knows when it will), closed hosts stay closed, and a waiting job its VC can no longer hold, or
+    one kept out by closed hosts, is told so instead of a time."""
     view = built.view
     target, alloc = view.jobs.get(job_id), view.allocations.get(job_id)
+    if target is not None and alloc is None:
+        never = never_fits(view, target.gpus, view.placement_vc(target), built.leaving)
+        if never is not None:
+            return Eta(job_id, state, None, None, target.predicted_duration, 0, never)
     held = built.never_ending()
     if alloc is not None and job_id in held:
         away = "; ".join(f"{h} {built.closed[h]}" for h in sorted({r.host for r in alloc.gpus} & built.closed.keys()))

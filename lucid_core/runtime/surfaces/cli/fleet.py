@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from lucid_core.runtime.surfaces.cli.context import emit, executor_of, refuse, store_of
+
+if TYPE_CHECKING:
+    from lucid_core.runtime.hosts.inventory import Stranded
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
@@ -17,6 +21,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         drain_host,
         list_hosts,
         remove_host,
+        stranded_without,
     )
     from lucid_core.runtime.store.lease import Fenced, LeaseHeld
 
@@ -50,14 +55,19 @@ def cmd_hosts(args: argparse.Namespace) -> int:
             drain_host(store, args.name, not args.undo, remove=args.remove, wait_s=args.wait)
             state = ("accepting work" if args.undo else
                      "draining; a round removes it once its runs have ended" if args.remove else "draining")
-            emit(args, {"name": args.name, "draining": not args.undo, "remove_when_empty": args.remove},
-                   f"{args.name}: {state}")
+            stranded = stranded_without(store, args.name) if args.remove and not args.undo else None
+            emit(args, {"name": args.name, "draining": not args.undo, "remove_when_empty": args.remove,
+                        "no_longer_fit": [job for job, _ in stranded.jobs] if stranded else []},
+                 f"{args.name}: {state}")
             if not args.undo:
                 _warn_if_last(args.name, list_hosts(store), "drain")
+            _warn_stranded(args.name, stranded, "drain")
         elif args.hosts_cmd == "remove":
             before = list_hosts(store)
+            stranded = stranded_without(store, args.name)
             remove_host(store, args.name, wait_s=args.wait)
             _warn_if_last(args.name, before, "remove")
+            _warn_stranded(args.name, stranded, "remove")
             emit(args, {"name": args.name, "removed": True}, f"removed {args.name}")
         elif args.hosts_cmd == "check":
             from lucid_core.runtime.hosts.check import check_host
@@ -97,6 +107,20 @@ def _default_workdir(args: argparse.Namespace) -> str:
     from lucid_core.config import lucid_home
 
     return str((lucid_home() / "hosts" / args.name).absolute())  # a relative LUCID_HOME is this folder's
+
+
+def _warn_stranded(name: str, stranded: Stranded | None, command: str) -> None:
+    """Say on stderr which waiting jobs no longer fit their VC once `name` is gone: they are not failed (a host
+    may be added back) but wait, their reason saying so, until the VC grows again or they are cancelled."""
+    if stranded is None:
+        return
+    shown = ", ".join(f"{job} ({gpus} GPUs)" for job, gpus in stranded.jobs[:10])
+    more = f" and {len(stranded.jobs) - 10} more" if len(stranded.jobs) > 10 else ""
+    undo = f", the drain is undone (lucid hosts drain {name} --undo)" if command == "drain" else ""
+    print(f"lucid hosts {command}: warning: once {name} is removed, VC {stranded.vc}'s main hosts have "
+          f"{stranded.gpus_left} GPU(s): waiting job(s) {shown}{more} no longer fit; they wait until hosts are "
+          f"added (lucid hosts add ... --vc {stranded.vc}){undo} or they are cancelled (lucid cancel)",
+          file=sys.stderr)
 
 
 def _warn_if_last(name: str, hosts: list[dict], command: str) -> None:
