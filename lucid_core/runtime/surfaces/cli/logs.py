@@ -85,10 +85,12 @@ class _Printer:
 
     def __init__(self) -> None:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.printed = False  # whether any of a log was written (then no note says it was empty)
 
     def write(self, data: bytes, final: bool = False) -> None:
         text = self.decoder.decode(data, final)
         if text:
+            self.printed = True
             sys.stdout.write(text)
             sys.stdout.flush()
 
@@ -239,7 +241,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if args.follow:
             source = _follow(args, store, executor, printer, source, offset, skip)
         printer.finish()
-        _empty_notes(args, store, executor, source, stream)
+        if not printer.printed:  # a log that vanished while followed (a job removed it) was not empty
+            _empty_notes(args, store, executor, source, stream)
     finally:
         executor.close()
     return 0
