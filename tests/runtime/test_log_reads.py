@@ -222,6 +222,42 @@ def test_a_log_swapped_for_a_symlink_reads_as_absent(tmp_path):
     assert executor.read_range(host, "r1", "stderr.log", None, 3) == FileBytes(b"in\n", 3, 6)
 
 
+def test_a_directory_swapped_for_a_link_while_reads_run_never_sends_one_outside(tmp_path):
+    """A job racing the check: a directory on the log's path flips between a real one and a link to a directory
+    outside, while reads by offset and tail reads run; what was opened is checked, so no read returns the file
+    outside (before, about 3% of reads did)."""
+    import os
+    import threading
+
+    outside = tmp_path / "other"
+    outside.mkdir()
+    (outside / "f").write_bytes(b"TOP SECRET\n")
+    run = tmp_path / "w" / "r1"
+    (run / "real").mkdir(parents=True)
+    (run / "real" / "f").write_bytes(b"job output\n")
+    (run / "stdout.log").symlink_to(run / "real" / "f")
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            os.rename(run / "real", run / "kept")
+            os.symlink(outside, run / "real")
+            os.unlink(run / "real")
+            os.rename(run / "kept", run / "real")
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    executor, host = local_executor(), HostAddress("h", executor="local", workdir=str(tmp_path / "w"))
+    try:
+        seen = [executor.read_range(host, "r1", "stdout.log", 0, 100).data for _ in range(150)]
+        seen += [executor.read_tail(host, "r1", "stdout.log", 100).text.encode() for _ in range(150)]
+    finally:
+        stop.set()
+        flipper.join()
+    assert not any(b"SECRET" in data for data in seen)
+    assert any(data == b"job output\n" for data in seen)  # the reads worked between the flips
+
+
 def test_the_marker_line_of_a_read_by_offset_is_parsed_defensively():
     """The size and the start come from the script's first line; anything else there gives no bytes, not a guess."""
     from lucid_core.runtime.hosts.reads import parse_range

@@ -132,11 +132,20 @@ def _run_file_script(workdir: str, run_id: str, name: str, reader: str) -> str:
         raise ValueError(f"not a run file: {name!r}")
     run = shlex.quote(check_run_id(run_id))
     # the job owns its run directory and may swap a file (or the directory) for a symlink: read only
-    # what still resolves inside <workdir>/<run_id>/
+    # what still resolves inside <workdir>/<run_id>/. The file is opened once (fd 3) and what was opened is
+    # checked through /proc, then read there: a component swapped for a link between the check and a read
+    # (a race a job can run) cannot send a read elsewhere
     return (f"W={quote_path(workdir)}\n"
             'd=$(cd "$W" 2>/dev/null && pwd -P) || exit 0\n'
             f'f=$(readlink -f -- "$d"/{run}/{shlex.quote(name)} 2>/dev/null) || exit 0\n'
-            f'case "$f" in "$d"/{run}/*) [ -f "$f" ] && {reader} ;; esac\n'
+            f'case "$f" in "$d"/{run}/*) ;; *) exit 0 ;; esac\n'
+            '[ -f "$f" ] || exit 0\n'
+            'exec 3< "$f" || exit 0\n'
+            'if [ -e "/proc/$$/fd/3" ]; then\n'
+            '  g=$(readlink "/proc/$$/fd/3" 2>/dev/null) || exit 0\n'
+            f'  case "$g" in "$d"/{run}/*) f="/proc/$$/fd/3" ;; *) exit 0 ;; esac\n'
+            'fi\n'
+            f'[ -f "$f" ] && {reader}\n'
             "exit 0\n")
 
 
