@@ -106,6 +106,7 @@ def test_api_history_takes_the_cli_forms_of_states_and_times(ran):
     assert client.get("/history", params={"since": "0"}).json()["total"] == 1  # epoch seconds, as before
     refused = client.get("/history", params={"since": "yesterday"})
     assert refused.status_code == 422 and "age" in refused.json()["detail"]
+    assert client.get("/history", params={"user": "ana,bo"}).json()["total"] == 1  # several, as /queue takes
 
 
 def test_api_submit_takes_the_only_vc_and_names_them_when_there_are_several(ran, tmp_path):
@@ -153,6 +154,10 @@ def test_status_says_when_a_runs_host_does_not_answer_on_both_read_paths(ran, ca
     run_line = next(line for line in out.splitlines() if line.strip().startswith("run "))
     assert code == 0 and "running [host m0 unreachable, last answered 9" in run_line, out
     assert run_line.endswith(" ago: connection refused; the run is as last seen there]"), run_line
+    with store.session() as s:  # a host's error is untrusted text: said on one short line
+        s.get(HostRow, "m0").last_error = "boom\nforged line " + "x" * 500
+    code, out, _ = _cli(capsys, "status", job, "--store", url)
+    assert code == 0 and "forged line" in out and "\nforged" not in out and "x" * 100 not in out
     client = TestClient(create_app(url, store=store))
     (run,) = client.get(f"/jobs/{job}").json()["runs"]
     assert run["host_down"].startswith("host m0 unreachable")

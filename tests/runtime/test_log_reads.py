@@ -244,13 +244,14 @@ def test_a_directory_swapped_for_a_link_while_reads_run_never_sends_one_outside(
             os.symlink(outside, run / "real")
             os.unlink(run / "real")
             os.rename(run / "kept", run / "real")
+            stop.wait(0.003)  # real for a moment: some reads find the job's own output
 
     flipper = threading.Thread(target=flip, daemon=True)
     flipper.start()
     executor, host = local_executor(), HostAddress("h", executor="local", workdir=str(tmp_path / "w"))
     try:
-        seen = [executor.read_range(host, "r1", "stdout.log", 0, 100).data for _ in range(150)]
-        seen += [executor.read_tail(host, "r1", "stdout.log", 100).text.encode() for _ in range(150)]
+        seen = [executor.read_range(host, "r1", "stdout.log", 0, 100).data for _ in range(250)]
+        seen += [executor.read_tail(host, "r1", "stdout.log", 100).text.encode() for _ in range(250)]
     finally:
         stop.set()
         flipper.join()

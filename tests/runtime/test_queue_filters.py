@@ -72,6 +72,11 @@ def test_queue_filters_by_user_vc_and_state_keeping_each_jobs_place(team, capsys
     assert code == 0 and "ana" not in out and out.count("bo ") == 2
 
 
+def test_pending_is_every_state_before_the_main_cluster_profiling_included():
+    assert set(QueueQuery.of_text(states="PD").states) == {"SUBMITTED", "PROFILING", "QUEUED"}
+    assert QueueQuery.of_text(states="pr,r").states == ("PROFILING", "RUNNING")
+
+
 def test_queue_refuses_a_state_no_waiting_job_has(team, capsys):
     url, _, _ = team
     code, out, err = _cli(capsys, "queue", "--store", url, "-t", "CD")
@@ -97,9 +102,10 @@ def test_cancel_of_a_selection_touches_only_what_it_selects(team, capsys):
     answers = json.loads(out)
     assert code == 0 and {a["job_id"] for a in answers} == {jobs["bo1"], jobs["bo2"]}
     assert all(a["outcome"] == "requested" for a in answers)
-    # named jobs and a filter: the named ones the filter selects (ana's job is not bo's)
+    # named jobs and a filter: the named ones the filter selects (ana's job is not mine: said to be left)
     code, out, _ = _cli(capsys, "cancel", jobs["ana"], jobs["me"], "--me", "--store", url, "--json")
-    assert code == 0 and [a["job_id"] for a in json.loads(out)] == [jobs["me"]]
+    assert code == 0 and {a["job_id"]: a["outcome"] for a in json.loads(out)} == {
+        jobs["ana"]: "not_selected", jobs["me"]: "requested"}
     assert _cli(capsys, "round", *common)[0] == 0
     assert set(_queued(capsys, url)) == {jobs["ana"]}
     # one job named: one object, as scripts read it
@@ -108,9 +114,18 @@ def test_cancel_of_a_selection_touches_only_what_it_selects(team, capsys):
 
 
 def test_cancel_with_nothing_named_or_selected_is_refused(team, capsys):
-    url, _, _ = team
+    url, _, jobs = team
     code, out, err = _cli(capsys, "cancel", "--store", url)
     assert code == 2 and out == "" and "name the jobs to cancel" in err
+    # a state or a VC alone would reach every user's jobs (scancel -t PD reaches one's own): refused
+    for selection in (("-t", "PD"), ("--vc", "default")):
+        code, out, err = _cli(capsys, "cancel", *selection, "--store", url)
+        assert code == 2 and out == "" and "say whose with --me" in err
+    for job in jobs.values():
+        assert json.loads(_cli(capsys, "status", job, "--store", url, "--json")[1])["cancel_requested"] is False
+    # an unknown id named beside a filter still fails, alone
+    code, out, err = _cli(capsys, "cancel", "nope", jobs["bo1"], "-u", "bo", "--store", url)
+    assert code == 2 and "cancel requested" in out and "no job 'nope'" in err
     code, out, _ = _cli(capsys, "cancel", "-u", "nobody", "--store", url)
     assert code == 0 and out.startswith("no waiting or running job matches")
 
@@ -136,5 +151,10 @@ def test_history_takes_me_too(team, capsys):
     assert _cli(capsys, "round", *common)[0] == 0
     code, out, _ = _cli(capsys, "history", "--me", "--store", url, "--json")
     assert code == 0 and [r["job_id"] for r in json.loads(out)["jobs"]] == [jobs["me"]]
-    code, out, err = _cli(capsys, "history", "--me", "-u", "bo", "--store", url)
-    assert code == 2 and out == "" and "--me is" in err
+    # several users, as queue and cancel take them; --me adds me
+    code, out, _ = _cli(capsys, "history", "--me", "-u", "bo", "--store", url, "--json")
+    assert code == 0 and {r["job_id"] for r in json.loads(out)["jobs"]} == {jobs["me"], jobs["bo2"]}
+    code, out, _ = _cli(capsys, "history", "-u", f"bo,{getpass.getuser()}", "--store", url, "--json")
+    assert code == 0 and json.loads(out)["total"] == 2
+    code, out, _ = _cli(capsys, "history", "--vc", "other,nowhere", "--store", url, "--json")
+    assert code == 0 and [r["job_id"] for r in json.loads(out)["jobs"]] == [jobs["me"]]

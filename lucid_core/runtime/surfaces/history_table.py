@@ -59,8 +59,15 @@ def parse_since(text: str, now: float) -> float:
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[match.group(2)]
         return now - float(match.group(1)) * unit
     try:
-        return datetime.fromisoformat(text).timestamp()
+        moment = datetime.fromisoformat(text)
     except ValueError:
+        moment = None
+    if moment is not None:
+        try:
+            return moment.timestamp()
+        except (OverflowError, OSError, ValueError):  # year 1 in a zone east of UTC; before the epoch on some
+            raise ValueError(f"--since/--until {text!r} is out of the range of times") from None
+    else:
         raise ValueError(f"--since/--until {text!r}: give a date (2026-12-01), a date-time (2026-12-01T10:00) "
                          "or an age (90m, 6h, 3d, 1w)") from None
 

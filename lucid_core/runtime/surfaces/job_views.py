@@ -103,10 +103,10 @@ def queue_rows(jobs: Iterable[Any], *, priority_in_reason: bool = True) -> list[
 #: Slurm's short names (and spellings) of the finished states, as `sacct -s` takes them.
 FINISHED_STATE_ALIASES = {"CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "COMPLETE": "COMPLETED",
                           "CANCELED": "CANCELLED"}
-#: Slurm's short names for the states `squeue -t` takes, each with the states it stands for here (pending is
-#: submitted or queued; PR, profiling, is ours).
-QUEUE_STATE_ALIASES = {"PD": ("SUBMITTED", "QUEUED"), "PENDING": ("SUBMITTED", "QUEUED"), "R": ("RUNNING",),
-                       "PR": ("PROFILING",)}
+#: Slurm's short names for the states `squeue -t` takes, each with the states it stands for here (pending: not
+#: yet on the main cluster, as the queue page counts waiting, profiling included; PR, profiling alone, is ours).
+QUEUE_STATE_ALIASES = {"PD": ("SUBMITTED", "PROFILING", "QUEUED"), "PENDING": ("SUBMITTED", "PROFILING", "QUEUED"),
+                       "R": ("RUNNING",), "PR": ("PROFILING",)}
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,8 @@ def host_down_words(host: Any, now: float) -> str | None:
 
     seen = saved_float(host.last_seen)
     ago = f", last answered {duration_words(max(0.0, now - seen))} ago" if seen is not None else ""
-    error = f": {host.last_error}" if isinstance(host.last_error, str) and host.last_error else ""
+    said = " ".join(host.last_error.split())[:80] if isinstance(host.last_error, str) else ""  # one short line
+    error = f": {said}" if said else ""
     return f"host {host.name} unreachable{ago}{error}; the run is as last seen there"
 
 
@@ -282,9 +283,24 @@ class HistoryQuery:
                 return f"{name} must be a finite time (epoch seconds), got {value}"
         return None
 
+    @property
+    def users(self) -> list[str]:
+        """The users asked for (`user` may list several, comma-separated, as `lucid queue -u` takes them)."""
+        return _listed(self.user)
+
+    @property
+    def vcs(self) -> list[str]:
+        """The VCs asked for (comma-separated, as `users`)."""
+        return _listed(self.vc)
+
     def states_listed(self) -> list[str]:
         """The end states asked for, or every finished state."""
         return list(self.states) or list(FINISHED_STATES)
+
+
+def _listed(text: str | None) -> list[str]:
+    """The comma-separated items of a filter, blanks dropped, each once."""
+    return list(dict.fromkeys(x.strip() for x in (text or "").split(",") if x.strip()))
 
 
 @dataclass(frozen=True)

@@ -80,8 +80,11 @@ def history(reader: PlainReader, query: HistoryQuery) -> HistoryPage:
     """`queries.history`: finished jobs matching `query`, latest end first, one page and the total."""
     states = query.states_listed()
     where, params = [f"state IN ({_marks(states)})"], list(states)
-    for sql, value, given in (('"user" = ?', query.user, bool(query.user)), ("vc = ?", query.vc, bool(query.vc)),
-                              ("end_time >= ?", query.since, query.since is not None),
+    for column, values in (('"user"', query.users), ("vc", query.vcs)):
+        if values:
+            where.append(f"{column} IN ({_marks(values)})")
+            params.extend(values)
+    for sql, value, given in (("end_time >= ?", query.since, query.since is not None),
                               ("end_time < ?", query.until, query.until is not None)):
         if given:
             where.append(sql)

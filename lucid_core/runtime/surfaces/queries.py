@@ -128,10 +128,10 @@ def history(session: Session, query: HistoryQuery) -> HistoryPage:
     from sqlalchemy import func
 
     where = [JobRow.state.in_(query.states_listed())]
-    if query.user:
-        where.append(JobRow.user == query.user)
-    if query.vc:
-        where.append(JobRow.vc == query.vc)
+    if query.users:
+        where.append(JobRow.user.in_(query.users))
+    if query.vcs:
+        where.append(JobRow.vc.in_(query.vcs))
     if query.since is not None:
         where.append(JobRow.end_time >= query.since)
     if query.until is not None:

@@ -50,6 +50,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _interval(text: str) -> float:
+    """Seconds between reads: a finite number from 0.05 to 3600."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.05 <= value <= 3600:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0.05 to 3600 seconds")
+    return value
+
+
 def _duration(text: str) -> float:
     """An option's duration in seconds (units.parse_duration), refused in argparse's words."""
     from lucid_core.units import parse_duration
@@ -67,7 +78,7 @@ def _queue_filters(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--vc", default=None, help=f"{verb} these virtual clusters' jobs, comma-separated")
     p.add_argument("-t", "--state", default=None,
                    help=f"{verb} jobs in these states, comma-separated: SUBMITTED, PROFILING, QUEUED, RUNNING, or "
-                        "Slurm's PD (pending: submitted or queued) and R")
+                        "Slurm's PD (pending: submitted, profiling or queued) and R")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -114,7 +125,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("-f", "--follow", action="store_true",
                    help="then keep printing new output until the job ends, every byte once (without -n or --all: "
                    "from the first whole line of its last MiB)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between reads with --follow")
+    p.add_argument("--interval", type=_interval, default=2.0, help="seconds between reads with --follow")
     p.add_argument("--known-hosts", default=None)
     p.set_defaults(func=cmd_logs)
     p = subparsers.add_parser("queue", help="running and waiting jobs with priority and pending reason")
@@ -123,9 +134,9 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=warns_when_rounds_stall(cmd_queue, "queue"))
     p = subparsers.add_parser("history", help="finished, failed and cancelled jobs (like sacct)")
     _common(p)
-    p.add_argument("-u", "--user", default=None, help="only this user's jobs (default: every user)")
+    p.add_argument("-u", "--user", default=None, help="only these users' jobs, comma-separated (default: every user)")
     p.add_argument("--me", action="store_true", help=f"only your own jobs (as --user {getpass.getuser()})")
-    p.add_argument("--vc", default=None, help="only this virtual cluster's jobs")
+    p.add_argument("--vc", default=None, help="only these virtual clusters' jobs, comma-separated")
     p.add_argument("-s", "--state", default=None,
                    help="end states, comma-separated: COMPLETED (CD), FAILED (F), CANCELLED (CA)")
     p.add_argument("-S", "--since", default=None, help="ended at or after: 2026-12-01, 2026-12-01T10:00, or 6h, 3d")

@@ -63,25 +63,33 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    """Cancel the jobs named, or every waiting and running job the filters select (as `scancel -u`); with both,
-    the named jobs the filters select. Each job is said in its own line; an unknown id fails alone (exit 2)."""
+    """Cancel the jobs named, or the waiting and running jobs of the users named that the filters select (as
+    `scancel -u`); with both, the named jobs the filters select (the others are said to be left). Each job is
+    said in its own line; an unknown id fails alone (exit 2)."""
     import getpass
 
     from lucid_core.runtime.surfaces.job_views import QueueQuery, UnknownJob
-    from lucid_core.runtime.surfaces.queries import queue
+    from lucid_core.runtime.surfaces.queries import queue, status
     from lucid_core.runtime.surfaces.submission import request_cancel
 
     query = QueueQuery.of_text(users=",".join(x for x in (args.user, _me(args)) if x), vcs=args.vc,
                                states=args.state)
     if not args.jobs and not query.narrows:
         raise ValueError("name the jobs to cancel, or select them with --user, --me, --vc or --state")
+    if not args.jobs and not query.users:  # scancel -t PD reaches a user's own jobs: say whose
+        raise ValueError("--vc and --state alone would cancel every user's jobs: say whose with --me or "
+                         "--user USER[,USER...]")
     store = store_of(args)
-    selected = [r["job_id"] for r in queue(store, query)] if query.narrows else list(args.jobs)
-    if query.narrows and args.jobs:
-        selected = [j for j in dict.fromkeys(args.jobs) if j in set(selected)]
+    matching = {r["job_id"] for r in queue(store, query)} if query.narrows else set()
+    selected = list(dict.fromkeys(args.jobs)) if args.jobs else sorted(matching)
     answers, unknown = [], []
-    for job_id in dict.fromkeys(selected):
+    for job_id in selected:
         try:
+            if query.narrows and job_id not in matching:  # named, but not what the filters select: left
+                state = status(store, job_id)["state"]
+                answers.append(({"job_id": job_id, "state": state, "outcome": "not_selected"},
+                                f"{job_id}: left ({state}): not selected by the filters given"))
+                continue
             answer = request_cancel(store, job_id, message=f"cancel requested by {getpass.getuser()} (lucid cancel)")
         except UnknownJob:
             unknown.append(job_id)
@@ -156,10 +164,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     states = tuple(STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
                    for s in (args.state or "").split(",") if s.strip())
     fields = history_columns(args.format)
-    if args.me:
-        if args.user and args.user != _me(args):
-            raise ValueError(f"--me is {_me(args)}, not --user {args.user}: give one of them")
-        args.user = _me(args)
+    args.user = ",".join(x for x in (args.user, _me(args)) if x) or None  # as queue and cancel take them
 
     def query_at(now: float) -> HistoryQuery:
         """The query of the options, its ages (--since 2h) counted back from the store's `now`."""
