@@ -191,3 +191,21 @@ def test_the_api_reads_a_jobs_logs(ran):
     assert client.get(f"/jobs/{bad}/logs", params={"lines": 0}).status_code == 422
     waiting = submit(store, JobRequest("true", gpus=1, user="bo", vc="default"))
     assert client.get(f"/jobs/{waiting}/logs").json()["problem"] == "no run of it has started"
+
+
+def test_a_keyed_retry_finds_its_job_whatever_the_fleet_became(ran, tmp_path):
+    """The first request went to the only VC; a second VC since (or a host removed) must not turn its exact retry
+    into a refusal, and a retry naming another VC is still another job's body."""
+    store, url, _ = ran
+    client = TestClient(create_app(url, store=store))
+    body = {"command": "sleep 2", "gpus": 1, "user": "ana"}
+    first = client.post("/jobs", json=body, headers={"Idempotency-Key": "run-42"})
+    assert first.status_code == 201
+    add_host(store, HostSpec("v0", executor="local", telemetry="emulated", gpus=1, vc="vision",
+                             workdir=str(tmp_path / "v0")))
+    again = client.post("/jobs", json=body, headers={"Idempotency-Key": "run-42"})
+    assert again.status_code == 201 and again.json() == first.json()
+    named = client.post("/jobs", json={**body, "vc": "default"}, headers={"Idempotency-Key": "run-42"})
+    assert named.status_code == 201 and named.json() == first.json()
+    other = client.post("/jobs", json={**body, "vc": "vision"}, headers={"Idempotency-Key": "run-42"})
+    assert other.status_code == 422 and "vc" in other.json()["errors"]["idempotency_key"]

@@ -27,6 +27,7 @@ from lucid_core.runtime.surfaces.submission import (
     JobRequest,
     SubmissionError,
     UnknownJob,
+    keyed_job,
     only_vc,
     request_cancel,
     submit,
@@ -121,6 +122,12 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
         elif user is not None and not fields["user"]:
             fields["user"] = user
         if not fields["vc"]:
+            try:  # a retry finds its job before the VC is chosen again
+                existing = keyed_job(store, JobRequest(**fields))
+            except SubmissionError as exc:
+                return JSONResponse(status_code=422, content={"detail": "invalid submission", "errors": exc.errors})
+            if existing is not None:
+                return {"job_id": existing}
             try:
                 fields["vc"] = only_vc(store)
             except ValueError as exc:

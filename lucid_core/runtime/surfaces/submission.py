@@ -180,12 +180,16 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
     return errors
 
 
-def _job_with_key(store: Store, request: JobRequest) -> str | None:
+def keyed_job(store: Store, request: JobRequest) -> str | None:
     """The job the request's user submitted with its idempotency key (keys are scoped by user: a pair of
     columns); SubmissionError when that job was asked for with other fields (a key reused for another job: the
-    IETF Idempotency-Key draft's 422, not the first job silently)."""
-    if request.idempotency_key is None:
-        return None
+    IETF Idempotency-Key draft's 422, not the first job silently). A request without a VC matches the VC the
+    first one was given. Looked up before the request is checked against the fleet, so a retry finds its job
+    whatever changed since (a host removed, a second VC added)."""
+    key = request.idempotency_key
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY or not storable(key) \
+            or not isinstance(request.user, str) or not storable(request.user):
+        return None  # `validate` says what is wrong with it
     with store.session() as s:
         row = s.scalar(select(JobRow).where(JobRow.user == request.user,
                                             JobRow.idempotency_key == request.idempotency_key))
@@ -196,14 +200,15 @@ def _job_with_key(store: Store, request: JobRequest) -> str | None:
     asked = (command_line(request.command), request.gpus, request.vc, request.name, dict(request.env or {}),
              request.workload, request.amp, request.long_cold_start, request.preemptible,
              None if request.time_limit_s is None else float(request.time_limit_s))
-    differ = [name for name, a, b in zip(KEYED_FIELDS, stored, asked, strict=True) if a != b]
+    differ = [name for name, a, b in zip(KEYED_FIELDS, stored, asked, strict=True)
+              if a != b and not (name == "vc" and b == "")]
     if differ:
         raise SubmissionError({"idempotency_key": f"already used for job {row.job_id}, which was submitted with "
                                                   f"another {', '.join(differ)}: use a new key for a new job"})
     return row.job_id
 
 
-#: The fields a submission again with the same idempotency key must repeat (JobRequest's, in `_job_with_key`).
+#: The fields a submission again with the same idempotency key must repeat (JobRequest's, in `keyed_job`).
 KEYED_FIELDS = ("command", "gpus", "vc", "name", "env", "workload", "amp", "long_cold_start", "preemptible",
                 "time_limit_s")
 
@@ -262,6 +267,9 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
     """Validate and record a job; returns its id. Raises SubmissionError naming each bad field."""
     from lucid_core.runtime.hosts.inventory import submitter_user_problem
 
+    existing = keyed_job(store, request)
+    if existing is not None:
+        return existing  # the same submission again: nothing new is written, whatever the fleet is now
     errors = validate(request, vc_capacity(store))
     if "user" not in errors and "vc" not in errors:  # hosts that run jobs as their user need an OS user name
         problem = submitter_user_problem(store, request.user, request.vc)
@@ -277,7 +285,7 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
     key = request.idempotency_key
     floor = 1
     for _ in range(20):
-        existing = _job_with_key(store, request)
+        existing = keyed_job(store, request)
         if existing is not None:
             return existing  # the same submission again: nothing new is written
         try:
