@@ -58,3 +58,9 @@ def parse_duration(text: str) -> float:
             return float(((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds)
     raise ValueError(f"{text!r} is not a duration: give a number with a unit (45s, 90m, 1.5h, 2d) or Slurm's "
                      "form (MM:SS, HH:MM:SS, D-HH:MM:SS)")
+
+
+def one_line(text: object, limit: int = 80) -> str:
+    """Text a host or a job wrote (an error), as one short line in a message: whitespace runs made one space,
+    cut at `limit` characters; "" for anything that is not text."""
+    return " ".join(text.split())[:limit] if isinstance(text, str) else ""

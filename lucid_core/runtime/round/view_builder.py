@@ -27,7 +27,7 @@ from lucid_core.policy.view import ClusterView, saved_number
 from lucid_core.runtime.round.live_models import PolicyFactory, ReplayForecaster, fallback_source, host_sharing
 from lucid_core.runtime.round.snapshot import Snapshot, job_of, profile_of_row
 from lucid_core.runtime.store.schema import RunRow
-from lucid_core.units import duration_words
+from lucid_core.units import duration_words, one_line
 
 HOLD_PREFIX = "~hold:"
 UNREACHABLE = "unreachable"  # how `BuiltView.closed` starts the reason of a host that does not answer
@@ -266,8 +266,8 @@ def build_view(snapshot: Snapshot, config: LucidConfig, now: float, policy_facto
 def closed_reason(host: Any, now: float) -> str:
     """Why a host takes no new work, in words (its last error, clipped, for one that does not answer)."""
     if not host.reachable:
-        error = host.last_error if isinstance(host.last_error, str) and host.last_error else ""
-        return f"{UNREACHABLE}{f' ({error[:80]})' if error else ''}"
+        error = one_line(host.last_error)
+        return f"{UNREACHABLE}{f' ({error})' if error else ''}"
     if host.draining:
         return "being removed (drained with --remove)" if host.remove_when_empty else "draining"
     return f"cooling down for {duration_words(max(0.0, host.cooldown_until - now))} after a failed launch"

@@ -84,7 +84,11 @@ def recent_cadence(store: Store, now: float, rounds: int = CADENCE_ROUNDS) -> Ro
     """Rounds as the scheduler has been running them: the median gap (`round_age.median_gap`) between the starts
     of its last `rounds` rounds, from the last one. None (decide at every event) without a cadence to go by, or
     when the last round started over ten gaps ago (paused)."""
-    starts = round_starts(store, now, rounds)
+    return cadence_of(round_starts(store, now, rounds), now)
+
+
+def cadence_of(starts: list[float], now: float) -> RoundCadence | None:
+    """`recent_cadence` of round starts already read (`round_age.round_starts`)."""
     interval = median_gap(starts)
     if interval is None or now - starts[-1] > 10 * interval:
         return None
@@ -110,9 +114,10 @@ def estimate(store: Store, job_id: str, config: LucidConfig, now: float, *,
     built = build_view(snapshot, config, now, policy_factory or default_policy)
     if job_id in built.unreadable:  # not a stop pending: the round leaves the job out until its row is mended
         return Eta(job_id, state.value, None, None, None, 0, built.unreadable[job_id])
-    eta = _live_what_if(built, job_id, state.value, rates=rates, rounds=recent_cadence(store, now),
+    starts = round_starts(store, now)  # read once: the what-if's cadence and whether rounds stalled
+    eta = _live_what_if(built, job_id, state.value, rates=rates, rounds=cadence_of(starts, now),
                         horizon_s=horizon_s, max_steps=max_steps)
-    stalled = stalled_words(round_starts(store, now), now)
+    stalled = stalled_words(starts, now)
     return eta if stalled is None else _while_stalled(eta, stalled, now)
 
 

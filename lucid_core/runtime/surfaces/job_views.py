@@ -196,11 +196,11 @@ def host_down_words(host: Any, now: float) -> str | None:
     state is then only its last known one. Read as untrusted (a hand edit can leave text in any column)."""
     if host is None or type(host.reachable) not in (bool, int) or host.reachable:
         return None
-    from lucid_core.units import duration_words
+    from lucid_core.units import duration_words, one_line
 
     seen = saved_float(host.last_seen)
     ago = f", last answered {duration_words(max(0.0, now - seen))} ago" if seen is not None else ""
-    said = " ".join(host.last_error.split())[:80] if isinstance(host.last_error, str) else ""  # one short line
+    said = one_line(host.last_error)
     error = f": {said}" if said else ""
     return f"host {host.name} unreachable{ago}{error}; the run is as last seen there"
 
