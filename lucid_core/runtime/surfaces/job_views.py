@@ -122,11 +122,9 @@ class QueueQuery:
     def of_text(cls, users: str | None = None, vcs: str | None = None, states: str | None = None) -> QueueQuery:
         """A query from comma-separated lists as `squeue -u alice,bob -t PD,R` takes them (states in any case,
         Slurm's short names too)."""
-        def items(text: str | None) -> tuple[str, ...]:
-            return tuple(dict.fromkeys(x.strip() for x in (text or "").split(",") if x.strip()))
-
-        named = [QUEUE_STATE_ALIASES.get(s.upper(), (s.upper(),)) for s in items(states)]
-        return cls(users=items(users), vcs=items(vcs), states=tuple(dict.fromkeys(s for g in named for s in g)))
+        named = [QUEUE_STATE_ALIASES.get(s.upper(), (s.upper(),)) for s in _listed(states)]
+        return cls(users=tuple(_listed(users)), vcs=tuple(_listed(vcs)),
+                   states=tuple(dict.fromkeys(s for g in named for s in g)))
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.states if s not in ACTIVE_STATES]

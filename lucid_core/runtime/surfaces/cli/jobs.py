@@ -72,7 +72,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from lucid_core.runtime.surfaces.queries import queue, status
     from lucid_core.runtime.surfaces.submission import request_cancel
 
-    query = QueueQuery.of_text(users=",".join(x for x in (args.user, _me(args)) if x), vcs=args.vc,
+    query = QueueQuery.of_text(users=_users(args), vcs=args.vc,
                                states=args.state)
     if not args.jobs and not query.narrows:
         raise ValueError("name the jobs to cancel, or select them with --user, --me, --vc or --state")
@@ -109,18 +109,18 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _me(args: argparse.Namespace) -> str | None:
-    """The user running the command when `--me` is given."""
+def _users(args: argparse.Namespace) -> str:
+    """The users of `-u` (comma-separated) and, with `--me`, the user running the command."""
     import getpass
 
-    return getpass.getuser() if args.me else None
+    return ",".join(x for x in (args.user, getpass.getuser() if args.me else None) if x)
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
     from lucid_core.runtime.surfaces import plain_views
     from lucid_core.runtime.surfaces.job_views import QueueQuery
 
-    query = QueueQuery.of_text(users=",".join(x for x in (args.user, _me(args)) if x), vcs=args.vc,
+    query = QueueQuery.of_text(users=_users(args), vcs=args.vc,
                                states=args.state)
 
     def full(store: Store) -> list[dict[str, Any]]:
@@ -164,7 +164,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     states = tuple(STATE_ALIASES.get(s.strip().upper(), s.strip().upper())
                    for s in (args.state or "").split(",") if s.strip())
     fields = history_columns(args.format)
-    args.user = ",".join(x for x in (args.user, _me(args)) if x) or None  # as queue and cancel take them
+    args.user = _users(args) or None  # as queue and cancel take them
 
     def query_at(now: float) -> HistoryQuery:
         """The query of the options, its ages (--since 2h) counted back from the store's `now`."""
