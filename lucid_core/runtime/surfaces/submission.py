@@ -173,11 +173,14 @@ def validate(request: JobRequest, capacity: Mapping[str, int]) -> dict[str, str]
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
                               or not 1 <= limit <= MAX_TIME_LIMIT_S):  # NaN fails the comparison too
         errors["time_limit_s"] = f"must be seconds from 1 to {MAX_TIME_LIMIT_S:.0f} (366 days), got {limit!r}"
-    key = request.idempotency_key
-    if key is not None and (not isinstance(key, str) or not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY
-                            or not storable(key)):
+    if request.idempotency_key is not None and not _usable_key(request.idempotency_key):
         errors["idempotency_key"] = f"must be non-empty text of at most {MAX_IDEMPOTENCY_KEY} characters"
     return errors
+
+
+def _usable_key(key: object) -> bool:
+    """Whether an idempotency key is one the store can hold (non-empty text, at most MAX_IDEMPOTENCY_KEY)."""
+    return isinstance(key, str) and bool(key.strip()) and len(key) <= MAX_IDEMPOTENCY_KEY and storable(key)
 
 
 def keyed_job(store: Store, request: JobRequest) -> str | None:
@@ -186,9 +189,7 @@ def keyed_job(store: Store, request: JobRequest) -> str | None:
     IETF Idempotency-Key draft's 422, not the first job silently). A request without a VC matches the VC the
     first one was given. Looked up before the request is checked against the fleet, so a retry finds its job
     whatever changed since (a host removed, a second VC added)."""
-    key = request.idempotency_key
-    if not isinstance(key, str) or not key.strip() or len(key) > MAX_IDEMPOTENCY_KEY or not storable(key) \
-            or not isinstance(request.user, str) or not storable(request.user):
+    if not _usable_key(request.idempotency_key) or not isinstance(request.user, str) or not storable(request.user):
         return None  # `validate` says what is wrong with it
     with store.session() as s:
         row = s.scalar(select(JobRow).where(JobRow.user == request.user,
@@ -285,9 +286,6 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
     key = request.idempotency_key
     floor = 1
     for _ in range(20):
-        existing = keyed_job(store, request)
-        if existing is not None:
-            return existing  # the same submission again: nothing new is written
         try:
             with store.session() as s:
                 if store.dialect == "postgresql":  # serialize id allocation: no retry storm under bursts
@@ -305,8 +303,11 @@ def submit(store: Store, request: JobRequest, *, now: float | None = None) -> st
                 s.add(JobEventRow(job_id=job_id, time=now, kind="submitted",
                                   message=f"{request.gpus} GPU(s) in VC {request.vc} by {request.user}"))
             return job_id
-        except IntegrityError:  # another submitter took the same number, or the same key (found above), or a job
-            floor = seq + 1       # whose seq a hand edit moved still holds this id: try past it
+        except IntegrityError:  # another submitter took the same number, or the same key, or a job whose seq a
+            existing = keyed_job(store, request)  # hand edit moved still holds this id: try past it
+            if existing is not None:
+                return existing  # the same submission, made at the same moment by another caller
+            floor = seq + 1
             continue
     raise RuntimeError("could not allocate a job id after 20 tries")
 
