@@ -30,6 +30,7 @@ RIVAL = textwrap.dedent("""
     from lucid_core.runtime.store.store import Store
     store, stop = Store(sys.argv[1], migrate=False), Path(sys.argv[2])
     print("READY", flush=True)
+    sys.stdin.readline()  # the round takes its lease only once this process is up (its start can take seconds)
     while not stop.exists():
         if lease.acquire(store, "rival", 60.0, time.time()) is not None:
             print("TOOK", flush=True)
@@ -54,21 +55,23 @@ def test_slow_pair_reads_keep_the_lease(tmp_path):
 
     def slow_read(*_args, **_kwargs) -> str:  # a host that answers, slowly
         reads.append(time.monotonic())
-        time.sleep(0.9)
+        time.sleep(1.2)
         return ""
 
     executor.read = slow_read  # type: ignore[method-assign]
     config = load_config(None)
-    rnd = SchedulingRound(store, executor, config, RoundSettings(lease_ttl_s=2.0, holder="slow"))
-    assert rnd.take_lease()
+    rnd = SchedulingRound(store, executor, config, RoundSettings(lease_ttl_s=3.0, holder="slow"))
     stop = tmp_path / "stop"
     rival = subprocess.Popen([sys.executable, "-c", RIVAL, store.url, str(stop)], cwd=REPO,
-                             stdout=subprocess.PIPE, text=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert rival.stdout.readline().strip() == "READY"
+        assert rnd.take_lease()
+        rival.stdin.write("GO\n")
+        rival.stdin.flush()
         rnd.load_hosts()
-        rnd._observe_pairs(load_snapshot(rnd.store, now), now)  # 4 reads: 3.6 s, lease 2 s
-        assert len(reads) == 4 and reads[-1] - reads[0] > 2.0, reads
+        rnd._observe_pairs(load_snapshot(rnd.store, now), now)  # 4 reads: 4.8 s, lease 3 s
+        assert len(reads) == 4 and reads[-1] - reads[0] > 3.0, reads
         rnd.renew_lease()  # raises Fenced when the rival took the lease meanwhile
     finally:
         stop.touch()
