@@ -4,8 +4,10 @@ on a local host and over real sshd."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -167,15 +169,15 @@ def test_a_truncated_log_is_said_and_followed_from_its_start(tmp_path, capsys):
     log.write_bytes(b"first \xc3")
     source = cli_logs.LogSource(local_executor(), HostAddress("h", executor="local", workdir=str(tmp_path / "w")),
                                 "r1", "h", "stdout.log")
-    printer = cli_logs._Printer()
-    offset, _ = cli_logs._drain(source, printer, 0)
+    printer, cursor = cli_logs._Printer(), cli_logs.Cursor()
+    cli_logs._drain(source, printer, cursor)
     with log.open("ab") as f:
         f.write(b"\xa9 second\n")  # the rest of "é": decoded whole across the two reads
-    offset, _ = cli_logs._drain(source, printer, offset)
+    cli_logs._drain(source, printer, cursor)
     log.write_bytes(b"new\n")
-    offset, _ = cli_logs._drain(source, printer, offset)
+    cli_logs._drain(source, printer, cursor)
     out, err = capsys.readouterr()
-    assert (out, offset) == ("first é second\nnew\n", 4) and "its stdout shrank from 16 bytes to 4 bytes" in err
+    assert (out, cursor.offset) == ("first é second\nnew\n", 4) and "its stdout shrank from 16 bytes to 4 bytes" in err
 
 
 @pytest.mark.ssh
@@ -270,3 +272,104 @@ def test_the_marker_line_of_a_read_by_offset_is_parsed_defensively():
     assert parse_range(b"size=" + b"9" * 30 + b" from=0\nabc", 0, 10) == (b"abc", 0, None)
     assert parse_range(b"", 0, 10) == (b"", 0, None)  # absent: nothing printed
     assert parse_range(b"size=12 from=0\n" + b"x" * 20, 0, 10) == (b"x" * 10, 0, 12)
+
+
+def _cut_off(host) -> None:
+    """A network cut as a client sees it: the host's sshd and every connection it serves are killed (its jobs,
+    started detached, run on)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    below, todo = [], list(children.get(host.process.pid, []))
+    while todo:
+        pid = todo.pop()
+        below.append(pid)
+        todo.extend(children.get(pid, []))
+    host.stop()
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+@pytest.mark.ssh
+def test_a_follow_waits_for_a_host_that_stops_answering_and_prints_every_byte_once(live, capsys):
+    """One failed read ended `lucid logs -f` with an error, so a network blip during a long training run ended the
+    follow. It says once that the host does not answer, tries again from where it was, and loses nothing."""
+    store, cluster, root = live
+    config = fast_config(**{"profiler.enabled": False})
+    url = f"sqlite:///{root / 'lucid.db'}"
+    gate, done = root / "cut-gate", root / "cut-done"
+    script = root / "cut.sh"
+    script.write_text("for i in $(seq 1 100); do echo \"before $i\"; done\n"
+                      f"until [ -e {gate} ]; do sleep 0.05; done\n"
+                      f"for i in $(seq 1 100); do echo \"after $i\"; done\ntouch {done}\n")
+    expected = "".join(f"before {i}\n" for i in range(1, 101)) + "".join(f"after {i}\n" for i in range(1, 101))
+    job = submit(store, JobRequest(f"sh {script}", 1, "alice", "vc-a", name="cut"))
+    out_path, err_path = root / "cut.follow.out", root / "cut.follow.err"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        follow = subprocess.Popen([sys.executable, "-m", "lucid_core.cli", "logs", job, "--store", url,
+                                   "--known-hosts", str(cluster.known_hosts), "-f", "--interval", "0.3"],
+                                  stdout=out, stderr=err, env=env)
+    host = None
+    try:
+        _wait_for(lambda: (one_round(store, cluster, config), out_path.read_bytes().endswith(b"before 100\n"))[1],
+                  "the follow printed the lines written before the cut")
+        host = cluster.hosts[json.loads(_cli(capsys, "status", job, "--store", url, "--json")[1])["runs"][-1]["host"]]
+        _cut_off(host)
+        _wait_for(lambda: "no answer" in err_path.read_text(), "the follow said the host does not answer")
+        gate.touch()
+        _wait_for(done.exists, "the job wrote on while its host could not be reached")
+        assert follow.poll() is None, err_path.read_text()  # still following
+        host.start()
+        host = None
+        _wait_for(lambda: (one_round(store, cluster, config), _state(capsys, url, job) == "COMPLETED")[1],
+                  "the job was seen completed")
+        assert follow.wait(timeout=60) == 0, err_path.read_text()
+    finally:
+        if host is not None:
+            host.start()
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    err = err_path.read_text()
+    assert out_path.read_text() == expected, err
+    assert err.count("no answer") == 1 and "answered again" in err and "trying again, from byte" in err, err
+
+
+@pytest.mark.ssh
+def test_a_follow_of_an_ended_job_whose_host_is_gone_gives_up_saying_what_was_not_read(live, capsys, monkeypatch):
+    """A job that ended on a host that no longer answers: the follow tries for `ENDED_RETRY_S`, then exits 1 saying
+    how much of the log it could not read and how to get it later, instead of waiting for ever."""
+    from lucid_core.runtime.surfaces.cli import logs as cli_logs
+
+    store, cluster, root = live
+    config = fast_config(**{"profiler.enabled": False})
+    url = f"sqlite:///{root / 'lucid.db'}"
+    ssh_args = ["--store", url, "--known-hosts", str(cluster.known_hosts)]
+    job = submit(store, JobRequest("echo one; echo two", 1, "alice", "vc-a", name="gone"))
+    _wait_for(lambda: (one_round(store, cluster, config), _state(capsys, url, job) == "COMPLETED")[1], "completed")
+    host = cluster.hosts[json.loads(_cli(capsys, "status", job, "--store", url, "--json")[1])["runs"][-1]["host"]]
+    monkeypatch.setattr(cli_logs, "ENDED_RETRY_S", 1.5)
+    _cut_off(host)
+    try:
+        started = time.monotonic()
+        code, out, err = _cli(capsys, "logs", job, *ssh_args, "-f", "--all", "--interval", "0.2")
+        waited = time.monotonic() - started
+    finally:
+        host.start()
+    assert (code, out) == (1, ""), err
+    assert "from byte 0, could not be read in 1.5 s" in err and f"lucid logs {job} --all" in err, err
+    assert 1.5 <= waited < 30, waited
+    assert _cli(capsys, "logs", job, *ssh_args, "--all")[:2] == (0, "one\ntwo\n")

@@ -3,7 +3,8 @@
 Bare, it shows the end of the log (its last 64 KiB, from the first whole line); `-n N` its last N lines, read
 further back a chunk at a time up to `LINES_SEARCH_BYTES`; `--all` (or tail's `-n +K`) the whole log (from line
 K), streamed; `-f` goes on from where the read it started with ended, every read from the previous one's end, so
-no output is skipped however much arrives between two reads. Bytes are decoded as UTF-8 by one incremental
+no output is skipped however much arrives between two reads, and a host or store that stops answering is waited
+for (said once) rather than ending the follow. Bytes are decoded as UTF-8 by one incremental
 decoder (a character cut by a chunk's end is whole in the next), carriage returns kept.
 """
 
@@ -26,6 +27,10 @@ CHUNK_BYTES = 1 << 20
 TAIL_BYTES = 65536
 #: where `-f` starts without -n or --all: the last MiB of the log, from its first whole line
 FOLLOW_START_BYTES = 1 << 20
+#: how long `-f` goes on trying to read the rest of an ended job's log from a host or store that does not answer
+ENDED_RETRY_S = 30.0
+#: the least time between two tries of a follow's read that found no answer
+RETRY_INTERVAL_S = 1.0
 #: how far back from the end `-n N` looks for its N lines (at most 17 reads); past it, --all reads the log whole
 LINES_SEARCH_BYTES = 16 << 20
 
@@ -108,25 +113,34 @@ def _skip_lines(data: bytes, skip: int) -> tuple[bytes, int]:
     return (b"", skip) if skip else (data[at:], 0)
 
 
-def _drain(source: LogSource, printer: _Printer, offset: int, skip: int = 0) -> tuple[int, int]:
-    """Print the log from byte `offset` (its first `skip` lines left out) a chunk at a time until the reads catch up
-    with its size; a log shorter than `offset` (truncated, replaced) is said and printed again from its start.
-    Where the next read goes on, and the newlines still to skip."""
+@dataclass
+class Cursor:
+    """Where the next read of a log goes on: its byte offset, and the newlines still to skip (`-n +K`). A read
+    that fails leaves it where the last printed byte ended, so a retry prints nothing twice."""
+
+    offset: int = 0
+    skip: int = 0
+
+
+def _drain(source: LogSource, printer: _Printer, cursor: Cursor) -> None:
+    """Print the log from the cursor on (the lines it still skips left out) a chunk at a time until the reads catch
+    up with its size, moving the cursor past each chunk printed; a log shorter than the cursor's offset (truncated,
+    replaced) is said and printed again from its start."""
     while True:
-        got = source.read(offset)
+        got = source.read(cursor.offset)
         if got.size is None:  # absent: not written yet, or removed
-            return offset, skip
-        if got.size < offset:
+            return
+        if got.size < cursor.offset:
             printer.finish()
-            print(f"(its {source.name.removesuffix('.log')} shrank from {_size(offset)} to {_size(got.size)}: "
+            print(f"(its {source.name.removesuffix('.log')} shrank from {_size(cursor.offset)} to {_size(got.size)}: "
                   "truncated or replaced; printing it from its start)", file=sys.stderr)
-            offset = 0
+            cursor.offset = 0
             continue
-        data, skip = _skip_lines(got.data, skip)
+        data, skip = _skip_lines(got.data, cursor.skip)
         printer.write(data)
-        offset = got.offset + len(got.data)
-        if not got.data or offset >= got.size:
-            return offset, skip
+        cursor.offset, cursor.skip = got.offset + len(got.data), skip
+        if not got.data or cursor.offset >= got.size:
+            return
 
 
 def _window(source: LogSource, max_bytes: int) -> tuple[bytes, int, int, int]:
@@ -178,30 +192,90 @@ def _size(n: int) -> str:
 
 
 def _follow(args: argparse.Namespace, store: Store, executor: HostExecutor, printer: _Printer,
-            source: LogSource | None, offset: int, skip: int) -> LogSource | None:
-    """Print what the log gains from `offset` on until the job ends, every byte once: each read goes on from the
+            source: LogSource | None, cursor: Cursor) -> tuple[LogSource | None, bool]:
+    """Print what the log gains from the cursor on until the job ends, every byte once: each read goes on from the
     last one's end, as many chunks as it takes to catch up. A new run of the job is followed from its start, the
-    old one's end printed first. The last source read."""
+    old one's end printed first. A host or store that does not answer is said once and tried again from where the
+    last read ended (a job's end read so for `ENDED_RETRY_S` at most). The last source read, and whether its log
+    was read to the end."""
     from lucid_core.domain import TERMINAL_STATES
     from lucid_core.runtime.surfaces.queries import status
 
     terminal = {s.value for s in TERMINAL_STATES}
     stream = "stderr" if args.stderr else "stdout"
+    ended, failing_since = False, None
     while True:
-        ended = status(store, args.job)["state"] in terminal  # before the read: what it wrote by its end is read
-        latest = _source(store, executor, args.job, stream)
-        if source is not None and latest is not None and latest.run_id != source.run_id:
-            _drain(source, printer, offset, skip)
-            printer.finish()
-            print(f"(run {latest.run_id} of {args.job} on host {latest.host}: its {stream} from its start)",
-                  file=sys.stderr)
-            offset, skip = 0, 0
-        source = latest or source
-        if source is not None:
-            offset, skip = _drain(source, printer, offset, skip)
+        try:
+            ended = ended or status(store, args.job)["state"] in terminal  # before the read: all it wrote is read
+            latest = _source(store, executor, args.job, stream)
+            if source is not None and latest is not None and latest.run_id != source.run_id:
+                _finish_run(source, printer, cursor)
+                print(f"(run {latest.run_id} of {args.job} on host {latest.host}: its {stream} from its start)",
+                      file=sys.stderr)
+                cursor.offset, cursor.skip = 0, 0
+            source = latest or source
+            if source is not None:
+                _drain(source, printer, cursor)
+        except _unanswered() as exc:
+            if _refused(exc):
+                raise
+            now = time.monotonic()
+            if failing_since is None:  # the decoder keeps a character cut by the failed read's start
+                failing_since = now
+                print(f"(no answer: {_error_line(exc)}; trying again, from byte {cursor.offset} of its {stream}: "
+                      "nothing is skipped)", file=sys.stderr)
+            if ended and now - failing_since >= ENDED_RETRY_S:
+                print(f"({args.job} ended; the rest of its {stream}, from byte {cursor.offset}, could not be read "
+                      f"in {ENDED_RETRY_S:g} s of trying: lucid logs {args.job} --all reads it when its host answers)",
+                      file=sys.stderr)
+                return source, False
+            time.sleep(max(args.interval, RETRY_INTERVAL_S))
+            continue
+        if failing_since is not None:
+            failing_since = None
+            print("(answered again: following)", file=sys.stderr)
         if ended:
-            return source
+            return source, True
         time.sleep(args.interval)
+
+
+def _finish_run(source: LogSource, printer: _Printer, cursor: Cursor) -> None:
+    """Print the end of a run the job has moved on from; when its host does not answer, say so and move on."""
+    try:
+        _drain(source, printer, cursor)
+    except _unanswered() as exc:
+        if _refused(exc):
+            raise
+        printer.finish()
+        print(f"(the end of run {source.run_id}'s {source.name.removesuffix('.log')} on host {source.host}, from "
+              f"byte {cursor.offset}, could not be read: {_error_line(exc)})", file=sys.stderr)
+    printer.finish()
+
+
+def _unanswered() -> tuple[type[BaseException], ...]:
+    """The errors a follow tries again after: a host that does not answer (not one whose key is refused: that
+    will not pass by itself) and a store that does not."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from lucid_core.runtime.hosts.executor import HostUnreachable
+
+    return (HostUnreachable, OperationalError, sqlite3.OperationalError)
+
+
+def _error_line(exc: BaseException) -> str:
+    """An error as one line of a note."""
+    from lucid_core.units import one_line
+
+    return one_line(str(exc), 160) or type(exc).__name__
+
+
+def _refused(exc: BaseException) -> bool:
+    """A host whose key is refused: that does not pass by itself, so it ends the command as an error."""
+    from lucid_core.runtime.hosts.executor import HostKeyRejected
+
+    return isinstance(exc, HostKeyRejected)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -214,20 +288,20 @@ def cmd_logs(args: argparse.Namespace) -> int:
     printer = _Printer()
     try:
         source = _source(store, executor, args.job, stream)
-        skip = args.lines.line - 1 if isinstance(args.lines, FromLine) else 0
-        offset = 0
-        if source is not None and (args.all or isinstance(args.lines, FromLine)):
-            offset, skip = _drain(source, printer, 0, skip)
-        elif source is not None and args.lines is not None:
-            data, offset, found = _last_lines(source, args.lines)
+        cursor = Cursor(skip=args.lines.line - 1 if isinstance(args.lines, FromLine) else 0)
+        whole = args.all or isinstance(args.lines, FromLine)
+        if source is not None and whole and not args.follow:  # a follow reads it so, trying again where it fails
+            _drain(source, printer, cursor)
+        elif source is not None and args.lines is not None and not whole:
+            data, cursor.offset, found = _last_lines(source, args.lines)
             printer.write(data)
             if found is not None:
                 print(f"(only {found} lines lie in the last {_size(LINES_SEARCH_BYTES)} of its {stream}, as far "
                       f"back as -n reads; its whole {_size(source.largest)}: lucid logs {args.job} --all)",
                       file=sys.stderr)
-        elif source is not None:
+        elif source is not None and not whole:
             window = FOLLOW_START_BYTES if args.follow else TAIL_BYTES
-            data, offset, start, size = _window(source, window)
+            data, cursor.offset, start, size = _window(source, window)
             if start > 0 and args.follow:
                 print(f"(following from the first whole line of its last {_size(window)}: the first {_size(start)} "
                       f"of its {stream} ({_size(size)}) are skipped; lucid logs {args.job} -f --all prints them too)",
@@ -238,14 +312,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 print(f"(only the last {_size(window)} of its {stream} were read, from the first whole line in "
                       f"them: the log on its host is {_size(size)}; lucid logs {args.job} -n N gives its last N "
                       f"lines, --all all of it)", file=sys.stderr)
+        complete = True
         if args.follow:
-            source = _follow(args, store, executor, printer, source, offset, skip)
+            source, complete = _follow(args, store, executor, printer, source, cursor)
         printer.finish()
-        if not printer.printed:  # a log that vanished while followed (a job removed it) was not empty
+        if not printer.printed and complete:  # a log that vanished while followed (a job removed it) was not empty
             _empty_notes(args, store, executor, source, stream)
     finally:
         executor.close()
-    return 0
+    return 0 if complete else 1
 
 
 def _empty_notes(args: argparse.Namespace, store: Store, executor: HostExecutor, source: LogSource | None,
