@@ -169,7 +169,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             refused = page("Queue", form + f"<p class='hint bad' id='invalid-input'>{shown(str(exc))}</p>", prefix)
             refused.status_code = 422
             return refused
-        jobs = waiting(store(), query)
+        db = store()
+        jobs = waiting(db, query)
         rows = []
         for j in jobs:
             priority = j["priority_gpu_s"]
@@ -183,7 +184,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         profiling = sum(1 for j in jobs if j["state"] == "PROFILING")
         also = f", {profiling} of them being profiled (also on the Running page)" if profiling else ""
         of = " matching the filter" if query.narrows else ""
-        body = (form + f"<p>{len(rows)} job(s){of} not yet on the main cluster{also}. Lower priority value runs "
+        body = (_stalled_banner(db) + form
+                + f"<p>{len(rows)} job(s){of} not yet on the main cluster{also}. Lower priority value runs "
                 "first (GPUs x predicted duration); the order is each job's place among all waiting jobs.</p>"
                 + table(["order", "job", "name", "user", "VC", "GPUs", "state", "predicted duration",
                          "priority (GPU-s)", "reason"], rows, "queue"))
@@ -227,8 +229,8 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             note = f"<p class='hint bad'>Utilization not read: {esc(problem)}</p>" if problem else ""
             cards.append(f"<h3>{esc(host.name)} <span class='muted'>{esc(host.pool)} pool, VC {esc(host.vc)}"
                          f"{flag}</span></h3>{note}<div id='gpumap-{esc(host.name)}'>{''.join(cells)}</div>")
-        body = (table(["job", "name", "run", "host", "GPUs", "shares with", "speed while shared", "state",
-                       "running for"], rows, "running")
+        body = (_stalled_banner(db) + table(["job", "name", "run", "host", "GPUs", "shares with",
+                                             "speed while shared", "state", "running for"], rows, "running")
                 + "<p>Speed while shared: the job's speed beside its partner relative to running alone, as its "
                   "telemetry last measured it.</p>"
                 + "<h2>GPU map</h2><p>Green: one job; amber: two jobs sharing the GPU (with the speed measured "
@@ -284,6 +286,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job_detail(job_id: str) -> HTMLResponse:
         from lucid_core.runtime.surfaces.host_reads import log_tail
+        from lucid_core.runtime.surfaces.job_views import ACTIVE_STATES
         from lucid_core.runtime.surfaces.queries import job_record, status
         from lucid_core.runtime.surfaces.submission import UnknownJob
 
@@ -301,7 +304,9 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         dec = table(["round", "decision", "reason", "status"], [[str(d.round_id), esc(d.kind), esc(d.reason),
                                                                  esc(d.status)] for d in record.decisions],
                     "decisions")
-        body = (f"{facts}<h2>Output</h2>{_log_html(tail, job_id)}<h2>State history</h2>{_state_history(record.events)}"
+        stalled = _stalled_banner(db) if data["state"] in ACTIVE_STATES else ""
+        body = (f"{stalled}{facts}<h2>Output</h2>{_log_html(tail, job_id)}"
+                f"<h2>State history</h2>{_state_history(record.events)}"
                 f"<h2>Why it is where it is</h2><pre id='explanation'>{esc(explanation)}</pre>"
                 f"<h2>Runs</h2>{_runs_table(data['runs'])}<h2>Decisions</h2>{dec}")
         return page(f"Job {job_id}", body, prefix)
@@ -588,6 +593,15 @@ def host_executor(deadline_s: float) -> Iterator[Any]:
             yield executor
         finally:
             executor.close()
+
+
+def _stalled_banner(db: Any) -> str:
+    """A warning atop a page of waiting and running jobs when the scheduler's rounds have stalled (`round_age`):
+    what it shows may be out of date, and nothing starts until they resume. Empty while they keep their pace."""
+    from lucid_core.runtime.surfaces.round_age import stalled_note
+
+    note = stalled_note(db)
+    return f"<p class='hint bad' id='rounds-stalled'>{esc(note[0].upper() + note[1:])}</p>" if note else ""
 
 
 def _utc(moment: float | None) -> str:

@@ -290,3 +290,65 @@ def test_refusal_pages_read_right_in_headless_chromium(lucid_home, tmp_path):
     finally:
         browser.close()
         server.should_exit = True
+
+
+def test_pages_and_api_warn_when_rounds_have_stalled(lucid_home, tmp_path, monkeypatch):
+    """`lucid queue` and `status` warned when rounds had stalled; the queue, running and job pages and the API's
+    /queue and /jobs/{id} showed the stale state as current. Now the pages say it atop (a job page only for a job
+    not yet ended) and the API sends a `Warning: 299` header; while rounds keep their pace neither does."""
+    from fastapi.testclient import TestClient
+    from lucid_airflow import round_steps
+    from lucid_airflow.web import create_lucid_app
+    from sqlalchemy import update
+
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.schema import RoundRow
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.api import create_app
+    from lucid_core.runtime.surfaces.queries import status
+    from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
+
+    url = f"sqlite:///{lucid_home / 'lucid.db'}"
+    config = tmp_path / "lucid.toml"
+    config.write_text("[profiler]\nenabled = false\n")
+    monkeypatch.setenv("LUCID_CONFIG", str(config))
+    store = Store(url)
+    add_host(store, HostSpec("main0", executor="local", telemetry="emulated", gpus=1,
+                             workdir=str(tmp_path / "main0")))
+
+    def rounds_until(done) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            round_steps.carry_out(url, round_steps.profile_bind_and_place(url, round_steps.reconcile(url)))
+            if done():
+                return
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+
+    ended = submit(store, JobRequest("true", gpus=1, user="ana", vc="default"))
+    pages = TestClient(create_lucid_app(lambda: url, lambda: lucid_home / "reports", protect=False))
+    api = TestClient(create_app(url, store=store))
+    assert "No scheduling round has run yet" in pages.get("/queue").text  # a job waits and no round ever ran
+    assert api.get("/queue").headers.get("Warning", "").startswith('299 lucid "no scheduling round has run yet')
+    rounds_until(lambda: status(store, ended)["state"] == "COMPLETED")
+    running = submit(store, JobRequest("sleep 60", gpus=1, user="ana", vc="default"))
+    rounds_until(lambda: status(store, running)["state"] == "RUNNING")
+    try:
+        for path in ("/queue", "/running", f"/jobs/{running}"):
+            assert "id='rounds-stalled'" not in pages.get(path).text, path
+        for path in ("/queue", f"/jobs/{running}"):
+            assert "Warning" not in api.get(path).headers, path
+        with store.session() as s:  # then they stopped, ten minutes ago
+            s.execute(update(RoundRow).values(started_at=RoundRow.started_at - 600.0,
+                                              ended_at=RoundRow.ended_at - 600.0))
+        for path in ("/queue", "/running", f"/jobs/{running}"):
+            page = pages.get(path).text
+            assert "id='rounds-stalled'>Rounds stalled: no scheduling round has started for 10." in page, path
+        assert "id='rounds-stalled'" not in pages.get(f"/jobs/{ended}").text  # its page is not out of date
+        for path in ("/queue", f"/jobs/{running}"):
+            warning = api.get(path).headers.get("Warning", "")
+            assert warning.startswith('299 lucid "rounds stalled: no scheduling round has started for 10.'), path
+    finally:
+        cancel(store, running)
+        rounds_until(lambda: status(store, running)["state"] == "CANCELLED")
+        store.dispose()

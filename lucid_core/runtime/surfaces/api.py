@@ -74,6 +74,12 @@ def _ssh_reads() -> Iterator[HostExecutor]:
         reads.close()
 
 
+def warning_header(text: str) -> str:
+    """`text` as an HTTP Warning header value (RFC 7234: code 299, agent, quoted text; ASCII only)."""
+    quoted = " ".join(text.split()).replace("\\", "\\\\").replace('"', '\\"').encode("ascii", "replace").decode("ascii")
+    return f'299 lucid "{quoted}"'
+
+
 def create_app(store_url: str | None = None, *, config: LucidConfig | None = None,
                auth: Callable[..., Any] | None = None, store: Store | None = None,
                clock: Callable[[], float] | None = None,
@@ -103,6 +109,15 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
             queries.status(store, job_id)
         except UnknownJob as exc:
             raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+
+    def warn_if_stalled(response: Response) -> None:
+        """A `Warning` header (code 299, as the Kubernetes API server warns) when rounds have stalled and jobs wait
+        or run: what the answer shows may be out of date, and nothing starts until rounds resume."""
+        from lucid_core.runtime.surfaces.round_age import stalled_note
+
+        note = stalled_note(store)
+        if note is not None:
+            response.headers["Warning"] = warning_header(note)
 
     def caller(request: Request) -> tuple[str | None, bool]:
         """(authenticated user name or None when the app runs without identity, may act for others)."""
@@ -157,13 +172,17 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
                 "cancel_requested": answer.pending}
 
     @router.get("/queue")
-    def get_queue(user: str | None = None, vc: str | None = None, state: str | None = None) -> Any:
-        """Waiting and running jobs in the policy's order (`user`, `vc`, `state`: comma-separated filters)."""
+    def get_queue(response: Response, user: str | None = None, vc: str | None = None,
+                  state: str | None = None) -> Any:
+        """Waiting and running jobs in the policy's order (`user`, `vc`, `state`: comma-separated filters); a
+        `Warning` header says when rounds have stalled."""
         try:
             query = queries.QueueQuery.of_text(users=user, vcs=vc, states=state)
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from exc
-        return queries.queue(store, query)
+        jobs = queries.queue(store, query)
+        warn_if_stalled(response)
+        return jobs
 
     @router.get("/history")
     def get_history(user: str | None = None, vc: str | None = None, state: str | None = None,
@@ -193,11 +212,14 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
         return {"total": page.total, "offset": offset, "jobs": page.rows}
 
     @router.get("/jobs/{job_id}")
-    def get_job(job_id: str) -> Any:
+    def get_job(job_id: str, response: Response) -> Any:
+        """The job's status; a `Warning` header says when rounds have stalled (its state may be out of date)."""
         try:
-            return queries.status(store, job_id)
+            found = queries.status(store, job_id)
         except UnknownJob as exc:
             raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
+        warn_if_stalled(response)
+        return found
 
     @router.get("/jobs/{job_id}/explain")
     def get_explain(job_id: str) -> Any:
