@@ -336,3 +336,21 @@ def test_rounds_count_as_stalled_after_five_of_their_gaps_and_never_sooner_than_
     words = stalled_words(starts, now)
     assert (words is not None) == stalled, words
     assert stalled_words([], now) == "no scheduling round has run yet: nothing starts until one runs (lucid round)"
+
+
+def test_a_job_being_profiled_counts_among_those_a_host_removal_would_strand(store, tmp_path):
+    """`hosts drain --remove` warned of waiting jobs the VC could no longer hold, but not of one being profiled
+    (it next waits for main GPUs just the same)."""
+    from sqlalchemy import update
+
+    from lucid_core.runtime.hosts.inventory import stranded_without
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+    _two_hosts(store, tmp_path)
+    profiled, queued, _fits_after = (submit(store, JobRequest("sleep 1", gpus, "ann", "vc-a")) for gpus in (4, 3, 2))
+    with store.session() as s:
+        s.execute(update(JobRow).where(JobRow.job_id == profiled).values(state="PROFILING"))
+        s.execute(update(JobRow).where(JobRow.job_id == queued).values(state="QUEUED"))
+    stranded = stranded_without(store, "m0")
+    assert stranded is not None and stranded.jobs == [(profiled, 4), (queued, 3)], stranded

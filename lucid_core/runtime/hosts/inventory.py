@@ -16,6 +16,8 @@ from lucid_core.runtime.store.schema import GpuRow, HostRow, JobRow, RunRow
 from lucid_core.runtime.store.store import Store
 
 ADMIN_WAIT_S = 60.0  # how long an inventory change waits for a running round to give the lease back
+#: the states of a job that will next wait for main GPUs (one being profiled among them)
+NOT_ON_MAIN_YET = (JobState.SUBMITTED.value, JobState.PROFILING.value, JobState.QUEUED.value)
 RUN_AS_MODES = ("account", "submitter")  # whom a host runs jobs as: its SSH account, or each job's user
 
 
@@ -192,7 +194,7 @@ def stranded_without(store: Store, name: str) -> Stranded | None:
         hosts = s.execute(select(HostRow.name, HostRow.vc, HostRow.pool, HostRow.remove_when_empty, GpuRow.index)
                           .join(GpuRow, GpuRow.host == HostRow.name)).all()
         waiting = s.execute(select(JobRow.job_id, JobRow.gpus).where(
-            JobRow.vc == me.vc, JobRow.state.in_((JobState.SUBMITTED.value, JobState.QUEUED.value)))
+            JobRow.vc == me.vc, JobRow.state.in_(NOT_ON_MAIN_YET))
             .order_by(JobRow.seq)).all()
     count: dict[str, int] = {}
     for host, _, _, leaving, _ in hosts:
