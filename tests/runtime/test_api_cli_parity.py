@@ -79,6 +79,26 @@ def test_a_cli_cancel_records_who_asked(ran, capsys):
     assert events == [f"cancel requested by {getpass.getuser()} (lucid cancel)"]
 
 
+def test_a_cancelled_job_ends_naming_who_cancelled_it(ran, capsys):
+    """Its end reason said "cancelled" (or "cancelled by request") whoever asked: a team reading `lucid history`
+    could not tell a colleague's cancel from an Airflow task's. Running or waiting, it now names who asked."""
+    import getpass
+
+    store, url, _ = ran
+    running = submit(store, JobRequest("sleep 30", gpus=1, user="bo", vc="default"))
+    deadline = time.monotonic() + 30
+    while _job(store, running).state != "RUNNING":
+        assert _cli(capsys, "round", "--store", url)[0] == 0 and time.monotonic() < deadline
+    waiting = submit(store, JobRequest("sleep 30", gpus=1, user="bo", vc="default"))
+    assert _cli(capsys, "cancel", running, waiting, "--store", url)[0] == 0
+    client = TestClient(create_app(url, store=store))
+    while {_job(store, j).state for j in (running, waiting)} != {"CANCELLED"}:
+        assert _cli(capsys, "round", "--store", url)[0] == 0 and time.monotonic() < deadline + 30
+        time.sleep(0.2)
+    for job in (running, waiting):
+        assert client.get(f"/jobs/{job}").json()["end_reason"] == f"cancelled by {getpass.getuser()} (lucid cancel)"
+
+
 def test_an_idempotency_key_reused_for_another_job_is_refused(ran):
     store, url, _ = ran
     client = TestClient(create_app(url, store=store))

@@ -53,6 +53,19 @@ FINITE_BOUND = 1e300  # below it: a stored time that is a finite number (SQL has
 T = TypeVar("T")
 
 
+def cancelled_reason(session: Any, job_id: str) -> str:
+    """A cancelled job's end reason, naming who asked as its first cancel request's event says ("cancelled by ana
+    (lucid cancel)"); the event's text is stored input, so one line, bounded."""
+    from lucid_core.units import one_line
+
+    asked = session.scalar(select(JobEventRow.message).where(
+        JobEventRow.job_id == job_id, JobEventRow.kind == "cancel_requested").order_by(JobEventRow.id).limit(1))
+    words = one_line(asked, 200)
+    if words.startswith("cancel requested by "):
+        return "cancelled by " + words.removeprefix("cancel requested by ")
+    return "cancelled by request"
+
+
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cycle collector off while a round reads, decides and writes: it makes tens of thousands of

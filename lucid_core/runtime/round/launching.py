@@ -25,6 +25,7 @@ from lucid_core.runtime.round.base import (
     TERMINAL_VALUES,
     _log,
     call_value,
+    cancelled_reason,
     pair_results,
     update_unsynced,
 )
@@ -326,7 +327,8 @@ class LaunchSteps(EndedRunSteps, LaunchSpecSteps):
                 if all(r.state == RunState.ENDED for r in runs):
                     ended = s.execute(update_unsynced(JobRow).where(
                         JobRow.job_id == job.job_id, JobRow.state.not_in(TERMINAL_VALUES)).values(
-                        state=JobState.CANCELLED.value, end_time=self.clock(), end_reason="cancelled",
+                        state=JobState.CANCELLED.value, end_time=self.clock(),
+                        end_reason=cancelled_reason(s, job.job_id),
                         pending_reason=None, queue_position=None)).rowcount
                     if not ended:
                         self._conflict(job.job_id, "cancelling it: it had already ended")

@@ -22,6 +22,7 @@ from lucid_core.runtime.hosts.inventory import host_address
 from lucid_core.runtime.round.base import (
     TERMINAL_VALUES,
     call_value,
+    cancelled_reason,
     pair_results,
     update_unsynced,
 )
@@ -280,7 +281,8 @@ class SettlingSteps(MpsFaultChecks, TimeLimitSteps):
             if stopped or run.stop_reason == "peer_ended":
                 reason = run.stop_reason
                 if reason == "cancel":
-                    self._end_job(s, job, JobState.CANCELLED, None, "cancelled by request", run, at=ended)
+                    self._end_job(s, job, JobState.CANCELLED, None, cancelled_reason(s, job.job_id), run,
+                                  at=ended)
                 elif reason == "peer_ended":
                     return  # the peer that ended first decided the job's fate
                 elif reason == TIME_LIMIT_STOP:
