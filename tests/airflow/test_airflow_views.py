@@ -304,7 +304,7 @@ def test_pages_and_api_warn_when_rounds_have_stalled(lucid_home, tmp_path, monke
     from lucid_core.runtime.hosts.inventory import HostSpec, add_host
     from lucid_core.runtime.store.schema import RoundRow
     from lucid_core.runtime.store.store import Store
-    from lucid_core.runtime.surfaces.api import create_app
+    from lucid_core.runtime.surfaces.api import create_app, warning_header
     from lucid_core.runtime.surfaces.queries import status
     from lucid_core.runtime.surfaces.submission import JobRequest, cancel, submit
 
@@ -348,6 +348,8 @@ def test_pages_and_api_warn_when_rounds_have_stalled(lucid_home, tmp_path, monke
         for path in ("/queue", f"/jobs/{running}"):
             warning = api.get(path).headers.get("Warning", "")
             assert warning.startswith('299 lucid "rounds stalled: no scheduling round has started for 10.'), path
+        assert "Warning" not in api.get(f"/jobs/{ended}").headers
+        assert warning_header('a\x00"b\\\r\nc é\x7f') == '299 lucid "a \\"b\\\\ c ?"'  # quoted, printable
     finally:
         cancel(store, running)
         rounds_until(lambda: status(store, running)["state"] == "CANCELLED")

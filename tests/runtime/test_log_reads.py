@@ -373,3 +373,103 @@ def test_a_follow_of_an_ended_job_whose_host_is_gone_gives_up_saying_what_was_no
     assert "from byte 0, could not be read in 1.5 s" in err and f"lucid logs {job} --all" in err, err
     assert 1.5 <= waited < 30, waited
     assert _cli(capsys, "logs", job, *ssh_args, "--all")[:2] == (0, "one\ntwo\n")
+
+
+class _FlakyHost:
+    """In-memory run logs behind a host that can stop answering (a HostUnreachable, or a refused key, per run)."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files, self.down, self.refused = files, set(), set()
+        self.back_at: float | None = None  # when the runs down answer again (None: when told)
+
+    def read_range(self, _address, run_id, _name, offset, max_bytes):
+        from lucid_core.runtime.hosts.executor import HostKeyRejected, HostUnreachable
+
+        if run_id in self.refused:
+            raise HostKeyRejected(f"host of {run_id}: its key is not the one in known_hosts")
+        if run_id in self.down and (self.back_at is None or time.monotonic() < self.back_at):
+            raise HostUnreachable(f"host of {run_id}: connection refused")
+        data = self.files[run_id]
+        start = max(0, len(data) - max_bytes) if offset is None else offset
+        return FileBytes(data[start:start + max_bytes], start, len(data))
+
+
+def _scripted_follow(monkeypatch, host: _FlakyHost, script: Callable[[int], None], state: dict):
+    """`_follow` over `host`, `script(poll)` run at each poll of the job's state (before the reads)."""
+    import argparse
+
+    from lucid_core.runtime.surfaces import queries
+    from lucid_core.runtime.surfaces.cli import logs as cli_logs
+
+    polls = iter(range(1, 10_000))
+
+    def status(_store, _job):
+        script(next(polls))
+        if isinstance(state.get("store"), BaseException):
+            raise state["store"]
+        return {"state": state["state"]}
+
+    monkeypatch.setattr(queries, "status", status)
+    monkeypatch.setattr(cli_logs, "_source", lambda _s, executor, _j, _stream: cli_logs.LogSource(
+        executor, HostAddress(state["run"], executor="local"), state["run"], state["run"], "stdout.log"))
+    monkeypatch.setattr(cli_logs, "RETRY_INTERVAL_S", 0.01)
+    args = argparse.Namespace(job="j1", stderr=False, interval=0.01)
+    return cli_logs._follow(args, None, host, cli_logs._Printer(), None, cli_logs.Cursor())
+
+
+def test_a_follow_retries_a_log_cut_in_a_character_a_run_moved_on_and_a_job_that_ended_while_unanswered(
+        monkeypatch, capsys):
+    """Cases a real cut cannot time: a host down longer than ENDED_RETRY_S that comes back just after the job ended
+    (the limit counted from the failure gave up at once), a UTF-8 character cut by a failed read, a new run while
+    the old one's host is down (its end said unread, the new run followed), the store losing its connection."""
+    from sqlalchemy.exc import InterfaceError, ProgrammingError
+
+    from lucid_core.runtime.hosts.executor import HostKeyRejected
+    from lucid_core.runtime.surfaces.cli import logs as cli_logs
+
+    monkeypatch.setattr(cli_logs, "ENDED_RETRY_S", 0.3)
+    host, state = _FlakyHost({"r1": b"caf\xc3"}), {"state": "RUNNING", "run": "r1"}
+
+    def outage(poll: int) -> None:
+        if poll == 2:
+            host.down.add("r1")
+        if poll == 3:
+            time.sleep(0.5)  # down for longer than ENDED_RETRY_S while it runs, then it ends (its state is not
+            state["state"] = "COMPLETED"  # polled again) and its host answers 0.1 s later
+            host.files["r1"] += b"\xa9 ok\n"
+            host.back_at = time.monotonic() + 0.1
+
+    assert _scripted_follow(monkeypatch, host, outage, state)[1] is True
+    out, err = capsys.readouterr()
+    assert out == "café ok\n" and err.count("no answer") == 1 and "answered again" in err, (out, err)
+
+    host, state = _FlakyHost({"r1": b"one\n", "r2": b"two\n"}), {"state": "RUNNING", "run": "r1"}
+
+    def moved_on(poll: int) -> None:
+        if poll == 2:
+            host.files["r1"] += b"lost\n"
+            host.down.add("r1")
+            state["run"] = "r2"
+        if poll == 3:
+            state["state"] = "COMPLETED"
+
+    assert _scripted_follow(monkeypatch, host, moved_on, state)[1] is True
+    out, err = capsys.readouterr()
+    assert out == "one\ntwo\n" and "the end of run r1's stdout on host r1, from byte 4, could not be read" in err
+
+    host, state = _FlakyHost({"r1": b"x\n"}), {"state": "RUNNING", "run": "r1"}
+
+    def store_blip(poll: int) -> None:
+        state["store"] = InterfaceError("SELECT", {}, Exception("server closed the connection"),
+                                        connection_invalidated=True) if poll in (2, 3) else None
+        if poll == 4:
+            state["state"] = "COMPLETED"
+
+    assert _scripted_follow(monkeypatch, host, store_blip, state)[1] is True
+    assert capsys.readouterr().out == "x\n"
+    state = {"state": "RUNNING", "run": "r1", "store": ProgrammingError("SELECT", {}, Exception("no such column"))}
+    with pytest.raises(ProgrammingError):  # a bug, not an outage: said at once
+        _scripted_follow(monkeypatch, host, lambda poll: None, state)
+    host.refused.add("r1")
+    with pytest.raises(HostKeyRejected):
+        _scripted_follow(monkeypatch, host, lambda poll: None, {"state": "RUNNING", "run": "r1"})

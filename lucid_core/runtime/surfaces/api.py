@@ -75,8 +75,10 @@ def _ssh_reads() -> Iterator[HostExecutor]:
 
 
 def warning_header(text: str) -> str:
-    """`text` as an HTTP Warning header value (RFC 7234: code 299, agent, quoted text; ASCII only)."""
-    quoted = " ".join(text.split()).replace("\\", "\\\\").replace('"', '\\"').encode("ascii", "replace").decode("ascii")
+    """`text` as an HTTP Warning header value (RFC 7234's form, deprecated by RFC 9111 but what the Kubernetes API
+    server still sends: code 299, agent, quoted text), printable ASCII only: no control character reaches it."""
+    printable = "".join(c if " " <= c < "\x7f" else "?" if c > "\x7f" else " " for c in text)
+    quoted = " ".join(printable.split()).replace("\\", "\\\\").replace('"', '\\"')
     return f'299 lucid "{quoted}"'
 
 
@@ -213,12 +215,16 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
 
     @router.get("/jobs/{job_id}")
     def get_job(job_id: str, response: Response) -> Any:
-        """The job's status; a `Warning` header says when rounds have stalled (its state may be out of date)."""
+        """The job's status; for a job not yet ended, a `Warning` header says when rounds have stalled (its state
+        may be out of date)."""
+        from lucid_core.runtime.surfaces.job_views import ACTIVE_STATES
+
         try:
             found = queries.status(store, job_id)
         except UnknownJob as exc:
             raise HTTPException(status_code=404, detail=f"no job {job_id!r}") from exc
-        warn_if_stalled(response)
+        if found.get("state") in ACTIVE_STATES:
+            warn_if_stalled(response)
         return found
 
     @router.get("/jobs/{job_id}/explain")

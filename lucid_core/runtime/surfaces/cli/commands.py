@@ -124,8 +124,8 @@ def add_parser(subparsers: Any) -> None:
                        help="the whole log from its start, read a chunk at a time (as cat, or tail -n +1)")
     p.add_argument("-f", "--follow", action="store_true",
                    help="then keep printing new output until the job ends, every byte once (without -n or --all: "
-                   "from the first whole line of its last MiB); a host or store that stops answering is waited "
-                   f"for, and an ended job's rest tried for {ENDED_RETRY_S:g} s (then exit 1)")
+                   "from the first whole line of its last MiB); a host or store that stops answering meanwhile is "
+                   f"waited for, and an ended job's rest tried for {ENDED_RETRY_S:g} s (then exit 1)")
     p.add_argument("--interval", type=_interval, default=2.0, help="seconds between reads with --follow")
     p.add_argument("--known-hosts", default=None)
     p.set_defaults(func=cmd_logs)

@@ -3,8 +3,8 @@
 Bare, it shows the end of the log (its last 64 KiB, from the first whole line); `-n N` its last N lines, read
 further back a chunk at a time up to `LINES_SEARCH_BYTES`; `--all` (or tail's `-n +K`) the whole log (from line
 K), streamed; `-f` goes on from where the read it started with ended, every read from the previous one's end, so
-no output is skipped however much arrives between two reads, and a host or store that stops answering is waited
-for (said once) rather than ending the follow. Bytes are decoded as UTF-8 by one incremental
+no output is skipped however much arrives between two reads, and a host or store that stops answering once it
+follows is waited for (said once) rather than ending the follow. Bytes are decoded as UTF-8 by one incremental
 decoder (a character cut by a chunk's end is whole in the next), carriage returns kept.
 """
 
@@ -196,17 +196,18 @@ def _follow(args: argparse.Namespace, store: Store, executor: HostExecutor, prin
     """Print what the log gains from the cursor on until the job ends, every byte once: each read goes on from the
     last one's end, as many chunks as it takes to catch up. A new run of the job is followed from its start, the
     old one's end printed first. A host or store that does not answer is said once and tried again from where the
-    last read ended (a job's end read so for `ENDED_RETRY_S` at most). The last source read, and whether its log
-    was read to the end."""
+    last read ended (once the job has ended, for `ENDED_RETRY_S` at most). The last source read, and whether its
+    log was read to the end."""
     from lucid_core.domain import TERMINAL_STATES
     from lucid_core.runtime.surfaces.queries import status
 
     terminal = {s.value for s in TERMINAL_STATES}
     stream = "stderr" if args.stderr else "stdout"
-    ended, failing_since = False, None
+    ended_at, failing_since = None, None
     while True:
         try:
-            ended = ended or status(store, args.job)["state"] in terminal  # before the read: all it wrote is read
+            if ended_at is None and status(store, args.job)["state"] in terminal:  # before the read: all it wrote
+                ended_at = time.monotonic()
             latest = _source(store, executor, args.job, stream)
             if source is not None and latest is not None and latest.run_id != source.run_id:
                 _finish_run(source, printer, cursor)
@@ -217,14 +218,14 @@ def _follow(args: argparse.Namespace, store: Store, executor: HostExecutor, prin
             if source is not None:
                 _drain(source, printer, cursor)
         except _unanswered() as exc:
-            if _refused(exc):
+            if _refused(exc) or _not_a_lost_connection(exc):
                 raise
             now = time.monotonic()
             if failing_since is None:  # the decoder keeps a character cut by the failed read's start
                 failing_since = now
                 print(f"(no answer: {_error_line(exc)}; trying again, from byte {cursor.offset} of its {stream}: "
                       "nothing is skipped)", file=sys.stderr)
-            if ended and now - failing_since >= ENDED_RETRY_S:
+            if ended_at is not None and now - max(failing_since, ended_at) >= ENDED_RETRY_S:
                 print(f"({args.job} ended; the rest of its {stream}, from byte {cursor.offset}, could not be read "
                       f"in {ENDED_RETRY_S:g} s of trying: lucid logs {args.job} --all reads it when its host answers)",
                       file=sys.stderr)
@@ -234,7 +235,7 @@ def _follow(args: argparse.Namespace, store: Store, executor: HostExecutor, prin
         if failing_since is not None:
             failing_since = None
             print("(answered again: following)", file=sys.stderr)
-        if ended:
+        if ended_at is not None:
             return source, True
         time.sleep(args.interval)
 
@@ -243,8 +244,8 @@ def _finish_run(source: LogSource, printer: _Printer, cursor: Cursor) -> None:
     """Print the end of a run the job has moved on from; when its host does not answer, say so and move on."""
     try:
         _drain(source, printer, cursor)
-    except _unanswered() as exc:
-        if _refused(exc):
+    except _unanswered() as exc:  # a refused key too: the new run may be on a host that answers
+        if _not_a_lost_connection(exc):
             raise
         printer.finish()
         print(f"(the end of run {source.run_id}'s {source.name.removesuffix('.log')} on host {source.host}, from "
@@ -257,11 +258,19 @@ def _unanswered() -> tuple[type[BaseException], ...]:
     will not pass by itself) and a store that does not."""
     import sqlite3
 
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import DBAPIError
 
     from lucid_core.runtime.hosts.executor import HostUnreachable
 
-    return (HostUnreachable, OperationalError, sqlite3.OperationalError)
+    return (HostUnreachable, DBAPIError, sqlite3.OperationalError)
+
+
+def _not_a_lost_connection(exc: BaseException) -> bool:
+    """A database error that is no outage (bad SQL, a constraint): not tried again. An OperationalError is one, and
+    so is any error the driver raised as its connection was lost (PostgreSQL's InterfaceError among them)."""
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    return isinstance(exc, DBAPIError) and not (isinstance(exc, OperationalError) or exc.connection_invalidated)
 
 
 def _error_line(exc: BaseException) -> str:
