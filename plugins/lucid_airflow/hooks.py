@@ -156,12 +156,14 @@ class LucidHook(BaseHook):
             time.sleep(poll_interval)
 
     async def aget_conn(self) -> Store:
-        """The store from inside a trigger: connection lookup and engine set-up stay off the event loop."""
+        """The store from inside a trigger: connection lookup and engine set-up stay off the event loop. It keeps
+        no connection between polls: a triggerer runs every deferred wait of a sweep, and one kept connection
+        each would exhaust a PostgreSQL server's (100 by default) and starve the scheduler."""
         if self._store is None:
             from lucid_core.runtime.store.store import Store
 
             url = await self.astore_url()
-            self._store = await asyncio.to_thread(Store, url, migrate=False)
+            self._store = await asyncio.to_thread(Store, url, migrate=False, pooled=False)
         return self._store
 
     async def aget_job(self, job_id: str) -> dict[str, Any]:

@@ -69,7 +69,8 @@ class LucidJobTrigger(BaseTrigger):
                                         "message": f"Lucid job {self.job_id} still {info['state']} at the task's "
                                                    "execution_timeout"})
                     return
-                self.log.info("Lucid job %s is %s", self.job_id, info["state"])
+                self.log.info("Lucid job %s is %s%s", self.job_id, info["state"],
+                              f" ({info['pending_reason']})" if info.get("pending_reason") else "")
                 wait = self.poll_interval if self.deadline is None else min(self.poll_interval, self.deadline - now)
                 await asyncio.sleep(max(0.0, wait))
         finally:

@@ -353,6 +353,57 @@ def test_trigger_serializes_reports_unknown_jobs_cancels_on_kill_and_fires_on_th
     assert not LucidJobTrigger(job_id=job, cancel_on_kill=False).serialize()[1]["cancel_on_kill"]
 
 
+def test_a_triggerer_full_of_waits_keeps_no_store_connection_between_polls(airflow_db, pg_url, monkeypatch):
+    """Each deferred wait kept its own pooled PostgreSQL connection for as long as its job queued and ran: a
+    sweep of 100 waits got "too many clients already" from the server (default max_connections 100) and starved
+    the scheduling round. Waits now connect per poll: between polls none is held."""
+    import sqlalchemy as sa
+    from lucid_airflow.triggers import LucidJobTrigger
+
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.surfaces.submission import JobRequest, submit
+
+    monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"extra": {"sqlalchemy_url": pg_url},
+                                                             "conn_type": "generic"}))
+    admin = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
+    with admin.begin() as conn:  # a schema-clean database, as the `store_url` fixture gives
+        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
+        conn.execute(sa.text("CREATE SCHEMA public"))
+    store = Store(pg_url)
+    add_host(store, HostSpec("m9", executor="local", telemetry="emulated", gpus=1, workdir="/nonexistent/m9"))
+    jobs = [submit(store, JobRequest("sleep 1", gpus=1, user="ann", vc="default", name=f"sweep-{k}"))
+            for k in range(40)]
+    store.dispose()
+    database = sa.engine.make_url(pg_url).database
+
+    def connections() -> int:
+        with admin.connect() as conn:
+            return conn.scalar(sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d "
+                                       "AND pid <> pg_backend_pid()"), {"d": database})
+
+    async def sweep() -> list[int]:
+        async def wait(job: str) -> None:
+            async for _event in LucidJobTrigger(job_id=job, poll_interval=0.2).run():
+                return
+
+        tasks = [asyncio.ensure_future(wait(job)) for job in jobs]
+        samples = []
+        try:
+            for _ in range(10):  # two seconds of polls, five each
+                await asyncio.sleep(0.2)
+                samples.append(await asyncio.to_thread(connections))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return samples
+
+    samples = asyncio.run(sweep())
+    admin.dispose()
+    assert max(samples) < len(jobs) // 2, samples  # kept: 40 from the first poll on
+
+
 SENSOR_DAG = '''
 from datetime import datetime
 

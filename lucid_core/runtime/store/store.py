@@ -70,13 +70,17 @@ class Store:
 
     fence: Any = None  # the lease whose generation guards this view's writes (see `fenced`)
 
-    def __init__(self, url: str, *, migrate: bool = True, echo: bool = False) -> None:
+    def __init__(self, url: str, *, migrate: bool = True, echo: bool = False, pooled: bool = True) -> None:
+        """`pooled=False`: no connection is kept between sessions (each opens its own and closes it), for a
+        client that reads now and then among many others of its kind (a triggerer's hundreds of job waits)."""
         url = with_installed_driver(url)
         self.url = url
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
         kwargs: dict[str, Any] = {"echo": echo, "future": True, "json_deserializer": stored_json}
-        if url.startswith("postgresql"):
+        if not pooled:
+            kwargs["poolclass"] = sa.pool.NullPool
+        elif url.startswith("postgresql"):
             kwargs["pool_pre_ping"] = True
         self.engine = sa.create_engine(url, **kwargs)
         if self.engine.dialect.name == "sqlite":
