@@ -14,12 +14,13 @@ lease it renews before every fan-out cannot lapse while it works.
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import dag, task
 
-from lucid_core.config import ConfigError, load_config
+from lucid_core.config import ConfigError, load_config, load_live_config
 from lucid_core.runtime.round.deadlines import RoundDeadlines
 
 # "@continuous" runs rounds back to back (the embedded demo); the default is one round a minute.
@@ -27,11 +28,13 @@ ROUND_SCHEDULE = os.environ.get("LUCID_ROUND_SCHEDULE") or timedelta(minutes=1)
 
 
 def _deadlines() -> RoundDeadlines:
-    """The round's time limits from the deployment's config (defaults when it cannot be read)."""
-    path = os.environ.get("LUCID_CONFIG")
+    """The round's time limits from the config its tasks run with (`load_live_config`: LUCID_CONFIG, else
+    LUCID_HOME/lucid.toml, the file the tuner applies to); defaults when it cannot be read, said in the parse log
+    (the round's own tasks then fail saying why)."""
     try:
-        config = load_config(path if path and os.path.isfile(path) else None)
-    except ConfigError:
+        config = load_live_config()
+    except ConfigError as exc:
+        logging.getLogger(__name__).warning("lucid_scheduling_round: default time limits: %s", exc)
         config = load_config(None, env={})
     return RoundDeadlines.from_runtime(config.runtime)
 

@@ -29,11 +29,10 @@ def test_every_dag_parses_without_errors_within_budget():
         assert stat.duration.total_seconds() < PARSE_BUDGET_S, stat
     round_dag = bag.dags["lucid_scheduling_round"]
     assert round_dag.max_active_runs == 1 and not round_dag.catchup
-    from lucid_core.config import load_config
+    from lucid_core.config import load_live_config
     from lucid_core.runtime.round.deadlines import RoundDeadlines
 
-    path = os.environ.get("LUCID_CONFIG")  # what the DAG file reads
-    deadlines = RoundDeadlines.from_runtime(load_config(path if path and os.path.isfile(path) else None).runtime)
+    deadlines = RoundDeadlines.from_runtime(load_live_config().runtime)  # what the round's tasks run with
     for task_id, step in (("reconcile", "reconcile"), ("profile_bind_and_place", "decide"), ("carry_out", "carry_out")):
         assert round_dag.get_task(task_id).execution_timeout.total_seconds() == deadlines.step_timeout_s(step)
     tuner = bag.dags["lucid_system_tuner"]
@@ -41,6 +40,25 @@ def test_every_dag_parses_without_errors_within_budget():
             "update_cadence", "objective", "apply", "trace_path", "window_start"} <= set(tuner.params)
     assert tuner.get_task("simulate_configuration").is_mapped if hasattr(
         tuner.get_task("simulate_configuration"), "is_mapped") else True
+
+
+def test_the_round_dags_time_limits_come_from_the_config_its_tasks_read(lucid_home, monkeypatch):
+    """The DAG file read only LUCID_CONFIG while its tasks read LUCID_HOME/lucid.toml without it (the file the
+    tuner applies to): with host calls given 120 s there, Airflow killed `reconcile` at 316 s while the round
+    allowed itself 1,116 s."""
+    from lucid_core.config import load_config
+    from lucid_core.runtime.round.deadlines import RoundDeadlines
+
+    monkeypatch.delenv("LUCID_CONFIG", raising=False)
+    lucid_home.mkdir(parents=True, exist_ok=True)
+    (lucid_home / "lucid.toml").write_text("[runtime]\nhost_call_deadline_s = 120\n")
+    round_dag = _dagbag().dags["lucid_scheduling_round"]
+    slow = RoundDeadlines.from_runtime(load_config(lucid_home / "lucid.toml").runtime)
+    assert slow.step_timeout_s("reconcile") > RoundDeadlines.from_runtime(load_config(None, env={}).runtime) \
+        .step_timeout_s("reconcile")
+    for task_id, step in (("reconcile", "reconcile"), ("profile_bind_and_place", "decide"), ("carry_out", "carry_out")):
+        assert round_dag.get_task(task_id).execution_timeout.total_seconds() == slow.step_timeout_s(step), task_id
+    assert round_dag.dagrun_timeout.total_seconds() == slow.round_timeout_s + 60
 
 
 def test_dag_files_import_nothing_heavy_at_parse_time():
