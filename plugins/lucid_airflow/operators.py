@@ -66,6 +66,34 @@ def _seconds(limit: timedelta | float | None) -> float | None:
     return limit.total_seconds() if isinstance(limit, timedelta) else limit
 
 
+def _rendered_number(value: Any, kind: type) -> Any:
+    """A templated number as rendered (`"{{ params.gpus }}"` renders to the text "4"): whole-number text (and,
+    for a float, decimal text) as the number, anything else as given for the submission's own check to name."""
+    if isinstance(value, str) and value.strip():
+        try:
+            return kind(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
+def _rendered_limit(limit: Any) -> Any:
+    """`time_limit` as rendered: a timedelta, seconds, or seconds as text from a template."""
+    return _rendered_number(limit, float)
+
+
+def _rendered_env(env: Any) -> dict[str, str]:
+    """`env` as rendered: a mapping (a literal, or an upstream task's output); anything else is refused naming
+    what it was, not read as some other mapping."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise AirflowFailException(f"Lucid refused the job: env: expected a mapping of variable names to values, "
+                                   f"got {type(env).__name__} {str(env)[:80]!r} (with a template, set the DAG's "
+                                   "render_template_as_native_obj=True, or pass an upstream task's output)")
+    return dict(env)
+
+
 class LucidSubmitJobOperator(BaseOperator):
     """Submit a job to the Lucid GPU scheduler and, by default, wait for it to end.
 
@@ -76,30 +104,32 @@ class LucidSubmitJobOperator(BaseOperator):
     cancels the job.
 
     :param command: shell command line (or argv list) run on the GPU hosts; templated
-    :param gpus: GPUs the job needs
-    :param vc: the virtual cluster whose hosts run it; templated
+    :param gpus: GPUs the job needs; templated (whole-number text, as a form's value renders, is read as one)
+    :param vc: the virtual cluster whose hosts run it; templated; defaults to `default` where the fleet has
+        it, else to the fleet's only VC
     :param user: the job's user (the OS user on hosts that run jobs as their submitter); templated;
         defaults to the task's owner
-    :param name: a name people read in the queue; templated; defaults to `dag_id.task_id`
-    :param env: environment variables for the job; templated
+    :param name: a name people read in the queue; templated; defaults to `dag_id.task_id` (`[map index]` added
+        for a mapped task)
+    :param env: environment variables for the job (a mapping); templated, or an upstream task's output
     :param amp: the job trains with mixed precision (a duration-model feature)
     :param long_cold_start: the job needs long to start (the profiler then watches it longer)
     :param preemptible: the job resumes from its own checkpoints, kept on a path every host sees, so Lucid
         may stop it for a much shorter job and start it again
     :param time_limit: the longest the job may run, all its runs together (a timedelta or seconds); past it
         Lucid stops it and it fails (the task with it). Unlike `execution_timeout`, time spent queued does not
-        count
+        count; templated (seconds as text)
     :param wait_for_completion: wait for the job to end; otherwise succeed once it is submitted
     :param deferrable: wait in the triggerer rather than holding a worker slot
     :param poll_interval: seconds between status reads while waiting
     :param lucid_conn_id: the connection to the Lucid store
     """
 
-    template_fields: Sequence[str] = ("command", "name", "env", "user", "vc")
+    template_fields: Sequence[str] = ("command", "name", "env", "user", "vc", "gpus", "time_limit")
     template_fields_renderers: ClassVar[dict[str, str]] = {"env": "json"}
     ui_color = "#e8f1fb"
 
-    def __init__(self, *, command: str | Sequence[str], gpus: int = 1, vc: str = "default",
+    def __init__(self, *, command: str | Sequence[str], gpus: int | str = 1, vc: str | None = None,
                  user: str | None = None, name: str | None = None, env: Mapping[str, str] | None = None,
                  amp: bool = False, long_cold_start: bool = False, preemptible: bool = False,
                  time_limit: timedelta | float | None = None, wait_for_completion: bool = True,
@@ -111,7 +141,7 @@ class LucidSubmitJobOperator(BaseOperator):
         self.vc = vc
         self.user = user
         self.name = name
-        self.env = dict(env or {})
+        self.env = env  # as given: a template or an upstream task's output is rendered before `execute`
         self.amp = amp
         self.long_cold_start = long_cold_start
         self.preemptible = preemptible
@@ -132,10 +162,26 @@ class LucidSubmitJobOperator(BaseOperator):
 
         ti = context["ti"]
         key = task_idempotency_key(context_lineage(context), ti.try_number, str(ti.id))
-        return JobRequest(command=self.command, gpus=self.gpus, user=self.user or self.owner, vc=self.vc,
-                          name=self.name or f"{ti.dag_id}.{ti.task_id}", amp=self.amp,
-                          long_cold_start=self.long_cold_start, preemptible=self.preemptible, env=self.env,
-                          time_limit_s=_seconds(self.time_limit), idempotency_key=key)
+        mapped = f"[{ti.map_index}]" if isinstance(ti.map_index, int) and ti.map_index >= 0 else ""
+        return JobRequest(command=self.command, gpus=_rendered_number(self.gpus, int),
+                          user=self.user or self.owner, vc=self.vc or self._default_vc(),
+                          name=self.name or f"{ti.dag_id}.{ti.task_id}{mapped}", amp=self.amp,
+                          long_cold_start=self.long_cold_start, preemptible=self.preemptible,
+                          env=_rendered_env(self.env), time_limit_s=_seconds(_rendered_limit(self.time_limit)),
+                          idempotency_key=key)
+
+    def _default_vc(self) -> str:
+        """With no `vc`: `default` where the fleet has it (what this operator always sent), else the fleet's only
+        VC; several and none of them `default`: refused naming them."""
+        from lucid_core.runtime.surfaces.submission import only_vc, vc_capacity
+
+        store = self.hook.get_conn()
+        if "default" in vc_capacity(store):
+            return "default"
+        try:
+            return only_vc(store)
+        except ValueError as exc:
+            raise AirflowFailException(f"Lucid refused the job: {exc}; give the operator vc=...") from exc
 
     def execute(self, context: Mapping[str, Any]) -> str:
         try:
@@ -153,7 +199,7 @@ class LucidSubmitJobOperator(BaseOperator):
                 self.job_id = self.hook.submit_job(request)
             except SubmissionError as exc:  # a bad request stays bad on every retry
                 raise AirflowFailException(f"Lucid refused the job: {exc}") from exc
-            self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", self.job_id, self.gpus, self.vc)
+            self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", self.job_id, request.gpus, request.vc)
         context["ti"].xcom_push(key=XCOM_JOB_ID, value=self.job_id)
         if not self.wait_for_completion:
             return self.job_id
@@ -212,7 +258,8 @@ class LucidSubmitJobOperator(BaseOperator):
         if state == JobState.CANCELLED.value:
             raise AirflowFailException(f"{message} (cancelled outside this task: not retried)")
         if state != JobState.COMPLETED.value:
-            raise AirflowException(message)
+            raise AirflowException(f"{message}; its output: lucid logs {job_id} --stderr, or the Lucid job page "
+                                   f"/lucid/jobs/{job_id}")
         self.log.info("%s", message)
         return job_id
 

@@ -77,7 +77,8 @@ class LucidJobTrigger(BaseTrigger):
             await asyncio.to_thread(hook.close)
 
     async def on_kill(self) -> None:
-        """The task was marked failed or cleared while deferred: stop the job too (not on triggerer restarts)."""
+        """The task was marked failed, marked success or cleared while deferred: stop the job too (not on triggerer
+        restarts)."""
         if not self.cancel_on_kill:
             return
         hook = LucidHook(lucid_conn_id=self.lucid_conn_id)

@@ -603,3 +603,51 @@ def test_a_job_cancelled_outside_airflow_fails_the_task_without_a_retry(lucid_st
     jobs = _jobs(lucid_store)
     assert [j.state for j in jobs.values()] == ["CANCELLED"], "a retry submitted the cancelled job again"
     assert _tis(run)["train"].try_number == 1
+
+
+SWEEP_DAG = '''
+from datetime import datetime
+
+from airflow.sdk import DAG, task
+from lucid_airflow.operators import LucidSubmitJobOperator
+
+with DAG("lucid_sweep_check", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+         params={"gpus": 2, "hours": 0.5}):
+    @task
+    def prepare() -> dict:
+        return {"DATA": "/data/shard-7"}
+
+    LucidSubmitJobOperator.partial(task_id="train", user="ann", env=prepare(), gpus="{{ params.gpus }}",
+                                   time_limit="{{ params.hours * 3600 }}", wait_for_completion=False).expand(
+        command=["python train.py --lr 0.1", "python train.py --lr 0.01"])
+'''
+
+
+def test_a_mapped_sweep_takes_env_from_a_task_gpus_from_the_form_and_names_each_job(airflow_db, lucid_home,
+                                                                                       tmp_path, monkeypatch):
+    """A team's sweep as Airflow users write it: `env=` an upstream task's output broke the DAG's import
+    ('XComArg' object is not iterable), `gpus="{{ params.gpus }}"` was refused as text, every job of the sweep
+    had the same name, and a fleet whose one VC is not `default` refused every job."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
+
+    db = lucid_home / "lucid.db"
+    monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))
+    store = Store(f"sqlite:///{db}")
+    add_host(store, HostSpec("m0", executor="local", vc="research", telemetry="emulated", gpus=2,
+                             workdir=str(tmp_path / "m0")))
+    (tmp_path / "sweep_dag.py").write_text(SWEEP_DAG)
+    bag = DagBag(dag_folder=str(tmp_path / "sweep_dag.py"))
+    assert not bag.import_errors, bag.import_errors
+    DagBundlesManager().sync_bundles_to_db()
+    sync_bag_to_db(bag, "dags-folder", None)
+    run = bag.dags["lucid_sweep_check"].test()
+    assert _state(run.state) == "success"
+    jobs = sorted(_jobs(store).values(), key=lambda job: job.name)
+    assert [(j.name, j.gpus, j.vc, j.env, j.time_limit_s) for j in jobs] == [
+        (f"lucid_sweep_check.train[{k}]", 2, "research", {"DATA": "/data/shard-7"}, 1800.0) for k in (0, 1)]
+    assert {j.command for j in jobs} == {"python train.py --lr 0.1", "python train.py --lr 0.01"}
+    store.dispose()
