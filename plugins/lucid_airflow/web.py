@@ -903,10 +903,14 @@ def explanation_text(data: dict[str, Any]) -> str:
 
 
 def _runtime_api(url: str):
+    """The JSON API over the store, never migrating it (the round owns the schema: a GET must not run DDL, and an
+    API server upgraded first must not migrate the store under older rounds)."""
     from lucid_core.config import load_live_config
+    from lucid_core.runtime.store.store import Store
     from lucid_core.runtime.surfaces.api import create_app
 
-    return create_app(url, config=load_live_config(), executor=lambda: host_executor(HOST_READ_DEADLINE_S))
+    return create_app(url, config=load_live_config(), store=Store(url, migrate=False),
+                      executor=lambda: host_executor(HOST_READ_DEADLINE_S))
 
 
 class _LazyApp:

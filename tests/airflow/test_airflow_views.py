@@ -354,3 +354,21 @@ def test_pages_and_api_warn_when_rounds_have_stalled(lucid_home, tmp_path, monke
         cancel(store, running)
         rounds_until(lambda: status(store, running)["state"] == "CANCELLED")
         store.dispose()
+
+
+def test_the_plugins_api_never_migrates_the_store(lucid_home):
+    """The first /lucid/api request, a Viewer's GET too, created and migrated the Lucid tables in whatever database
+    `lucid_db` named (the Airflow metadata database, by a typo); the round owns the schema."""
+    import sqlalchemy as sa
+    from fastapi.testclient import TestClient
+    from lucid_airflow.web import create_lucid_app
+
+    lucid_home.mkdir(parents=True, exist_ok=True)
+    path = lucid_home / "not-a-store.db"
+    sa.create_engine(f"sqlite:///{path}").dispose()
+    client = TestClient(create_lucid_app(lambda: f"sqlite:///{path}", lambda: lucid_home / "reports",
+                                         protect=False), raise_server_exceptions=False)
+    assert client.get("/api/queue").status_code != 200
+    engine = sa.create_engine(f"sqlite:///{path}")
+    assert sa.inspect(engine).get_table_names() == []
+    engine.dispose()
