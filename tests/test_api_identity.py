@@ -62,3 +62,27 @@ def test_a_retried_submission_with_the_same_idempotency_key_makes_one_job(tmp_pa
     assert bad.status_code == 422 and "idempotency_key" in bad.json()["errors"]
     assert len(client.get("/queue", headers=ana).json()) == 3
     store.dispose()
+
+
+def test_a_jobs_output_is_read_only_by_its_user_and_operators(tmp_path):
+    """Training logs carry tokens and paths: the logs endpoint answers the job's user and operators, and refuses
+    anyone else naming the rule, as cancelling does. Served without identity, it answers everyone, as before."""
+    store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
+    add_host(store, HostSpec("m0", executor="local", vc="vc-a", gpus=1, workdir=str(tmp_path / "m0")))
+    client = TestClient(create_app(store.url, store=store, auth=identity))
+    as_ = lambda who: {"Authorization": f"Bearer {who}-token"}  # noqa: E731
+    body = {"command": "sleep 1", "gpus": 1, "vc": "vc-a"}
+    job = client.post("/jobs", json=body, headers=as_("ana")).json()["job_id"]
+
+    refused = client.get(f"/jobs/{job}/logs", headers=as_("bob"))
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["detail"] == (f"the output of job {job} (its stdout and stderr) is ana's: only ana and "
+                                        "operators may read it")
+    for who in ("ana", "ops"):
+        mine = client.get(f"/jobs/{job}/logs", headers=as_(who))
+        assert mine.status_code == 200 and mine.json()["problem"] == "no run of it has started", (who, mine.text)
+    assert client.get(f"/jobs/{job}", headers=as_("bob")).status_code == 200, "its status stays public"
+    assert client.get("/jobs/j999999/logs", headers=as_("bob")).status_code == 404
+    anonymous = TestClient(create_app(store.url, store=store)).get(f"/jobs/{job}/logs")
+    assert anonymous.status_code == 200 and anonymous.json()["problem"] == "no run of it has started"
+    store.dispose()

@@ -2,7 +2,8 @@
 
 Pages are plain server-rendered HTML (no JavaScript, inline CSS) read from the Lucid store and the
 report directory; the runtime's JSON API is mounted under /lucid/api. The auth middleware refuses
-every request Airflow does not authenticate, the mounted API included.
+every request Airflow does not authenticate, the mounted API included, and names the caller: a job's output is
+shown only to its user and to operators. A store that cannot be read is a 503 page saying why.
 """
 
 from __future__ import annotations
@@ -144,7 +145,20 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
     @app.exception_handler(ConnectionProblem)
     async def store_unusable(request: Request, exc: ConnectionProblem) -> HTMLResponse:
         """A store connection the pages cannot use (a conn type no store has), named on a page: not a bare 500."""
-        return error_response(StarletteHTTPException(503, f"The Lucid store cannot be opened: {exc}"), prefix)
+        return store_down_page(f"The Lucid store cannot be opened: {exc}", prefix)
+
+    from sqlalchemy.exc import DBAPIError
+
+    @app.exception_handler(DBAPIError)
+    async def store_unreadable(request: Request, exc: DBAPIError) -> HTMLResponse:
+        """A store the pages cannot read (its server down, a wrong database, no tables yet) named on a 503 page,
+        not a bare 500; any other database error stays a server error."""
+        from lucid_core.runtime.store.unreadable import unreadable_words
+
+        words = unreadable_words(store().url, exc)
+        if words is None:
+            raise exc
+        return store_down_page(words, prefix)
 
     @cache
     def store():
@@ -284,8 +298,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
         return page("Job history", body, prefix)
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
-    def job_detail(job_id: str) -> HTMLResponse:
-        from lucid_core.runtime.surfaces.host_reads import log_tail
+    def job_detail(job_id: str, request: Request) -> HTMLResponse:
         from lucid_core.runtime.surfaces.job_views import ACTIVE_STATES
         from lucid_core.runtime.surfaces.queries import job_record, status
         from lucid_core.runtime.surfaces.submission import UnknownJob
@@ -296,8 +309,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
             record = job_record(db, job_id)
         except UnknownJob:
             raise HTTPException(404, f"There is no job {job_id} in the Lucid store.") from None
-        with host_executor(host_read_deadline_s) as executor:
-            tail = log_tail(db, executor, job_id, deadline_s=host_read_deadline_s)
+        output = _output_section(db, job_id, data["user"], request, host_read_deadline_s)
         now = db.now()
         facts = _job_facts(data, record.job, _eta_cell(db, job_id, record.job, now), prefix)
         explanation = _explanation(store_url(), job_id)
@@ -305,7 +317,7 @@ def create_lucid_app(store_url: Callable[[], str], reports_root: Callable[[], Pa
                                                                  esc(d.status)] for d in record.decisions],
                     "decisions")
         stalled = _stalled_banner(db) if data["state"] in ACTIVE_STATES else ""
-        body = (f"{stalled}{facts}<h2>Output</h2>{_log_html(tail, job_id)}"
+        body = (f"{stalled}{facts}<h2>Output</h2>{output}"
                 f"<h2>State history</h2>{_state_history(record.events)}"
                 f"<h2>Why it is where it is</h2><pre id='explanation'>{esc(explanation)}</pre>"
                 f"<h2>Runs</h2>{_runs_table(data['runs'])}<h2>Decisions</h2>{dec}")
@@ -573,6 +585,14 @@ def _quoted(value: Any) -> str:
     return f"'{text[:SHOWN_INPUT_CHARS]}...'" if len(text) > SHOWN_INPUT_CHARS else f"'{text}'"
 
 
+def store_down_page(words: str, prefix: str) -> HTMLResponse:
+    """A 503 as a page of the UI: the Lucid store cannot be opened or read, and why (`words`, plain text)."""
+    response = page("Lucid store unavailable", f"<p class='hint bad' id='store-unavailable'>{shown(words)}</p>",
+                    prefix)
+    response.status_code = 503
+    return response
+
+
 def error_response(exc: StarletteHTTPException, prefix: str) -> HTMLResponse:
     """Any other HTTP error of a page, as a page of the UI with its status (and headers, e.g. Allow)."""
     response = page(f"Error {exc.status_code}", f"<p class='hint bad' id='error'>{shown(str(exc.detail))}</p>",
@@ -701,6 +721,28 @@ def _eta_cell(store: Any, job_id: str, job: Any, now: float) -> str:
         basis += (f"; predicted duration {esc(duration_words(eta.predicted_duration))}"
                   + (f" by {esc(source)}" if source else " by the current duration model"))
     return f"<span id='eta'><b>{esc('; '.join(parts))}</b><br><span class='muted'>{basis}</span></span>"
+
+
+def _output_section(db: Any, job_id: str, owner: str, request: Request, deadline_s: float) -> str:
+    """The job page's output: its last log lines, read from its host, for its user and operators (or anyone
+    when the app runs without Airflow's auth); for others a note whose output it is, read from no host."""
+    from lucid_core.runtime.surfaces.host_reads import log_tail
+    from lucid_core.runtime.surfaces.output_access import may_read_output
+
+    user = getattr(request.state, "lucid_user", None)
+    if not may_read_output(owner, user, bool(getattr(request.state, "lucid_operator", False))):
+        return _withheld_html(job_id, owner)
+    with host_executor(deadline_s) as executor:
+        return _log_html(log_tail(db, executor, job_id, deadline_s=deadline_s), job_id)
+
+
+def _withheld_html(job_id: str, owner: str) -> str:
+    """The note in place of a job's output for a caller who may not read it (training logs carry secrets)."""
+    from lucid_core.runtime.surfaces.output_access import output_rule
+
+    rule = output_rule(job_id, owner)
+    return (f"<p class='hint' id='output-withheld'>Not shown: {shown(rule)} (operators: Airflow users who may edit "
+            "Airflow's configuration, such as the Op and Admin roles).</p>")
 
 
 def _log_html(tail: Any, job_id: str) -> str:
@@ -902,15 +944,29 @@ def explanation_text(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+class StoreUnreadable(RuntimeError):
+    """The runtime API could not be built: its store cannot be read (the words say where and why)."""
+
+
 def _runtime_api(url: str):
-    """The JSON API over the store, never migrating it (the round owns the schema: a GET must not run DDL, and an
-    API server upgraded first must not migrate the store under older rounds)."""
+    """The runtime's JSON API on the store at `url`, never migrating it (the round owns the schema: a GET must not
+    run DDL, and an API server upgraded first must not migrate the store under older rounds); StoreUnreadable when
+    opening it finds the store unreadable (a request that finds it so is answered a JSON 503 by the API itself)."""
+    from sqlalchemy.exc import DBAPIError
+
     from lucid_core.config import load_live_config
     from lucid_core.runtime.store.store import Store
+    from lucid_core.runtime.store.unreadable import unreadable_words
     from lucid_core.runtime.surfaces.api import create_app
 
-    return create_app(url, config=load_live_config(), store=Store(url, migrate=False),
-                      executor=lambda: host_executor(HOST_READ_DEADLINE_S))
+    try:
+        return create_app(url, config=load_live_config(), store=Store(url, migrate=False),
+                          executor=lambda: host_executor(HOST_READ_DEADLINE_S))
+    except DBAPIError as exc:
+        words = unreadable_words(url, exc)
+        if words is None:
+            raise
+        raise StoreUnreadable(words) from exc
 
 
 class _LazyApp:
@@ -928,9 +984,10 @@ class _LazyApp:
 
             try:
                 self.app = self.factory()
-            except (ImportError, ConnectionProblem) as exc:  # built again at the next request, once mended
+            except (ImportError, ConnectionProblem, StoreUnreadable) as exc:  # built again at the next request
                 from starlette.responses import JSONResponse
 
-                await JSONResponse({"detail": f"runtime API unavailable: {exc}"}, status_code=503)(scope, receive, send)
+                detail = str(exc) if isinstance(exc, StoreUnreadable) else f"runtime API unavailable: {exc}"
+                await JSONResponse({"detail": detail}, status_code=503)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
+import pytest
 from lucid_af_support import SAMPLE_TRACE
 
 
@@ -183,6 +185,63 @@ def test_empty_models_and_drift_pages_say_how_they_get_filled(lucid_home):
     assert "id='models-hint'" in models and "lucid_update_engine" in models
     drift = client.get("/drift").text
     assert "id='drift-hint'" in drift and "lucid_update_engine" in drift
+
+
+STORE_PAGES = ("/queue", "/running", "/jobs", "/jobs/j000001", "/models")
+STORE_PASSWORD = "Pw-pages-3b9d"  # a recognisable secret: it must never show up on a page
+
+
+def _store_down_pages(url: str, reports: Path, words: str) -> None:
+    """Each page reading the store answers a 503 page of the UI (navigation, heading) with `words`, not a bare 500."""
+    import html
+
+    from fastapi.testclient import TestClient
+    from lucid_airflow.web import create_lucid_app
+
+    client = TestClient(create_lucid_app(lambda: url, lambda: reports, protect=False), raise_server_exceptions=False)
+    for path in STORE_PAGES:
+        reply = client.get(path, headers={"accept": "text/html"})
+        assert reply.status_code == 503 and reply.headers["content-type"].startswith("text/html"), (path, reply.text)
+        assert reply.text.startswith("<!doctype html>") and "<nav>" in reply.text, reply.text
+        assert "<h1>Lucid store unavailable</h1>" in reply.text
+        assert f"<p class='hint bad' id='store-unavailable'>{html.escape(words)}" in reply.text, reply.text
+        assert STORE_PASSWORD not in reply.text
+
+
+def test_pages_and_api_say_a_store_that_cannot_be_reached_without_its_password(tmp_path):
+    """A PostgreSQL server down (or a wrong database): a 503 page and a JSON 503 at /api saying where and why,
+    never the URL's password. They answered a bare text/plain 500 "Internal Server Error"."""
+    import socket
+
+    from fastapi.testclient import TestClient
+    from lucid_airflow.web import create_lucid_app
+
+    with socket.socket() as probe:  # a loopback port nothing listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql+psycopg2://lucid:{STORE_PASSWORD}@127.0.0.1:{port}/lucid"
+    _store_down_pages(url, tmp_path, f"The Lucid store at 127.0.0.1:{port}/lucid cannot be read: ")
+    client = TestClient(create_lucid_app(lambda: url, lambda: tmp_path, protect=False), raise_server_exceptions=False)
+    for path in ("/api/queue", "/api/jobs/j000001/logs"):  # the API built at the first request, then in use
+        reply = client.get(path)
+        assert reply.status_code == 503 and reply.headers["content-type"] == "application/json", (path, reply.text)
+        detail = reply.json()["detail"]
+        assert detail.startswith(f"The Lucid store at 127.0.0.1:{port}/lucid cannot be read: "), detail
+        assert "refused" in detail and STORE_PASSWORD not in reply.text
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_pages_say_a_store_never_set_up_and_how_to_set_it_up(tmp_path, kind, request):
+    """A store with no tables yet (nothing has migrated it): each page says so and what creates them."""
+    if kind == "sqlite":
+        url, place = f"sqlite:///{tmp_path / 'empty.db'}", str(tmp_path / "empty.db")
+    else:
+        from sqlalchemy.engine import make_url
+
+        url = request.getfixturevalue("pg_url")  # a fresh, empty database (skipped without a server)
+        parts = make_url(url)
+        place = f"{parts.host}:{parts.port}/{parts.database}"
+    _store_down_pages(url, tmp_path, f"The Lucid store at {place} is not set up yet: it has no tables (")
 
 
 def test_api_reference_is_served_without_internet(lucid_home):

@@ -177,6 +177,73 @@ def test_every_plugin_route_refuses_forged_tokens_and_roles_without_the_right(tm
             assert code not in (401, 403), (key, code)
 
 
+OUTPUT_SCRIPT = """
+import json, sys
+sys.path.insert(0, {plugins!r})
+from pathlib import Path
+from fastapi.testclient import TestClient
+from airflow.api_fastapi.app import init_auth_manager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow import settings
+from airflow.models.revoked_token import RevokedToken
+from lucid_airflow.web import create_lucid_app
+
+RevokedToken.__table__.create(settings.engine, checkfirst=True)  # the only metadata table token checks read
+manager = init_auth_manager()
+client = TestClient(create_lucid_app(lambda: {url!r}, lambda: Path({root!r})))
+seen = {{}}
+for name, role in {people!r}.items():
+    bearer = {{"Authorization": "Bearer " + manager.generate_jwt(SimpleAuthManagerUser(username=name, role=role))}}
+    for what, path in (("page", "/jobs/{job}"), ("logs", "/api/jobs/{job}/logs"), ("status", "/api/jobs/{job}"),
+                       ("explain", "/api/jobs/{job}/explain")):
+        reply = client.get(path, headers=bearer)
+        seen[name + " " + what] = [reply.status_code, reply.text]
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.airflow
+def test_a_jobs_output_is_shown_only_to_its_user_and_operators(tmp_path):
+    """Real Airflow JWTs (simple auth manager, in a child): a job's stdout and stderr carry tokens and paths, so its
+    page shows them to its user and to operators only; another user or a viewer sees the rest of the page with a
+    note whose output it is and who may read it, and the API's logs answer them 403 naming the rule. Its status and
+    explanation carry no log text."""
+    pytest.importorskip("airflow")
+    store, job = _ended_job(tmp_path, 'echo "token=$((6*7))-secret"; echo "path=/home/ann/$((6*7))-key" >&2', "ann")
+    store.dispose()
+    people = {"ann": "user", "bo": "user", "vic": "viewer", "ops": "op"}
+    script = OUTPUT_SCRIPT.format(plugins=str(REPO / "plugins"), url=store.url, root=str(tmp_path), job=job,
+                                  people=people)
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+           "AIRFLOW__CORE__AUTH_MANAGER":
+               "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{n}:{r}" for n, r in people.items()),
+           "AIRFLOW__API_AUTH__JWT_SECRET": "reliability-test-secret-" + "x" * 16,
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    secrets = ("token=42-secret", "/home/ann/42-key")
+    rule = f"the output of job {job} (its stdout and stderr) is ann's: only ann and operators may read it"
+    for who in ("ann", "ops"):
+        page, logs = seen[f"{who} page"], seen[f"{who} logs"]
+        assert page[0] == 200 and all(secret in page[1] for secret in secrets), (who, page)
+        assert logs[0] == 200 and all(secret in logs[1] for secret in secrets), (who, logs)
+        assert "id='output-withheld'" not in page[1]
+    for who in ("bo", "vic"):
+        page, logs = seen[f"{who} page"], seen[f"{who} logs"]
+        assert page[0] == 200 and not any(secret in page[1] for secret in secrets), (who, page)
+        assert f"<p class='hint' id='output-withheld'>Not shown: {rule}" in page[1].replace("&#x27;", "'"), page
+        assert "id='stdout'" not in page[1] and "<h2>State history</h2>" in page[1], "the rest of the page stays"
+        assert logs[0] == 403 and json.loads(logs[1])["detail"] == rule, (who, logs)
+    for key, (code, text) in seen.items():
+        if key.endswith(("status", "explain")):
+            assert code == 200 and not any(secret in text for secret in secrets), (key, code, text)
+
+
 # ------------------------------------------------------------------------------------------ traversal
 def test_plugin_file_routes_stay_inside_the_reports_directory(tmp_path):
     sys.path.insert(0, str(REPO / "plugins"))
@@ -216,6 +283,11 @@ def test_log_reads_refuse_names_and_ids_that_leave_the_run_directory():
 def _finished_job_with(tmp_path: Path, body: str) -> tuple[Store, str]:
     """A real job on a local host whose command `body` runs in its run's control directory (reached on
     purpose: its working directory is elsewhere), then ends."""
+    return _ended_job(tmp_path, f'echo own output; cd "$LUCID_WORKDIR/../../$LUCID_RUN_ID" && {body}', "mallory")
+
+
+def _ended_job(tmp_path: Path, command: str, user: str, wait_s: float = 60.0) -> tuple[Store, str]:
+    """A real job of `user` running `command` on a local host, run by scheduling rounds until it has ended."""
     from runtime_helpers import SETTINGS, fast_config
 
     from lucid_core.runtime.round.scheduling_round import SchedulingRound
@@ -223,10 +295,9 @@ def _finished_job_with(tmp_path: Path, body: str) -> tuple[Store, str]:
     store = Store(f"sqlite:///{tmp_path / 'lucid.db'}")
     add_host(store, HostSpec("m0", executor="local", vc="vc-a", telemetry="emulated", gpus=1,
                              workdir=str(tmp_path / "runs")))
-    job = submit(store, JobRequest(f'echo own output; cd "$LUCID_WORKDIR/../../$LUCID_RUN_ID" && {body}', 1,
-                                   "mallory", "vc-a"))
+    job = submit(store, JobRequest(command, 1, user, "vc-a"))
     config = fast_config(**{"profiler.enabled": False})
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + wait_s
     while True:
         SchedulingRound(store, local_executor(), config, SETTINGS).run()
         with store.session() as s:

@@ -2,7 +2,9 @@
 
 create_app(store_url, auth=...) takes any FastAPI dependency as `auth`; it guards every route.
 When the auth layer names the caller (`request.state.lucid_user`), jobs are submitted as that
-user and only that user's jobs may be cancelled, unless `request.state.lucid_operator` is true.
+user and only that user's jobs may be cancelled or have their output (logs) read, unless
+`request.state.lucid_operator` is true. A store that cannot be read (its server down, a wrong database, no tables
+yet) is a JSON 503 saying so, not a bare 500.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import DBAPIError
 
 from lucid_core.config import LucidConfig, load_live_config
 from lucid_core.runtime.hosts.executor import HostExecutor
 from lucid_core.runtime.hosts.inventory import list_hosts
 from lucid_core.runtime.store.store import Store
+from lucid_core.runtime.store.unreadable import unreadable_words
 from lucid_core.runtime.surfaces import prometheus, queries
 from lucid_core.runtime.surfaces.eta import estimate
 from lucid_core.runtime.surfaces.explain import explain
+from lucid_core.runtime.surfaces.output_access import may_read_output, output_rule
 from lucid_core.runtime.surfaces.submission import (
     JobRequest,
     SubmissionError,
@@ -104,6 +109,15 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
         from lucid_core.runtime.surfaces.api_docs import api_reference_html
 
         return HTMLResponse(api_reference_html(app.openapi(), request.scope.get("root_path", "")))
+
+    @app.exception_handler(DBAPIError)
+    async def store_unreadable(request: Request, exc: DBAPIError) -> JSONResponse:
+        """A store that cannot be read (unreachable, a wrong database, never set up) as a JSON 503 saying why; any
+        other database error stays a server error."""
+        words = unreadable_words(store.url, exc)
+        if words is None:
+            raise exc
+        return JSONResponse(status_code=503, content={"detail": words})
     router = APIRouter(dependencies=[Depends(auth)] if auth is not None else [])
 
     def known(job_id: str) -> None:
@@ -124,6 +138,13 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
     def caller(request: Request) -> tuple[str | None, bool]:
         """(authenticated user name or None when the app runs without identity, may act for others)."""
         return getattr(request.state, "lucid_user", None), bool(getattr(request.state, "lucid_operator", False))
+
+    def output_readable(job_id: str, request: Request) -> None:
+        """403 naming the rule unless the caller may read the job's output (`may_read_output`)."""
+        user, operator = caller(request)
+        owner = queries.status(store, job_id)["user"]
+        if not may_read_output(owner, user, operator):
+            raise HTTPException(status_code=403, detail=output_rule(job_id, owner))
 
     @router.post("/jobs", status_code=201)
     def submit_job(body: SubmitBody, request: Request,
@@ -244,12 +265,14 @@ def create_app(store_url: str | None = None, *, config: LucidConfig | None = Non
             raise HTTPException(status_code=422, detail=f"job {job_id!r}: {exc}") from exc
 
     @router.get("/jobs/{job_id}/logs")
-    def get_logs(job_id: str, lines: int = Query(100, ge=1, le=MAX_LOG_LINES)) -> Any:
+    def get_logs(job_id: str, request: Request, lines: int = Query(100, ge=1, le=MAX_LOG_LINES)) -> Any:
         """The last `lines` of the stdout and stderr of the job's latest run, as a terminal shows them (a
-        progress bar's last state), read from its host; `problem` says why they could not be read."""
+        progress bar's last state), read from its host; `problem` says why they could not be read. Only the job's
+        user and operators may read them (a 403 for anyone else) when the auth layer names the caller."""
         from lucid_core.runtime.surfaces.host_reads import log_tail
 
         known(job_id)
+        output_readable(job_id, request)
         with executor() as reads:
             return asdict(log_tail(store, reads, job_id, lines=lines, read_bytes=LOG_READ_BYTES))
 
