@@ -118,6 +118,13 @@ class InputShift:
         return max(self.noise, self.spread)
 
 
+#: what a model's errors (MAE) are measured in, for a reader of the alert
+ERROR_UNITS = {
+    "duration": "absolute error of log(1 + duration in seconds): 0.1 is about 10% off, 0.69 a factor of 2",
+    "throughput": "GPU jobs submitted per forecast slot, absolute",
+}
+
+
 @dataclass(frozen=True)
 class DriftReport:
     """The numbers behind one drift check and whether they cross the configured thresholds."""
@@ -164,10 +171,12 @@ class DriftReport:
 
     @property
     def body(self) -> str:
+        unit = ERROR_UNITS.get(self.model)
         lines = [
             f"Model: {self.model}",
             f"Reference MAE: {self.reference_mae:.4g} on {self.reference_rows} rows",
             f"Recent MAE: {self.recent_mae:.4g} on {self.recent_rows} rows",
+            *([f"Error unit: {unit}"] if unit else []),
             f"Error ratio: {self.mae_ratio:.3f} (alert above {self.mae_ratio_threshold:.3f})"
             + (" -> ALERT" if self.error_drift else ""),
             f"Input shift (PSI, alert above {self.psi_threshold:.3f}):",
@@ -254,6 +263,17 @@ def alert_recipients(text: str) -> list[str]:
     return addresses
 
 
+def _version_line(report: Mapping) -> str:
+    """Which version of the model was checked (the one serving before this run), when the report says."""
+    from html import escape
+
+    version = report.get("version")
+    if version is None:
+        return ""
+    return (f"<p>Checked: version {escape(str(version))}, the one serving before this run (a version this run "
+            "promoted is on the models page).</p>")
+
+
 def alert_message(reports: Sequence[Mapping]) -> tuple[str, str] | None:
     """Subject and HTML body of the drift alert for the ones of `reports` that alert (dicts as
     `lucid_core.update.drift_reports` returns them: `alert`, `subject`, `body`; `drifted` where `alert` is
@@ -266,6 +286,11 @@ def alert_message(reports: Sequence[Mapping]) -> tuple[str, str] | None:
     if not drifted:
         return None
     subject = "; ".join(str(r["subject"]) for r in drifted)
-    body = "".join(f"<h3>{escape(str(r['subject']))}</h3><pre>{escape(str(r['body']))}</pre>" for r in drifted)
+    body = "".join(f"<h3>{escape(str(r['subject']))}</h3>{_version_line(r)}<pre>{escape(str(r['body']))}</pre>"
+                   for r in drifted)
+    body += ("<p>What to do: the Lucid drift page (/lucid/drift) keeps every check, the models page (/lucid/models) "
+             "the versions and what this run promoted. A full retrain (the lucid_update_engine DAG with mode=full) "
+             "fits the recent jobs; if the error stays high after it, the jobs themselves changed (new users, "
+             "GPU counts or codes): look at the inputs named above.</p>")
     return (subject.replace("{", "(").replace("}", ")"),
             body.replace("{", "&#123;").replace("}", "&#125;"))

@@ -166,6 +166,18 @@ def test_alert_message_is_none_without_drift_and_escapes_template_braces():
     assert "{" not in body and "&lt;" in body
 
 
+def test_the_alert_says_the_errors_unit_the_version_checked_and_what_to_do():
+    """The mail gave a duration MAE of 1.05 with no unit (it is log-seconds: read as seconds it looks harmless), did
+    not say which version drifted while the same run had promoted another, and gave no next step."""
+    from lucid_core.alerts import alert_message, check_drift
+
+    report = check_drift("duration", [0.3] * 30, [1.2] * 30, {"gpus": [1.0] * 30}, {"gpus": [1.0] * 30})
+    assert "Error unit: absolute error of log(1 + duration in seconds)" in report.body
+    _, body = alert_message([report.to_dict() | {"body": report.body, "version": 3}])
+    assert "Checked: version 3, the one serving before this run" in body
+    assert "/lucid/drift" in body and "mode=full" in body
+
+
 def test_seeded_history_ends_more_than_a_week_before_now_on_the_traces_weekdays(tmp_path):
     demo = load_demo()
     (tmp_path / "lucid").mkdir()
