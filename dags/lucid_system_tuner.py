@@ -11,6 +11,7 @@ value. The report (verdict, table with the current row first, plots) is kept und
 LUCID_HOME/reports/tuner/<run id> and shown by the Lucid plugin at /lucid/tuner. It says "keep the
 current configuration" when no configuration beats it by more than that noise. The apply step
 writes the best configuration only when the `apply` parameter is on and the report proposes a change.
+A run whose store window holds no finished job (a quiet week) is skipped by its first task, with the reason.
 """
 
 from __future__ import annotations
@@ -109,14 +110,16 @@ def lucid_system_tuner():
     @task
     def expand_grid(params=None, dag_run=None, dag=None) -> list[dict]:
         """One item per configuration of the grid (the unit each mapped task simulates); the run's inputs are
-        checked first, so a typo or a file it may not read fails before any simulating."""
+        checked first, so a typo or a file it may not read fails before any simulating, and a store window with
+        no finished job (a quiet week) skips the run, saying so, instead of failing every mapped task."""
+        from airflow.sdk.exceptions import AirflowSkipException
         from lucid_airflow.run_inputs import (
             checked_trace_path,
             refuse_unknown_conf,
             refuse_unreadable_window,
             refuse_window_without_trace,
         )
-        from lucid_airflow.tuning import current_config, load_tuner_trace, tuner_fleet, tuner_window
+        from lucid_airflow.tuning import NothingToReplay, current_config, load_tuner_trace, tuner_fleet, tuner_window
 
         from lucid_core.tuner import GRID_KNOBS, sweep_grid_with_configurations, sweep_items
 
@@ -126,14 +129,17 @@ def lucid_system_tuner():
         if params.get("trace_path"):
             checked_trace_path(params["trace_path"])
             refuse_unreadable_window(params)
-            load_tuner_trace(params)  # read once here: a wrong trace_format or an empty window fails no mapped task
         configs = sweep_grid_with_configurations({name: params.get(name) for name in GRID_KNOBS},
                                                  params.get("around") or [], current_config(),
                                                  most=params["max_configurations"]).configs
         if len(configs) > params["max_configurations"]:
             raise ValueError(f"{len(configs)} configurations exceed max_configurations={params['max_configurations']}")
-        fleet = tuner_fleet(params)  # one snapshot of the inventory and of the window for every mapped task
-        window = tuner_window(params)
+        window = tuner_window(params)  # one snapshot of the store's window for every mapped task
+        try:  # read once here, after the grid's checks: a wrong trace_format or an empty window fails no mapped task
+            load_tuner_trace(params, window)
+        except NothingToReplay as exc:  # a quiet week: nothing to tune on is no failure
+            raise AirflowSkipException(str(exc)) from None
+        fleet = tuner_fleet(params)  # one snapshot of the inventory for every mapped task
         return [{**item, "fleet": fleet, "window": window} for item in sweep_items(configs)]
 
     @task(map_index_template="{{ lucid_config_label }}")

@@ -238,3 +238,17 @@ def test_a_window_of_only_odd_jobs_says_they_were_left_out_not_that_there_were_n
     monkeypatch.setattr(lucid_airflow.connections, "store_url", lambda *_: store_url)
     with pytest.raises(ValueError, match=f"can be replayed: {NORMAL} stored jobs left out: non-finite or impossible"):
         load_tuner_trace({"window_days": 7})
+
+
+def test_an_empty_store_window_says_so_in_utc_as_the_quiet_week_the_dag_skips(store_url, monkeypatch):
+    """A window with no finished job raises NothingToReplay (the System Tuner's first task skips the run on it),
+    its time in UTC with the zone: time.ctime gave the worker's local time, with no zone, in every mapped task."""
+    monkeypatch.syspath_prepend(str(REPO / "plugins"))
+    import lucid_airflow.connections
+    from lucid_airflow.tuning import NothingToReplay, load_tuner_trace
+
+    _seed(store_url, {})  # every job finished within the last hour: none in 1970
+    monkeypatch.setattr(lucid_airflow.connections, "store_url", lambda *_: store_url)
+    with pytest.raises(NothingToReplay) as raised:
+        load_tuner_trace({"window_days": 7}, {"since": 86400.0, "until": 2 * 86400.0})
+    assert str(raised.value) == "the store has no finished job since 1970-01-02 00:00:00 UTC: nothing to replay"

@@ -41,9 +41,19 @@ def tuner_window(params: Mapping[str, Any]) -> dict[str, float] | None:
     return {"since": until - float(params.get("window_days", 7)) * 86400.0, "until": until}
 
 
+class NothingToReplay(ValueError):
+    """The store window holds no finished job at all: a quiet week, for the DAG to skip the run on (a window of only
+    jobs the simulator cannot replay is a plain ValueError: data to look at, not a week to skip)."""
+
+
+def utc_text(stamp: float) -> str:
+    """A time for messages, in UTC and saying so: time.ctime gave the worker's local time with no zone."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
+
+
 def load_tuner_trace(params: Mapping[str, Any], window: Mapping[str, float] | None = None):
     """The trace records a sweep replays: a file window, or the store's finished jobs of `window` (by default
-    the last window_days up to now)."""
+    the last window_days up to now). NothingToReplay when the store window holds no finished job."""
     if params.get("trace_path"):
         from lucid_airflow.run_inputs import checked_trace_path
         from lucid_core.sim.traces import read_trace
@@ -65,8 +75,8 @@ def load_tuner_trace(params: Mapping[str, Any], window: Mapping[str, float] | No
         if odd:  # finished jobs there were, but none the simulator can replay: say so, not "none"
             from lucid_core.tuner import odd_jobs_text
 
-            raise ValueError(f"no finished job since {time.ctime(since)} can be replayed: {odd_jobs_text(odd)}")
-        raise ValueError(f"the store has no finished job since {time.ctime(since)}: nothing to replay")
+            raise ValueError(f"no finished job since {utc_text(since)} can be replayed: {odd_jobs_text(odd)}")
+        raise NothingToReplay(f"the store has no finished job since {utc_text(since)}: nothing to replay")
     return records
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from email import message_from_bytes
 from pathlib import Path
@@ -182,6 +183,29 @@ def test_tuner_with_the_forms_defaults_replays_the_store_on_the_live_inventory(a
     assert summary["configurations"] == 8 and summary["noise"]["draws"] == 3
     assert all(r["metrics"]["jobs"] == seeded for r in summary["ranked"])
     assert summary["verdict"] and summary["current"]["result"]["metrics"]["jobs"] == seeded
+
+
+def test_a_scheduled_tuner_run_on_a_quiet_week_skips_in_its_first_task(airflow_db, lucid_home, monkeypatch, capfd):
+    """Hosts, but no job finished in the last 7 days: expand_grid passed and each of the ~11 mapped tasks failed
+    "nothing to replay" (in the worker's local time, no zone). The first task reads the window once and skips the
+    run, saying why in UTC; no mapped task runs."""
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
+
+    url = _store_connection(lucid_home, monkeypatch)
+    seed_finished_jobs(url, limit=30)  # March 2024: long before the scheduled run's 7-day window
+    store = Store(url)
+    for name, pool in (("prof0", "profiling"), ("main0", "main")):
+        add_host(store, HostSpec(name, pool=pool, executor="local", telemetry="emulated", gpus=2,
+                                 workdir=str(lucid_home / name)))
+    store.dispose()
+    run = _dagbag().dags["lucid_system_tuner"].test(run_conf={})  # a scheduled run's conf
+    states = _ti_states(run)
+    assert states["expand_grid"] == ["skipped"], states
+    assert all(state == "skipped" for task, ran in states.items() for state in ran), states
+    out = capfd.readouterr()
+    assert re.search(r"the store has no finished job since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: nothing to replay",
+                     out.out + out.err), (out.out + out.err)[-3000:]
 
 
 class _Inbox:
