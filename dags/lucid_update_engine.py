@@ -5,6 +5,11 @@ extract (job log + submissions per slot from the store) -> validate (Great Expec
 include/gx; bad rows quarantined and reported; training refused when the batch fails) -> train ->
 evaluate against the promoted model on the most recent data -> promote or keep -> drift check
 (error ratio and input PSI) -> alert over SMTP (Airflow notifier) with the numbers in the message.
+
+No finished job in the window: the run is skipped. Fewer rows than the suites need (a new or quiet fleet):
+training is skipped with the reason, and the drift check still scores the serving models on the batch's
+clean rows (8 at the least). A batch refused for bad data fails `validate`: no drift check runs on data
+that failed its expectations, and the alert task mails the refusal instead.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Asset, Param, TriggerRule, dag, task
 
 SMTP_DEFAULT = "smtp_default"  # the alert's SMTP connection unless a run names another
 #: updated when the Update Engine decides (promote or keep); the live round loads promoted models
@@ -82,22 +87,28 @@ def lucid_update_engine():
 
     @task
     def validate(batch: dict, params=None) -> dict:
-        """Great Expectations on both frames; refuse training (task fails) when a batch fails."""
+        """Great Expectations on both frames; refuse training (task fails) when a batch fails for bad data. Too
+        few rows is no failure (a new or quiet fleet, every day): train_and_evaluate skips, saying so."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from lucid_core.update import Batch, validate_batch
 
         checked = validate_batch(Batch(**batch), params["max_quarantine_share"])
-        if checked["refused"]:
+        if checked["refused"] and not checked["too_few_rows"]:
             raise AirflowFailException("training refused: " + checked["refused"])
         return checked
 
     @task
     def train_and_evaluate(checked: dict, params=None, run_id=None) -> dict:
-        """Fit candidates on the older part, score them and the promoted models on the recent part."""
+        """Fit candidates on the older part, score them and the promoted models on the recent part; skipped, with
+        the reason, when the batch holds fewer rows than validation needs."""
+        from airflow.sdk.exceptions import AirflowSkipException
         from lucid_airflow.connections import store_url
 
         from lucid_core.update import train_and_evaluate
+
+        if checked["refused"]:  # too few rows (bad data failed validate)
+            raise AirflowSkipException("training skipped: " + checked["refused"])
 
         return train_and_evaluate(store_url(), checked, params["recent_share"], run_id)
 
@@ -119,14 +130,18 @@ def lucid_update_engine():
 
         return publish_model_pages(reports_root() / "models")
 
-    @task
-    def check_drift(decision: dict, params=None, run_id=None) -> dict:
+    @task(trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)  # runs with training skipped too
+    def check_drift(checked: dict, decision: dict | None, params=None, run_id=None) -> dict:
         """Error ratio and input PSI of the promoted models; kept as drift history, which also says how many
-        checks in a row each model drifted (the alert waits for `drift_checks_in_a_row`)."""
+        checks in a row each model drifted (the alert waits for `drift_checks_in_a_row`). With training skipped
+        (no decision) the models serving now are scored on this batch's clean rows."""
+        from lucid_airflow.connections import store_url
         from lucid_airflow.tuning import reports_root
 
-        from lucid_core.update import drift_reports, drifted_checks_before, save_drift_history
+        from lucid_core.update import drift_reports, drifted_checks_before, save_drift_history, serving_evaluation
 
+        if decision is None:
+            decision = serving_evaluation(store_url(), checked, run_id)
         root = reports_root() / "drift"
         before = drifted_checks_before(root, run_id)
         reports = drift_reports(decision, params["drift_mae_ratio"], params["drift_psi"],
@@ -135,19 +150,27 @@ def lucid_update_engine():
         history = save_drift_history(root, run_id, reports)  # the alert task says who it reached
         return {"reports": reports, "history": str(history)}
 
-    @task(retries=3, retry_delay=timedelta(minutes=5))  # a mail server out for a while does not lose the alert
-    def alert(drift: dict, params=None) -> list[str]:
+    # retries: a mail server out for a while does not lose the alert; the trigger rule lets a batch refused for
+    # bad data (validate failed, no drift check) reach it, but not a run whose extract failed or skipped
+    @task(retries=3, retry_delay=timedelta(minutes=5), trigger_rule=TriggerRule.ALL_DONE_MIN_ONE_SUCCESS)
+    def alert(batch: dict, drift: dict | None, params=None) -> list[str]:
         """Send the drift alert through the SMTP notifier, numbers in the subject and body, once per check (a
-        retry after it went sends nothing), and record in the drift history who it went to once it went."""
+        retry after it went sends nothing), and record in the drift history who it went to once it went. With
+        no drift check (the batch refused for bad data) it mails the refusal, recorded in validation.json."""
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
         from airflow.sdk import get_current_context
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
         from lucid_airflow.run_inputs import smtp_connection
 
-        from lucid_core.alerts import alert_message, alert_recipients
-        from lucid_core.update import send_alert_once
+        from lucid_core.alerts import alert_message, alert_recipients, refusal_message
+        from lucid_core.update import refused_for_bad_data, send_alert_once
 
-        message = alert_message(drift["reports"])
+        if drift is not None:
+            message, record = alert_message(drift["reports"]), drift["history"]
+        elif (refusal := refused_for_bad_data(batch)) is not None:
+            record, message = refusal[0], refusal_message(refusal[1], batch["mode"])
+        else:
+            raise AirflowSkipException("no drift check ran and no batch was refused: nothing to mail")
         if message is None:
             return []
         recipients = alert_recipients(params["alert_to"])
@@ -157,12 +180,14 @@ def lucid_update_engine():
             raise AirflowFailException(str(exc)) from None
         notifier = SmtpNotifier(to=recipients, subject=message[0], html_content=message[1],
                                 smtp_conn_id=params["smtp_conn_id"])
-        send_alert_once(drift["history"], recipients, lambda: notifier.notify(get_current_context()))
+        send_alert_once(record, recipients, lambda: notifier.notify(get_current_context()))
         return recipients
 
-    decision = promote_or_keep(train_and_evaluate(validate(extract())))
+    batch = extract()
+    checked = validate(batch)
+    decision = promote_or_keep(train_and_evaluate(checked))
     publish_model_pages(decision)
-    alert(check_drift(decision))
+    alert(batch, check_drift(checked, decision))
 
 
 lucid_update_engine()

@@ -292,5 +292,22 @@ def alert_message(reports: Sequence[Mapping]) -> tuple[str, str] | None:
              "the versions and what this run promoted. A full retrain (the lucid_update_engine DAG with mode=full) "
              "fits the recent jobs; if the error stays high after it, the jobs themselves changed (new users, "
              "GPU counts or codes): look at the inputs named above.</p>")
+    return _template_safe(subject, body)
+
+
+def refusal_message(reason: str, mode: str) -> tuple[str, str]:
+    """Subject and HTML body of the mail saying the Update Engine refused a `mode` batch for bad data: no drift
+    check ran on it, so the refusal is what the admins hear of that run."""
+    from html import escape
+
+    subject = f"[Lucid] training refused: the {mode} batch failed validation"
+    body = (f"<h3>{escape(subject)}</h3><pre>{escape(reason)}</pre>"
+            "<p>No model was trained and no drift check ran on this batch. The clean and quarantined rows and the "
+            "failing expectations are in validation.json beside the batch.</p>")
+    return _template_safe(subject, body)
+
+
+def _template_safe(subject: str, body: str) -> tuple[str, str]:
+    """Braces escaped: Airflow's SMTP notifier renders subject and body as Jinja templates."""
     return (subject.replace("{", "(").replace("}", ")"),
             body.replace("{", "&#123;").replace("}", "&#125;"))

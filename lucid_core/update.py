@@ -41,6 +41,7 @@ TEXT_COLUMNS = ("job_id", "user", "vc", "name", "state")
 #: end states a job reaches without ever starting (cancelled in the queue, refused at every launch)
 NEVER_STARTED_STATES = ("CANCELLED", "FAILED")
 THROUGHPUT_INPUTS = ("submit_gpu_job",)
+MIN_CHECK_ROWS = 8  # clean rows a model is trained or drift-checked on at the least
 
 
 @contextmanager
@@ -157,12 +158,14 @@ def extract_batch(store_url: str, directory: str | Path, requested_mode: str, no
 
 
 def validate_batch(batch: Batch, max_quarantine_share: float = 0.05) -> dict[str, Any]:
-    """Run both suites; write clean and quarantined rows beside the batch; say why training is refused."""
+    """Run both suites; write clean and quarantined rows beside the batch; say why training is refused, and
+    whether only for too few rows (`too_few_rows`: the run skips training, where bad data fails it)."""
     from lucid_core.validation import validate_frame
 
     out = Path(batch.jobs_path).parent
-    report: dict[str, Any] = {"batch": batch.to_dict(), "refused": ""}
+    report: dict[str, Any] = {"batch": batch.to_dict(), "refused": "", "too_few_rows": False}
     reasons = []
+    short = []
     for name, path in (("job_log", batch.jobs_path), ("throughput", batch.slots_path)):
         frame = read_batch_frame(path)
         outcome = validate_frame(frame, name, max_quarantine_share=max_quarantine_share)
@@ -173,7 +176,9 @@ def validate_batch(batch: Batch, max_quarantine_share: float = 0.05) -> dict[str
         if not outcome.passed:
             advice = _advice(name, outcome, batch)
             reasons.append(f"{name}: {outcome.refused_reason}" + (f"; {advice}" if advice else ""))
+            short.append(outcome.too_few_rows)
     report["refused"] = "; ".join(reasons)
+    report["too_few_rows"] = bool(short) and all(short)  # training waits for more rows; else bad data
     (out / "validation.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     return report
 
@@ -429,7 +434,7 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
     evaluation: dict[str, Any] = {"run_id": run_id, "models": {}}
     for kind, (suite, order, candidate_class, inputs) in MODEL_PLANS.items():
         frame = read_batch_frame(checked[suite]["clean_path"])
-        if len(frame) < 8:
+        if len(frame) < MIN_CHECK_ROWS:
             evaluation["models"][kind] = {"skipped": f"only {len(frame)} clean rows"}
             continue
         frame = frame.sort_values(order, kind="stable").reset_index(drop=True)
@@ -454,19 +459,48 @@ def train_and_evaluate(store_url: str, checked: dict[str, Any], recent_share: fl
         }
         if kind == "duration" and int(recent.sum()) >= 8:
             entry["sim_check"] = simulated_duration_check(frame, recent, candidate.model)
-        promoted = served_version(store_url, registry, kind)
-        previous_errors, unreadable = _promoted_errors(registry, kind, promoted, candidate_class, frame, recent)
-        if unreadable:
-            entry.update(promoted_version=promoted, promoted_unreadable=unreadable)
-        elif promoted is not None:
-            reference = _reference(store_url, STORE_KINDS[kind], promoted)
-            entry.update(promoted_version=promoted, promoted_mae=float(previous_errors.mean()),
-                         promoted_recent_errors=kept_sample(previous_errors),
-                         promoted_reference_errors=finite_numbers(reference.get("reference_errors")),
-                         promoted_reference_inputs=reference_inputs(reference.get("reference_inputs")),
-                         promoted_reference_spread=reference_spread(reference.get("reference_input_spread")))
+        entry.update(_promoted_entry(store_url, registry, kind, candidate_class, frame, recent))
         evaluation["models"][kind] = entry
     return evaluation
+
+
+def _promoted_entry(store_url: str, registry: Any, kind: str, candidate_class: type, frame: pd.DataFrame,
+                    recent: np.ndarray) -> dict[str, Any]:
+    """The serving version of `kind` scored on the `recent` rows, with the drift reference kept at its promotion
+    (the `promoted_*` keys a drift check reads); {} when none serves."""
+    promoted = served_version(store_url, registry, kind)
+    previous_errors, unreadable = _promoted_errors(registry, kind, promoted, candidate_class, frame, recent)
+    if unreadable:
+        return {"promoted_version": promoted, "promoted_unreadable": unreadable}
+    if promoted is None:
+        return {}
+    reference = _reference(store_url, STORE_KINDS[kind], promoted)
+    return {"promoted_version": promoted, "promoted_mae": float(previous_errors.mean()),
+            "promoted_recent_errors": kept_sample(previous_errors),
+            "promoted_reference_errors": finite_numbers(reference.get("reference_errors")),
+            "promoted_reference_inputs": reference_inputs(reference.get("reference_inputs")),
+            "promoted_reference_spread": reference_spread(reference.get("reference_input_spread"))}
+
+
+def serving_evaluation(store_url: str, checked: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+    """The drift check's input when training was skipped for too few rows, shaped as `promote_or_keep`'s decision
+    (no decisions): the models serving now scored on every clean row of the batch (no candidate is trained, so no
+    row is held back); a model with fewer than MIN_CHECK_ROWS clean rows, or none serving, is not checked."""
+    from lucid_core.models.registry import ModelRegistry
+
+    registry = ModelRegistry(registry_root())
+    models: dict[str, Any] = {}
+    for kind, (suite, order, candidate_class, inputs) in MODEL_PLANS.items():
+        frame = read_batch_frame(checked[suite]["clean_path"])
+        if len(frame) < MIN_CHECK_ROWS:
+            models[kind] = {"skipped": f"only {len(frame)} clean rows"}
+            continue
+        frame = frame.sort_values(order, kind="stable").reset_index(drop=True)
+        every = np.ones(len(frame), dtype=bool)
+        models[kind] = ({"recent_rows": len(frame), "recent_inputs": {k: kept_sample(v) for k, v in
+                                                                      inputs(frame).items()}}
+                        | _promoted_entry(store_url, registry, kind, candidate_class, frame, every))
+    return {"decisions": {}, "evaluation": {"run_id": run_id, "models": models}}
 
 
 def promote_or_keep(store_url: str, evaluation: dict[str, Any], tolerance: float = 1.0) -> dict[str, Any]:
@@ -647,6 +681,20 @@ def send_alert_once(history: str | Path, recipients: list[str], send: Callable[[
     send()
     record_alert_sent(history, ", ".join(recipients))
     return True
+
+
+def refused_for_bad_data(batch: dict[str, Any]) -> tuple[Path, str] | None:
+    """The validation report beside `batch` and why it refused training, when it refused it for bad data (not too
+    few rows); None otherwise, or when no report was written. The alert mails such a refusal: no drift check runs
+    on a batch whose data failed its expectations."""
+    path = Path(batch["jobs_path"]).parent / "validation.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or not report.get("refused") or report.get("too_few_rows"):
+        return None
+    return path, str(report["refused"])
 
 
 def minimum_rows(suite: str) -> int:

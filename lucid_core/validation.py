@@ -56,6 +56,16 @@ class ValidationOutcome:
     def passed(self) -> bool:
         return self.refused_reason is None
 
+    @property
+    def too_few_rows(self) -> bool:
+        """Refused only for holding fewer rows than the suite needs (a new or quiet fleet), not for bad data: what
+        is left after quarantining breaks no expectation but the row count's lower bound."""
+        if self.passed:
+            return False
+        if self.rows == 0:
+            return True
+        return bool(self.clean_failures) and all(_below_row_minimum(f) for f in self.clean_failures)
+
     def summary(self) -> dict[str, Any]:
         """A JSON-safe report for logs, XCom and the drift page."""
         return {
@@ -64,11 +74,19 @@ class ValidationOutcome:
             "clean_rows": len(self.clean),
             "quarantined_rows": len(self.quarantined),
             "passed": self.passed,
+            "too_few_rows": self.too_few_rows,
             "refused_reason": self.refused_reason,
             "failures": [_failure_dict(f) for f in self.first_pass_failures],
             "clean_failures": [_failure_dict(f) for f in self.clean_failures],
             "quarantine_sample": _json_rows(self.quarantined.head(20)),
         }
+
+
+def _below_row_minimum(failure: ExpectationFailure) -> bool:
+    """The failure is the row-count expectation, with fewer rows than its lower bound."""
+    low = failure.bounds[0]
+    return (failure.expectation == "expect_table_row_count_to_be_between" and low is not None
+            and isinstance(failure.observed, int | float) and failure.observed < low)
 
 
 def _failure_dict(failure: ExpectationFailure) -> dict[str, Any]:

@@ -107,6 +107,27 @@ def test_users_and_names_that_read_like_missing_values_or_line_breaks_stay_in_th
     assert "null" in set(clean["job_id"])
 
 
+@pytest.mark.parametrize(("count", "edit", "too_few"), [
+    (10, None, True),  # a new fleet: only the row counts fail
+    (10, lambda k, row: setattr(row, "gpu_util", 150.0) if k < 3 else None, False),  # and bad rows besides
+    (40, lambda k, row: setattr(row, "gpu_util", 150.0) if k < 10 else None, False),  # enough rows, bad ones
+])
+def test_a_batch_refused_only_for_too_few_rows_says_so_and_bad_data_does_not(tmp_path: Path, count, edit, too_few):
+    """The Update Engine skips training on a batch short of rows and fails it on bad data: validation says which
+    (both failed the run alike, every day on a new fleet), and only bad data's refusal is one the alert mails."""
+    from lucid_core.update import refused_for_bad_data
+
+    url = f"sqlite:///{tmp_path / 'lucid.db'}"
+    now = seed_jobs(url, count, edit=edit)
+    batch = extract_batch(url, tmp_path / "batch", "full", now, full_days=30)
+    checked = validate_batch(batch)
+    assert checked["refused"] and checked["too_few_rows"] is too_few, checked["refused"]
+    refusal = refused_for_bad_data(batch.to_dict())
+    assert (refusal is None) is too_few
+    if refusal is not None:
+        assert refusal == (tmp_path / "batch" / "validation.json", checked["refused"])
+
+
 def _entry(version: int) -> dict:
     """An evaluation entry as train_and_evaluate writes it, for a candidate at `version`."""
     return {"candidate_version": version, "candidate_mae": 0.5, "candidate_errors": [0.4, 0.6], "fit_seconds": 1.0,

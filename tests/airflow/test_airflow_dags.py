@@ -300,20 +300,89 @@ def test_update_engine_skips_when_the_store_has_no_finished_job(airflow_db, luci
     assert states["extract"] == ["skipped"] and states["train_and_evaluate"] == ["skipped"], states
 
 
-def test_update_engine_refuses_training_on_a_bad_batch(airflow_db, lucid_home, monkeypatch):
+def test_update_engine_skips_training_when_the_batch_has_too_few_rows(airflow_db, lucid_home, monkeypatch, capfd):
+    """1 to 19 finished jobs (a new or small fleet): validate failed the run every day. Training is skipped with
+    the reason; the run does not fail, and the drift check runs (nothing serves yet: nothing to check)."""
     url = _store_connection(lucid_home, monkeypatch)
     seed_finished_jobs(url, limit=10)  # below the suite's minimum row count
     dag = _dagbag().dags["lucid_update_engine"]
     run = dag.test(run_conf={"mode": "full", "full_days": 3650})
     states = _ti_states(run)
-    assert states["validate"] == ["failed"], states
-    assert states["train_and_evaluate"] == ["upstream_failed"], states
+    assert _state(run) == "success", states
+    assert states["validate"] == ["success"] and states["train_and_evaluate"] == ["skipped"], states
+    assert states["promote_or_keep"] == ["skipped"] and states["check_drift"] == ["success"], states
     report = json.loads(next((lucid_home / "reports" / "update").glob("*/validation.json")).read_text())
+    assert report["too_few_rows"] is True
     assert "expect_table_row_count_to_be_between" in report["refused"]
     # it says how many rows it found, how many it needs, and what to do
     assert "job_log: the batch fails: 10 rows found, at least 20 required" in report["refused"], report["refused"]
     assert "what to do: let at least 20 jobs finish" in report["refused"]
     assert Path(report["job_log"]["clean_path"]).exists()
+    out = capfd.readouterr()
+    assert "training skipped: job_log: the batch fails: 10 rows found, at least 20 required" in out.out + out.err
+
+
+def _recent_offset_s(days_ago: float) -> float:
+    """seed_finished_jobs' offset that submits the sample trace's first job `days_ago` days before now."""
+    from lucid_core.sim.traces import read_trace
+
+    return time.time() - days_ago * 86400.0 - read_trace(SAMPLE_TRACE, "generic").epoch.timestamp()
+
+
+def test_a_short_batch_skips_training_and_still_alerts_on_the_serving_models_drift(airflow_db, lucid_home,
+                                                                                    smtp_inbox, monkeypatch, capfd):
+    """check_drift hung on promote_or_keep: a batch refused for too few rows skipped the drift check of the model
+    already serving, so its drift went unmailed. Now training skips and the serving model is checked on the batch."""
+    url = _store_connection(lucid_home, monkeypatch)
+    seed_finished_jobs(url)
+    dag = _dagbag().dags["lucid_update_engine"]
+    conf = {"alert_to": "ops@example.org", "drift_checks_in_a_row": 1}
+    first = dag.test(run_conf={**conf, "mode": "full", "full_days": 3650})
+    assert _state(first) == "success", _ti_states(first)
+    # a quiet week: 12 jobs in the fine-tune window (submitted 6 days ago, ended days ago), 20x longer on 8 GPUs
+    seed_finished_jobs(url, limit=12, scale=20.0, gpus=8, offset_s=_recent_offset_s(6.0), prefix="late-")
+    second = dag.test(run_conf={**conf, "mode": "finetune", "finetune_days": 7})
+    states = _ti_states(second)
+    assert states["validate"] == ["success"] and states["train_and_evaluate"] == ["skipped"], states
+    assert states["check_drift"] == ["success"] and states["alert"] == ["success"], states
+    out = capfd.readouterr()
+    assert "training skipped: job_log: the batch fails: 12 rows found, at least 20 required" in out.out + out.err
+    assert len(smtp_inbox.messages) == 1, states
+    recipients, message = smtp_inbox.messages[0]
+    assert recipients == ["ops@example.org"] and "DRIFT" in message["Subject"] and "duration" in message["Subject"]
+    history = json.loads(sorted((lucid_home / "reports" / "drift").glob("*.json"))[-1].read_text())
+    duration = next(r for r in history["reports"] if r["model"] == "duration")
+    assert duration["drifted"] and duration["version"] == 1 and history["alert_sent_to"] == "ops@example.org"
+
+
+def test_a_batch_refused_for_bad_data_fails_validate_and_mails_the_refusal(airflow_db, lucid_home, smtp_inbox,
+                                                                           monkeypatch):
+    """Bad data still fails the run loudly; no drift check runs on it, and the refusal itself is mailed (it reached
+    nobody: the alert task hung on the drift check)."""
+    import sqlalchemy as sa
+
+    from lucid_core.runtime.store.schema import JobRow
+    from lucid_core.runtime.store.store import Store
+
+    url = _store_connection(lucid_home, monkeypatch)
+    seed_finished_jobs(url, limit=40)
+    store = Store(url)
+    with store.session() as session:  # a quarter of the rows out of range: far above the 5% quarantine allowed
+        session.execute(sa.update(JobRow).where(JobRow.seq <= 10).values(gpu_util=150.0))
+    store.dispose()
+    run = _dagbag().dags["lucid_update_engine"].test(run_conf={"mode": "full", "full_days": 3650,
+                                                               "alert_to": "ops@example.org"})
+    states = _ti_states(run)
+    assert _state(run) == "failed", states
+    assert states["validate"] == ["failed"] and states["train_and_evaluate"] == ["upstream_failed"], states
+    assert states["check_drift"] == ["upstream_failed"] and states["alert"] == ["success"], states
+    assert len(smtp_inbox.messages) == 1
+    recipients, message = smtp_inbox.messages[0]
+    assert recipients == ["ops@example.org"] and "training refused" in message["Subject"]
+    path = next((lucid_home / "reports" / "update").glob("*/validation.json"))
+    report = json.loads(path.read_text())
+    assert report["too_few_rows"] is False and "10 of 40 rows" in report["refused"], report["refused"]
+    assert report["alert_sent_to"] == "ops@example.org"  # a retry of the alert task sends it no second time
 
 
 @pytest.mark.parametrize(("conf", "said"), [
