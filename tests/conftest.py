@@ -137,20 +137,30 @@ def pg_url() -> str:
     admin.dispose()
 
 
+def emptied(url: str) -> str:
+    """`url`'s database with nothing in its public schema (what an earlier test of this worker made is dropped)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
+        conn.execute(sa.text("CREATE SCHEMA public"))
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def empty_pg_url(pg_url: str) -> str:
+    """The session's PostgreSQL database, emptied for this test (`pg_url` is shared by a worker's tests)."""
+    return emptied(pg_url)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty store URL on each backend (PostgreSQL: a schema-clean database per test)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'lucid.db'}"
-    base = request.getfixturevalue("pg_url")
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(base)
-    with engine.begin() as conn:  # drop what an earlier test left behind
-        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
-        conn.execute(sa.text("CREATE SCHEMA public"))
-    engine.dispose()
-    return base
+    return emptied(request.getfixturevalue("pg_url"))  # drop what an earlier test left behind
 
 
 @pytest.fixture

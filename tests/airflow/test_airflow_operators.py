@@ -353,7 +353,7 @@ def test_trigger_serializes_reports_unknown_jobs_cancels_on_kill_and_fires_on_th
     assert not LucidJobTrigger(job_id=job, cancel_on_kill=False).serialize()[1]["cancel_on_kill"]
 
 
-def test_a_triggerer_full_of_waits_keeps_no_store_connection_between_polls(airflow_db, pg_url, monkeypatch):
+def test_a_triggerer_full_of_waits_keeps_no_store_connection_between_polls(airflow_db, empty_pg_url, monkeypatch):
     """Each deferred wait kept its own pooled PostgreSQL connection for as long as its job queued and ran: a
     sweep of 100 waits got "too many clients already" from the server (default max_connections 100) and starved
     the scheduling round. Waits now connect per poll: between polls none is held."""
@@ -364,12 +364,10 @@ def test_a_triggerer_full_of_waits_keeps_no_store_connection_between_polls(airfl
     from lucid_core.runtime.store.store import Store
     from lucid_core.runtime.surfaces.submission import JobRequest, submit
 
+    pg_url = empty_pg_url
     monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"extra": {"sqlalchemy_url": pg_url},
                                                              "conn_type": "generic"}))
     admin = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
-    with admin.begin() as conn:  # a schema-clean database, as the `store_url` fixture gives
-        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
-        conn.execute(sa.text("CREATE SCHEMA public"))
     store = Store(pg_url)
     add_host(store, HostSpec("m9", executor="local", telemetry="emulated", gpus=1, workdir="/nonexistent/m9"))
     jobs = [submit(store, JobRequest("sleep 1", gpus=1, user="ann", vc="default", name=f"sweep-{k}"))

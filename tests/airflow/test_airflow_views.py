@@ -238,7 +238,7 @@ def test_pages_say_a_store_never_set_up_and_how_to_set_it_up(tmp_path, kind, req
     else:
         from sqlalchemy.engine import make_url
 
-        url = request.getfixturevalue("pg_url")  # a fresh, empty database (skipped without a server)
+        url = request.getfixturevalue("empty_pg_url")  # emptied for this test (skipped without a server)
         parts = make_url(url)
         place = f"{parts.host}:{parts.port}/{parts.database}"
     _store_down_pages(url, tmp_path, f"The Lucid store at {place} is not set up yet: it has no tables (")

@@ -207,7 +207,7 @@ def test_a_preemptible_job_past_its_prediction_yields_live_and_runs_again(store,
 #: it, and on SIGTERM finishes the step it is in and exits: what a `--preemptible` job promises
 CHECKPOINTING_JOB = """
 import os, signal, sys, time
-ckpt_dir, steps = sys.argv[1], int(sys.argv[2])
+ckpt_dir, steps, gate = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 stopping = []
 signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
 os.makedirs(ckpt_dir, exist_ok=True)
@@ -218,6 +218,9 @@ with open(os.path.join(ckpt_dir, "runs"), "a") as log:
 while done < steps:
     if stopping:
         sys.exit(143)
+    if done >= steps // 2 and not os.path.exists(gate):  # its second half waits for the test's word
+        time.sleep(0.05)
+        continue
     time.sleep(0.2)
     done += 1
     with open(os.path.join(ckpt_dir, "work"), "a") as log:
@@ -231,7 +234,8 @@ while done < steps:
 def test_a_job_that_yields_resumes_from_its_checkpoint_and_does_its_work_once(store, tmp_path):
     """The README's contract for `--preemptible`: checkpoints go to a path the job names, not under its working
     directory, since the next run starts in a fresh one. A real process is yielded by a real round (a short job
-    takes its GPU), runs again, resumes where its checkpoint says and does each step once."""
+    takes its GPU), runs again, resumes where its checkpoint says and does each step once. Its second half waits
+    for a gate opened once the short job is done: on a loaded machine it had finished before a round could yield it."""
     import sys
 
     from runtime_helpers import runs_of
@@ -243,15 +247,17 @@ def test_a_job_that_yields_resumes_from_its_checkpoint_and_does_its_work_once(st
                             "orchestrator.yield_interval_s": 0, "orchestrator.yield_min_run": 1})
     factory = lambda cfg, snapshot: LucidPolicy(  # noqa: E731
         cfg, duration_model=_NamedPredictions({"train": 1.0, "short": 0.5}))
-    script, ckpt, steps = tmp_path / "train.py", tmp_path / "shared" / "ckpt", 30
+    script, ckpt, steps, gate = tmp_path / "train.py", tmp_path / "shared" / "ckpt", 30, tmp_path / "gate"
     script.write_text(CHECKPOINTING_JOB)
-    train = submit(store, JobRequest(f"{sys.executable} {script} {ckpt} {steps}", 1, "ann", "vc-a", name="train",
-                                     preemptible=True))
+    train = submit(store, JobRequest(f"{sys.executable} {script} {ckpt} {steps} {gate}", 1, "ann", "vc-a",
+                                     name="train", preemptible=True))
     _until(store, lambda j: j[train].state == "RUNNING", config=config, policy_factory=factory)
     time.sleep(2)  # some steps done, and far past its 1 s prediction: a short job may take its GPU
     short = submit(store, JobRequest("sleep 1", 1, "ann", "vc-a", name="short"))
-    jobs = _until(store, lambda j: j[short].state == "COMPLETED" and j[train].state == "COMPLETED", timeout_s=60,
-                  config=config, policy_factory=factory)
+    _until(store, lambda j: j[short].state == "COMPLETED", timeout_s=60, config=config, policy_factory=factory)
+    gate.touch()
+    jobs = _until(store, lambda j: j[train].state == "COMPLETED", timeout_s=60, config=config,
+                  policy_factory=factory)
     assert jobs[train].yields == 1
     runs = runs_of(store, train)
     assert len(runs) == 2 and runs[0].stop_reason == "preempt"

@@ -57,11 +57,11 @@ def test_a_store_never_set_up_is_a_json_503_saying_how_to_set_it_up(tmp_path):
 
 
 @pytest.mark.postgres
-def test_a_postgresql_store_never_set_up_is_a_json_503_saying_how_to_set_it_up(pg_url):
+def test_a_postgresql_store_never_set_up_is_a_json_503_saying_how_to_set_it_up(empty_pg_url):
     from sqlalchemy.engine import make_url
 
-    url = make_url(pg_url)
-    _not_set_up(unopened_api(pg_url), f"{url.host}:{url.port}/{url.database}")
+    url = make_url(empty_pg_url)
+    _not_set_up(unopened_api(empty_pg_url), f"{url.host}:{url.port}/{url.database}")
 
 
 def test_other_database_errors_stay_server_errors(tmp_path):
