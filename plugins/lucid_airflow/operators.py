@@ -6,6 +6,7 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from functools import cached_property
 from typing import Any, ClassVar
@@ -164,7 +165,7 @@ class LucidSubmitJobOperator(BaseOperator):
         key = task_idempotency_key(context_lineage(context), ti.try_number, str(ti.id))
         mapped = f"[{ti.map_index}]" if isinstance(ti.map_index, int) and ti.map_index >= 0 else ""
         return JobRequest(command=self.command, gpus=_rendered_number(self.gpus, int),
-                          user=self.user or self.owner, vc=self.vc or self._default_vc(),
+                          user=self.user or self.owner, vc=self.vc or "",
                           name=self.name or f"{ti.dag_id}.{ti.task_id}{mapped}", amp=self.amp,
                           long_cold_start=self.long_cold_start, preemptible=self.preemptible,
                           env=_rendered_env(self.env), time_limit_s=_seconds(_rendered_limit(self.time_limit)),
@@ -193,13 +194,17 @@ class LucidSubmitJobOperator(BaseOperator):
         from lucid_core.runtime.surfaces.submission import SubmissionError
 
         request = self.build_request(context)
-        self.job_id = self._earlier_tries_job(request, context_lineage(context))
+        found = self.hook.latest_job_with_key_prefix(request.user, context_lineage(context))
+        self.job_id = self._earlier_tries_job(found, request)
         if self.job_id is None:
+            if not request.vc:  # chosen only now: a fleet changed since an earlier try must not orphan its job
+                same_try = found is not None and found.idempotency_key == request.idempotency_key and found.vc
+                request = replace(request, vc=found.vc if same_try else self._default_vc())
             try:
                 self.job_id = self.hook.submit_job(request)
             except SubmissionError as exc:  # a bad request stays bad on every retry
                 raise AirflowFailException(f"Lucid refused the job: {exc}") from exc
-            self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", self.job_id, request.gpus, request.vc)
+            self.log.info("Lucid job %s submitted (%s GPU(s) in VC %s)", self.job_id, request.gpus, request.vc)
         context["ti"].xcom_push(key=XCOM_JOB_ID, value=self.job_id)
         if not self.wait_for_completion:
             return self.job_id
@@ -219,16 +224,15 @@ class LucidSubmitJobOperator(BaseOperator):
                 raise AirflowException(f"{exc}; cancelled it") from exc
         return self._finish(info["job_id"], info["state"], job_outcome(info))
 
-    def _earlier_tries_job(self, request: Any, lineage: str) -> str | None:
-        """The job an earlier try of this task instance submitted, when this try should wait for it instead of
-        submitting another: it has not ended (the earlier try's worker was lost while it ran on), it completed
-        (lost before it could say so), or a person cancelled it. A FAILED job is what retries are for, and so is
-        one the task's own timeout or kill cancelled (no person's cancel): None."""
-        found = self.hook.latest_job_with_key_prefix(request.user, lineage)
+    def _earlier_tries_job(self, found: Any, request: Any) -> str | None:
+        """The job an earlier try of this task instance submitted (`found`: the latest keyed with its lineage), when
+        this try should wait for it instead of submitting another: it has not ended (the earlier try's worker was
+        lost while it ran on), it completed (lost before it could say so), or a person cancelled it. A FAILED job
+        is what retries are for, and so is one the task's own timeout or kill cancelled (no person's cancel): None."""
         if found is None or found.state not in ADOPTED_STATES or found.cancel_note == TASK_CANCEL_NOTE:
             return None
         if found.idempotency_key == request.idempotency_key:  # this very try, executed again
-            self.log.info("Lucid job %s submitted (%d GPU(s) in VC %s)", found.job_id, self.gpus, self.vc)
+            self.log.info("Lucid job %s submitted (%s GPU(s) in VC %s)", found.job_id, request.gpus, found.vc)
         else:
             self.log.info("Lucid job %s, submitted by an earlier try of this task, is %s: waiting for it instead "
                           "of submitting another", found.job_id, found.state)

@@ -742,7 +742,7 @@ def _withheld_html(job_id: str, owner: str) -> str:
 
     rule = output_rule(job_id, owner)
     return (f"<p class='hint' id='output-withheld'>Not shown: {shown(rule)} (operators: Airflow users who may edit "
-            "Airflow's configuration, such as the Op and Admin roles).</p>")
+            "Airflow's configuration: the Op and Admin roles under the simple auth manager).</p>")
 
 
 def _log_html(tail: Any, job_id: str) -> str:

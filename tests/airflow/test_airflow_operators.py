@@ -236,6 +236,7 @@ def test_executing_the_same_try_again_reattaches_to_its_job(lucid_store, tmp_pat
 
     dag = _example_dag()
     dag.task_dict["train"].poll_interval = 1
+    dag.task_dict["train"].gpus = "{{ 1 }}"  # rendered to text: the reattach's log line took it as a number
     with RoundLoop(lucid_store.url) as rounds:
         run = dag.test(run_conf=_conf(tmp_path, TRAIN_OK))
         (job_id, first), = _jobs(lucid_store).items()
@@ -321,6 +322,49 @@ def test_a_retry_after_a_lost_worker_waits_for_the_job_the_lost_try_submitted(lu
     out = capfd.readouterr().out
     assert "worker lost" in out
     assert f"Lucid job {job_id}, submitted by an earlier try of this task, is" in out
+
+
+def test_a_retry_waits_for_the_lost_trys_job_though_the_vc_it_defaulted_to_is_no_longer_the_only_one(
+        airflow_db, lucid_home, tmp_path, capfd, monkeypatch):
+    """With no `vc`, try 1 went to the fleet's only VC and its worker was lost; a second VC was added before try 2.
+    The default was chosen before looking for try 1's job, so try 2 failed for good ("vc is needed") and left that
+    job running with nothing to cancel it. The job is found first; the VC is chosen only to submit anew."""
+    from datetime import timedelta
+
+    from lucid_airflow.hooks import LucidHook
+
+    from lucid_core.runtime.hosts.inventory import HostSpec, add_host
+    from lucid_core.runtime.store.store import Store
+
+    db = lucid_home / "lucid.db"
+    monkeypatch.setenv("AIRFLOW_CONN_LUCID_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))
+    store = Store(f"sqlite:///{db}")
+    for name, pool in (("p0", "profiling"), ("m0", "main")):
+        add_host(store, HostSpec(name, executor="local", pool=pool, vc="research", telemetry="emulated", gpus=1,
+                                 workdir=str(tmp_path / name)))
+    real, calls = LucidHook.get_job, []
+
+    def get_job(self, job_id):
+        calls.append(job_id)
+        if len(calls) == 1:
+            add_host(store, HostSpec("m1", executor="local", vc="other", telemetry="emulated", gpus=1,
+                                     workdir=str(tmp_path / "m1")))
+            raise RuntimeError("worker lost")
+        return real(self, job_id)
+
+    monkeypatch.setattr(LucidHook, "get_job", get_job)
+    dag = _example_dag()
+    train = dag.task_dict["train"]
+    train.vc, train.poll_interval, train.retries, train.retry_delay = None, 1, 1, timedelta(0)
+    with RoundLoop(store.url) as rounds:
+        run = dag.test(run_conf=_conf(tmp_path, TRAIN_OK))
+    assert not rounds.errors, rounds.errors
+    train_ti = _tis(run)["train"]
+    assert _state(train_ti.state) == "success" and train_ti.try_number == 2
+    (job_id, job), = _jobs(store).items()
+    assert (job.state, job.vc) == ("COMPLETED", "research")
+    assert f"Lucid job {job_id}, submitted by an earlier try of this task, is" in capfd.readouterr().out
+    store.dispose()
 
 
 def test_trigger_serializes_reports_unknown_jobs_cancels_on_kill_and_fires_on_the_end(lucid_store):

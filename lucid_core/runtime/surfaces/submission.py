@@ -222,6 +222,7 @@ class KeyedJob:
     state: str
     idempotency_key: str
     cancel_note: str | None = None  # the message of its first cancel request (who asked), None when none
+    vc: str = ""  # the VC it was submitted to
 
 
 def latest_job_with_key_prefix(store: Store, user: str, prefix: str) -> KeyedJob | None:
@@ -231,14 +232,14 @@ def latest_job_with_key_prefix(store: Store, user: str, prefix: str) -> KeyedJob
     if not isinstance(prefix, str) or not prefix or not storable(prefix) or len(prefix) > MAX_IDEMPOTENCY_KEY:
         raise ValueError(f"key prefix must be text of 1 to {MAX_IDEMPOTENCY_KEY} characters")
     with store.session() as s:  # substr, not LIKE: a prefix holding % or _ matches only itself
-        row = s.execute(select(JobRow.job_id, JobRow.state, JobRow.idempotency_key)
+        row = s.execute(select(JobRow.job_id, JobRow.state, JobRow.idempotency_key, JobRow.vc)
                         .where(JobRow.user == user,
                                func.substr(JobRow.idempotency_key, 1, len(prefix)) == prefix)
                         .order_by(JobRow.seq.desc()).limit(1)).first()
         note = None if row is None else s.scalar(
             select(JobEventRow.message).where(JobEventRow.job_id == row[0], JobEventRow.kind == "cancel_requested")
             .order_by(JobEventRow.id).limit(1))
-    return None if row is None else KeyedJob(str(row[0]), str(row[1]), str(row[2]), note)
+    return None if row is None else KeyedJob(str(row[0]), str(row[1]), str(row[2]), note, str(row[3] or ""))
 
 
 def fleet_problem(store: Store, gpus: int, vc: str) -> str | None:
