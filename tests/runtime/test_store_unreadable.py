@@ -73,3 +73,26 @@ def test_other_database_errors_stay_server_errors(tmp_path):
     url = f"postgresql+psycopg2://lucid:{PASSWORD}@db.example:5432/lucid"
     assert unreadable_words(url, IntegrityError("INSERT", {}, Exception("UNIQUE constraint failed"))) is None
     assert unreadable_words(url, ProgrammingError("SELECT", {}, Exception("syntax error"))) is None
+
+
+def test_sqlite_errors_that_are_no_outage_are_not_called_one():
+    """Every SQLite OperationalError was called a store that cannot be read, advising to check its server: a
+    column missing after an upgrade (the plugin no longer migrates) says the store is older than the code, a locked
+    database that it is busy, a statement's own fault stays a 500."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from lucid_core.runtime.store.unreadable import unreadable_words
+
+    url = "sqlite:////srv/lucid/lucid.db"
+
+    def words(message: str) -> str | None:
+        return unreadable_words(url, OperationalError("SELECT", {}, sqlite3.OperationalError(message)))
+
+    assert words("no such column: jobs.time_limit_s").startswith(
+        "The Lucid store at /srv/lucid/lucid.db was set up by an older version of Lucid (no such column")
+    assert "is busy (database is locked)" in words("database is locked")
+    assert words('near "SELEC": syntax error') is None
+    assert "cannot be read: unable to open database file" in words("unable to open database file")
+    assert "is not set up yet" in words("no such table: jobs")

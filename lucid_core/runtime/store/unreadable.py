@@ -10,6 +10,11 @@ from __future__ import annotations
 UNDEFINED_TABLE = "42P01"
 #: what to do about a store without tables: anything that opens it for the scheduler migrates it
 SET_UP_WORDS = "run the lucid_scheduling_round DAG once or any `lucid` command, which create them"
+#: PostgreSQL's SQLSTATE for a column that does not exist: a store older than the code reading it
+UNDEFINED_COLUMN = "42703"
+#: how SQLite says its file cannot be opened or read (its other OperationalErrors are faults of a statement)
+SQLITE_UNREADABLE = ("unable to open database file", "disk i/o error", "file is not a database",
+                     "database disk image is malformed")
 #: what to check about a store that does not answer
 REACH_WORDS = ("check that its database server is running and that the store's URL (the lucid_db connection, "
                "LUCID_STORE_URL) names the right host and database")
@@ -37,6 +42,21 @@ def missing_table(exc: BaseException) -> bool:
     return code == UNDEFINED_TABLE or str(cause).startswith("no such table")
 
 
+def missing_column(exc: BaseException) -> bool:
+    """Whether a database error says a column does not exist: a store migrated by an older version than this."""
+    cause = getattr(exc, "orig", None) or exc
+    code = getattr(cause, "pgcode", None) or getattr(cause, "sqlstate", None)
+    return code == UNDEFINED_COLUMN or str(cause).startswith("no such column")
+
+
+def _sqlite_cause(exc: BaseException) -> str | None:
+    """The lower-cased message of a SQLite driver error (None for another driver's)."""
+    import sqlite3
+
+    cause = getattr(exc, "orig", None) or exc
+    return str(cause).lower() if isinstance(cause, sqlite3.Error) else None
+
+
 def cause_line(url: str, exc: BaseException) -> str:
     """The driver's first line about `exc`, without the URL's password (a driver may quote what it was given)."""
     from sqlalchemy.engine import make_url
@@ -60,6 +80,14 @@ def unreadable_words(url: str, exc: BaseException) -> str | None:
     place, cause = store_place(url), cause_line(url, exc)
     if isinstance(exc, OperationalError | ProgrammingError) and missing_table(exc):
         return f"The Lucid store at {place} is not set up yet: it has no tables ({cause}); {SET_UP_WORDS}."
+    if isinstance(exc, OperationalError | ProgrammingError) and missing_column(exc):
+        return (f"The Lucid store at {place} was set up by an older version of Lucid ({cause}); run the "
+                "lucid_scheduling_round DAG once or any `lucid` command, which bring it up to date.")
+    sqlite = _sqlite_cause(exc)
+    if sqlite is not None and sqlite.startswith("database is locked"):
+        return f"The Lucid store at {place} is busy ({cause}): another writer holds it; try again in a moment."
+    if sqlite is not None and not sqlite.startswith(SQLITE_UNREADABLE):
+        return None  # a statement's fault (a syntax error, a constraint), not a store that cannot be read
     if isinstance(exc, OperationalError | InterfaceError):
         return f"The Lucid store at {place} cannot be read: {cause}; {REACH_WORDS}."
     return None
