@@ -78,11 +78,6 @@ def _rendered_number(value: Any, kind: type) -> Any:
     return value
 
 
-def _rendered_limit(limit: Any) -> Any:
-    """`time_limit` as rendered: a timedelta, seconds, or seconds as text from a template."""
-    return _rendered_number(limit, float)
-
-
 def _rendered_env(env: Any) -> dict[str, str]:
     """`env` as rendered: a mapping (a literal, or an upstream task's output); anything else is refused naming
     what it was, not read as some other mapping."""
@@ -168,7 +163,7 @@ class LucidSubmitJobOperator(BaseOperator):
                           user=self.user or self.owner, vc=self.vc or "",
                           name=self.name or f"{ti.dag_id}.{ti.task_id}{mapped}", amp=self.amp,
                           long_cold_start=self.long_cold_start, preemptible=self.preemptible,
-                          env=_rendered_env(self.env), time_limit_s=_seconds(_rendered_limit(self.time_limit)),
+                          env=_rendered_env(self.env), time_limit_s=_seconds(_rendered_number(self.time_limit, float)),
                           idempotency_key=key)
 
     def _default_vc(self) -> str:
