@@ -229,3 +229,20 @@ def test_a_keyed_retry_finds_its_job_whatever_the_fleet_became(ran, tmp_path):
     assert named.status_code == 201 and named.json() == first.json()
     other = client.post("/jobs", json={**body, "vc": "vision"}, headers={"Idempotency-Key": "run-42"})
     assert other.status_code == 422 and "vc" in other.json()["errors"]["idempotency_key"]
+
+
+def test_a_cancel_reason_from_a_hand_written_event_is_one_printable_line(ran):
+    """The end reason is read from a stored event (untrusted): bounded, one line, no terminal escapes; the first
+    request names who asked, not a later one."""
+    from lucid_core.runtime.round.base import cancelled_reason
+    from lucid_core.runtime.store.schema import JobEventRow
+    from lucid_core.runtime.surfaces.submission import request_cancel
+
+    store, _url, _ = ran
+    job = submit(store, JobRequest("sleep 30", gpus=1, user="bo", vc="default"))
+    request_cancel(store, job, message="cancel requested by " + "x\n\x1b[31m" * 5000)
+    with store.session() as s:
+        s.add(JobEventRow(job_id=job, time=time.time(), kind="cancel_requested", message="cancel requested by eve"))
+    with store.session() as s:
+        reason = cancelled_reason(s, job)
+    assert reason.startswith("cancelled by x ?[31mx") and len(reason) <= 200 and reason.isprintable(), reason

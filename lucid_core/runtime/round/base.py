@@ -60,7 +60,7 @@ def cancelled_reason(session: Any, job_id: str) -> str:
 
     asked = session.scalar(select(JobEventRow.message).where(
         JobEventRow.job_id == job_id, JobEventRow.kind == "cancel_requested").order_by(JobEventRow.id).limit(1))
-    words = one_line(asked, 200)
+    words = "".join(c if c.isprintable() else "?" for c in one_line(asked, 200))  # a hand-written row's escapes
     if words.startswith("cancel requested by "):
         return "cancelled by " + words.removeprefix("cancel requested by ")
     return "cancelled by request"
